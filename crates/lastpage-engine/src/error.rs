@@ -1,0 +1,150 @@
+//! Errors the engine reports to its callers. Messages follow SQL Server's wording where SQL
+//! Server has the error, so a DBA recognises them.
+
+use lastpage_storage::btree::IntegrityError;
+use lastpage_storage::buffer::PoolFull;
+
+use crate::types::ValueError;
+
+/// Every error the embedded API can return.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// A value does not fit its column (type, range, length).
+    #[error("{0}")]
+    Value(#[from] ValueError),
+    /// No table of that name.
+    #[error("Invalid object name '{0}'.")]
+    UnknownTable(String),
+    /// No column of that name in the table.
+    #[error("Invalid column name '{column}' in table '{table}'.")]
+    UnknownColumn {
+        /// The table.
+        table: String,
+        /// The column asked for.
+        column: String,
+    },
+    /// No index of that name on the table.
+    #[error("Index '{index}' on table '{table}' does not exist.")]
+    UnknownIndex {
+        /// The table.
+        table: String,
+        /// The index asked for.
+        index: String,
+    },
+    /// A table of that name exists already.
+    #[error("There is already an object named '{0}' in the database.")]
+    TableExists(String),
+    /// The table definition is not valid.
+    #[error("Invalid definition of table '{table}': {reason}")]
+    InvalidDefinition {
+        /// The table.
+        table: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// NULL into a NOT NULL column.
+    #[error(
+        "Cannot insert the value NULL into column '{column}', table '{table}'; column does not allow nulls. INSERT fails."
+    )]
+    NullNotAllowed {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+    },
+    /// A primary key or unique constraint is violated.
+    #[error(
+        "Violation of {constraint_kind} constraint '{constraint}'. Cannot insert duplicate key in object '{table}'. The duplicate key value is ({key})."
+    )]
+    DuplicateKey {
+        /// "PRIMARY KEY" or "UNIQUE KEY".
+        constraint_kind: &'static str,
+        /// The constraint (index) name.
+        constraint: String,
+        /// The table.
+        table: String,
+        /// The duplicate key, as text.
+        key: String,
+    },
+    /// A unique index that is not a constraint is violated.
+    #[error(
+        "Cannot insert duplicate key row in object '{table}' with unique index '{index}'. The duplicate key value is ({key})."
+    )]
+    DuplicateIndexKey {
+        /// The index.
+        index: String,
+        /// The table.
+        table: String,
+        /// The duplicate key, as text.
+        key: String,
+    },
+    /// The encoded row exceeds the page's row limit.
+    #[error("Cannot create a row of size {size} which is greater than the allowable maximum row size of {max}.")]
+    RowTooLarge {
+        /// The row's size, in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// The encoded key of an index exceeds the key limit.
+    #[error("The key of index '{index}' is {size} bytes, which exceeds the maximum key length of {max} bytes.")]
+    KeyTooLarge {
+        /// The index.
+        index: String,
+        /// The key's size, in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// A value was given for an identity column.
+    #[error("Cannot insert explicit value for identity column in table '{table}' when IDENTITY_INSERT is set to OFF.")]
+    ExplicitIdentity {
+        /// The table.
+        table: String,
+    },
+    /// An identity or computed column was given a value in an update.
+    #[error("Cannot update column '{column}' of table '{table}': it is an identity or computed column.")]
+    ReadOnlyColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+    },
+    /// A value was given for a computed column on insert.
+    #[error("The column \"{column}\" cannot be modified because it is either a computed column or is the result of a UNION operator.")]
+    ComputedColumn {
+        /// The column.
+        column: String,
+    },
+    /// The identity column ran out of values.
+    #[error("Arithmetic overflow error converting IDENTITY to data type {data_type}.")]
+    IdentityOverflow {
+        /// The identity column's type.
+        data_type: String,
+    },
+    /// A key lookup got the wrong number of values.
+    #[error("The key of index '{index}' has {expected} columns, but {got} values were given.")]
+    KeyArity {
+        /// The index.
+        index: String,
+        /// Columns in the key.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// The buffer pool is out of pages.
+    #[error(transparent)]
+    PoolFull(#[from] PoolFull),
+    /// The integrity check found a broken invariant.
+    #[error("integrity check failed: {0}")]
+    Integrity(String),
+}
+
+impl From<IntegrityError> for EngineError {
+    fn from(error: IntegrityError) -> Self {
+        EngineError::Integrity(error.to_string())
+    }
+}
+
+/// The engine's result type.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

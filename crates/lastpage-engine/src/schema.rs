@@ -1,0 +1,222 @@
+//! Table definitions: columns, identity, defaults, computed columns and indexes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use lastpage_storage::btree::InsertPath;
+use lastpage_storage::latch::LatchPolicy;
+
+use crate::error::Result;
+use crate::types::{DataType, Value};
+
+/// How a column gets a value when an insert does not supply one.
+#[derive(Clone)]
+pub enum DefaultValue {
+    /// A constant.
+    Constant(Value),
+    /// The current UTC date and time (`SYSUTCDATETIME()`).
+    CurrentUtcDateTime,
+    /// A new random GUID (`NEWID()`).
+    NewId,
+    /// Anything else the SQL layer can compute without looking at the row.
+    Function(Arc<dyn Fn() -> Result<Value> + Send + Sync>),
+}
+
+impl fmt::Debug for DefaultValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DefaultValue::Constant(value) => write!(f, "Constant({value:?})"),
+            DefaultValue::CurrentUtcDateTime => f.write_str("CurrentUtcDateTime"),
+            DefaultValue::NewId => f.write_str("NewId"),
+            DefaultValue::Function(_) => f.write_str("Function(..)"),
+        }
+    }
+}
+
+/// IDENTITY(seed, increment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The first value handed out.
+    pub seed: i64,
+    /// The step between values (may be negative, never zero).
+    pub increment: i64,
+}
+
+/// The expression of a persisted computed column: it sees the row's other values (in column
+/// order; computed columns are NULL while they are evaluated) and returns this column's value.
+/// The SQL layer supplies it; the engine evaluates it on every insert and update.
+pub type ComputeFn = Arc<dyn Fn(&[Value]) -> Result<Value> + Send + Sync>;
+
+/// One column.
+#[derive(Clone)]
+pub struct ColumnDef {
+    /// The name, unique in the table (compared case-insensitively, as SQL Server does).
+    pub name: String,
+    /// The type.
+    pub data_type: DataType,
+    /// Whether NULL is allowed.
+    pub nullable: bool,
+    /// The default, if any.
+    pub default: Option<DefaultValue>,
+    /// IDENTITY, if this is the identity column.
+    pub identity: Option<Identity>,
+    /// The expression, if this is a persisted computed column.
+    pub computed: Option<ComputeFn>,
+}
+
+impl fmt::Debug for ColumnDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ColumnDef")
+            .field("name", &self.name)
+            .field("data_type", &self.data_type)
+            .field("nullable", &self.nullable)
+            .field("default", &self.default)
+            .field("identity", &self.identity)
+            .field("computed", &self.computed.is_some())
+            .finish()
+    }
+}
+
+impl ColumnDef {
+    /// A nullable column with no default.
+    pub fn new(name: impl Into<String>, data_type: DataType) -> Self {
+        ColumnDef {
+            name: name.into(),
+            data_type,
+            nullable: true,
+            default: None,
+            identity: None,
+            computed: None,
+        }
+    }
+
+    /// Disallows NULL.
+    pub fn not_null(mut self) -> Self {
+        self.nullable = false;
+        self
+    }
+
+    /// Makes this the IDENTITY(seed, increment) column (which is NOT NULL).
+    pub fn identity(mut self, seed: i64, increment: i64) -> Self {
+        self.identity = Some(Identity { seed, increment });
+        self.nullable = false;
+        self
+    }
+
+    /// Sets the default.
+    pub fn default_value(mut self, default: DefaultValue) -> Self {
+        self.default = Some(default);
+        self
+    }
+
+    /// Makes this a persisted computed column.
+    pub fn computed(mut self, expression: ComputeFn) -> Self {
+        self.computed = Some(expression);
+        self
+    }
+}
+
+/// What kind of uniqueness an index enforces, which decides the duplicate-key message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uniqueness {
+    /// Duplicates allowed (a clustered one gets a hidden uniquifier).
+    NonUnique,
+    /// A PRIMARY KEY constraint.
+    PrimaryKey,
+    /// A UNIQUE constraint.
+    UniqueConstraint,
+    /// A unique index that is not a constraint.
+    UniqueIndex,
+}
+
+impl Uniqueness {
+    /// Whether duplicates are rejected.
+    pub fn is_unique(self) -> bool {
+        self != Uniqueness::NonUnique
+    }
+}
+
+/// Per-index physical options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct IndexOptions {
+    /// The latch flavour of the index's pages.
+    pub latch_policy: LatchPolicy,
+    /// How inserts reach the leaf.
+    pub insert_path: InsertPath,
+}
+
+/// One index: the clustered index (which holds the rows) or a nonclustered one (which holds
+/// its key columns and the clustered key as the row locator).
+#[derive(Clone, Debug)]
+pub struct IndexDef {
+    /// The name (the constraint name for PRIMARY KEY and UNIQUE).
+    pub name: String,
+    /// Key columns, by name, in key order (ascending).
+    pub columns: Vec<String>,
+    /// Uniqueness.
+    pub uniqueness: Uniqueness,
+    /// Physical options.
+    pub options: IndexOptions,
+}
+
+impl IndexDef {
+    /// An index on `columns`.
+    pub fn new(name: impl Into<String>, columns: &[&str], uniqueness: Uniqueness) -> Self {
+        IndexDef {
+            name: name.into(),
+            columns: columns.iter().map(|column| (*column).to_owned()).collect(),
+            uniqueness,
+            options: IndexOptions::default(),
+        }
+    }
+
+    /// Sets the physical options.
+    pub fn with_options(mut self, options: IndexOptions) -> Self {
+        self.options = options;
+        self
+    }
+}
+
+/// A table: columns, the clustered index and the nonclustered indexes.
+#[derive(Clone, Debug)]
+pub struct TableDef {
+    /// The name, unique in the database (case-insensitive).
+    pub name: String,
+    /// Columns in order.
+    pub columns: Vec<ColumnDef>,
+    /// The clustered index. Without one the rows are kept in insertion order under a hidden
+    /// row number, which is how lastpage stores a heap.
+    pub clustered: Option<IndexDef>,
+    /// Nonclustered indexes.
+    pub nonclustered: Vec<IndexDef>,
+}
+
+impl TableDef {
+    /// A table with no columns yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        TableDef {
+            name: name.into(),
+            columns: Vec::new(),
+            clustered: None,
+            nonclustered: Vec::new(),
+        }
+    }
+
+    /// Adds a column.
+    pub fn column(mut self, column: ColumnDef) -> Self {
+        self.columns.push(column);
+        self
+    }
+
+    /// Sets the clustered index.
+    pub fn clustered(mut self, index: IndexDef) -> Self {
+        self.clustered = Some(index);
+        self
+    }
+
+    /// Adds a nonclustered index.
+    pub fn nonclustered(mut self, index: IndexDef) -> Self {
+        self.nonclustered.push(index);
+        self
+    }
+}

@@ -1,0 +1,883 @@
+//! A table at run time: its clustered B+tree (which holds the rows), its nonclustered B+trees,
+//! its identity counter, and the typed operations on rows.
+//!
+//! Record layout:
+//! - Clustered index: key = the clustered key columns, memcomparable-encoded (plus an 8-byte
+//!   uniquifier if the index is not unique); value = the other columns, row-encoded.
+//! - Unique nonclustered index: key = its columns; value = the clustered key (the locator).
+//! - Non-unique nonclustered index: key = its columns followed by the clustered key; value empty.
+
+use std::cell::Cell;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use lastpage_storage::btree::{BTree, BTreeError, CompareAndUpdate, Direction, RangeIter, TreeCheck, TreeOptions};
+use lastpage_storage::buffer::BufferPool;
+use lastpage_storage::limits::MAX_RECORD_BYTES;
+use lastpage_storage::sync::{AtomicI64, AtomicU64, Ordering};
+
+use crate::database::Session;
+use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
+use crate::error::{EngineError, Result};
+use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
+use crate::types::{DataType, DateTime2, Uuid, Value};
+
+/// A row: one value per column, in column order.
+pub type Row = Vec<Value>;
+
+/// The values an insert supplies, by column position. Columns left out get their identity
+/// value, their default, or NULL.
+#[derive(Clone, Debug, Default)]
+pub struct InsertRow {
+    values: Vec<(usize, Value)>,
+}
+
+impl InsertRow {
+    /// A row that supplies no columns yet.
+    pub fn new() -> Self {
+        InsertRow::default()
+    }
+
+    /// Supplies `value` for the column at `column`.
+    pub fn set(mut self, column: usize, value: impl Into<Value>) -> Self {
+        self.values.push((column, value.into()));
+        self
+    }
+}
+
+/// A key range over a leading prefix of an index's key columns. A bound with fewer values
+/// than key columns covers every key that starts with them.
+#[derive(Clone, Debug)]
+pub struct KeyRange {
+    /// Lower bound.
+    pub lower: Bound<Vec<Value>>,
+    /// Upper bound.
+    pub upper: Bound<Vec<Value>>,
+}
+
+impl KeyRange {
+    /// Every key.
+    pub fn all() -> Self {
+        KeyRange {
+            lower: Bound::Unbounded,
+            upper: Bound::Unbounded,
+        }
+    }
+}
+
+/// What the integrity check of one table found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableCheck {
+    /// The table.
+    pub table: String,
+    /// Rows in the clustered index.
+    pub rows: u64,
+    /// Each index's tree check, clustered first.
+    pub indexes: Vec<(String, TreeCheck)>,
+}
+
+/// One index at run time.
+pub(crate) struct Index {
+    pub(crate) def: IndexDef,
+    /// Positions of the key columns in the table.
+    column_ids: Vec<usize>,
+    /// Types of the key columns.
+    types: Vec<DataType>,
+    /// Whether the key ends in a hidden 8-byte uniquifier (a non-unique clustered index).
+    uniquifier: bool,
+    pub(crate) tree: BTree,
+}
+
+impl Index {
+    /// Encodes the index's columns of `row` into `out`.
+    fn encode_columns(&self, row: &[Value], out: &mut Vec<u8>) -> Result<()> {
+        for (&column, data_type) in self.column_ids.iter().zip(&self.types) {
+            encode_key_value(data_type, &row[column], out)?;
+        }
+        Ok(())
+    }
+
+    /// The key's columns as text, for duplicate-key messages.
+    fn describe_key(&self, row: &[Value]) -> String {
+        self.column_ids
+            .iter()
+            .map(|&column| row[column].to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+struct IdentityState {
+    column: usize,
+    next: AtomicI64,
+    increment: i64,
+}
+
+/// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
+/// once, so concurrent inserts into a non-unique clustered index never touch a common cache
+/// line for it.
+fn next_uniquifier() -> u64 {
+    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
+    }
+    NEXT.with(|next| {
+        let mut value = next.get();
+        if value & ((1 << 40) - 1) == (1 << 40) - 1 {
+            value = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) << 40;
+        }
+        next.set(value + 1);
+        value
+    })
+}
+
+/// Ordinal of the key columns and the locator inside a decoded nonclustered key.
+const UNIQUIFIER_BYTES: usize = 8;
+
+/// A table.
+pub struct Table {
+    id: u32,
+    name: String,
+    columns: Vec<ColumnDef>,
+    clustered: Index,
+    nonclustered: Vec<Index>,
+    identity: Option<IdentityState>,
+    /// Columns stored in the clustered record's value (those not in the clustered key).
+    value_columns: Vec<usize>,
+    value_types: Vec<DataType>,
+    computed_columns: Vec<usize>,
+}
+
+impl Table {
+    /// Builds the table and its trees. `next_index_id` hands out index ids.
+    pub(crate) fn create(
+        id: u32,
+        def: TableDef,
+        pool: &Arc<BufferPool>,
+        mut next_index_id: impl FnMut() -> u32,
+    ) -> Result<Table> {
+        let invalid = |reason: String| EngineError::InvalidDefinition {
+            table: def.name.clone(),
+            reason,
+        };
+        if def.columns.is_empty() {
+            return Err(invalid("a table needs at least one column".into()));
+        }
+        for (position, column) in def.columns.iter().enumerate() {
+            column.data_type.validate().map_err(|error| error.with_column(&column.name))?;
+            if def.columns[..position]
+                .iter()
+                .any(|earlier| earlier.name.eq_ignore_ascii_case(&column.name))
+            {
+                return Err(invalid(format!("column '{}' is defined twice", column.name)));
+            }
+            if let Some(identity) = column.identity {
+                if identity.increment == 0 {
+                    return Err(invalid(format!("the identity increment of '{}' is zero", column.name)));
+                }
+                if !matches!(
+                    column.data_type,
+                    DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
+                ) {
+                    return Err(invalid(format!("identity column '{}' must be an integer type", column.name)));
+                }
+                if column.computed.is_some() || column.default.is_some() {
+                    return Err(invalid(format!("identity column '{}' cannot have a default or an expression", column.name)));
+                }
+            }
+        }
+        let identities: Vec<usize> = (0..def.columns.len())
+            .filter(|&position| def.columns[position].identity.is_some())
+            .collect();
+        if identities.len() > 1 {
+            return Err(invalid("a table can have only one identity column".into()));
+        }
+        let find_column = |name: &str| -> Result<usize> {
+            def.columns
+                .iter()
+                .position(|column| column.name.eq_ignore_ascii_case(name))
+                .ok_or_else(|| EngineError::UnknownColumn {
+                    table: def.name.clone(),
+                    column: name.to_owned(),
+                })
+        };
+        let build_index = |index: &IndexDef, clustered: bool, index_id: u32| -> Result<Index> {
+            let column_ids = index
+                .columns
+                .iter()
+                .map(|name| find_column(name))
+                .collect::<Result<Vec<_>>>()?;
+            if column_ids.is_empty() && !clustered {
+                return Err(invalid(format!("index '{}' has no columns", index.name)));
+            }
+            let tree = BTree::create(
+                Arc::clone(pool),
+                index_id,
+                TreeOptions {
+                    latch_policy: index.options.latch_policy,
+                    insert_path: index.options.insert_path,
+                },
+            )?;
+            Ok(Index {
+                types: column_ids.iter().map(|&column| def.columns[column].data_type).collect(),
+                column_ids,
+                uniquifier: clustered && !index.uniqueness.is_unique(),
+                def: index.clone(),
+                tree,
+            })
+        };
+        let clustered_def = def.clustered.clone().unwrap_or_else(|| IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique));
+        let clustered = build_index(&clustered_def, true, next_index_id())?;
+        let mut nonclustered = Vec::with_capacity(def.nonclustered.len());
+        for index in &def.nonclustered {
+            if std::iter::once(&clustered_def).chain(def.nonclustered.iter()).filter(|other| other.name.eq_ignore_ascii_case(&index.name)).count() > 1 {
+                return Err(invalid(format!("index name '{}' is used twice", index.name)));
+            }
+            nonclustered.push(build_index(index, false, next_index_id())?);
+        }
+        let value_columns: Vec<usize> = (0..def.columns.len())
+            .filter(|column| !clustered.column_ids.contains(column))
+            .collect();
+        let identity = identities.first().map(|&column| {
+            let identity = def.columns[column].identity.expect("filtered on identity");
+            IdentityState {
+                column,
+                next: AtomicI64::new(identity.seed),
+                increment: identity.increment,
+            }
+        });
+        Ok(Table {
+            id,
+            value_types: value_columns.iter().map(|&column| def.columns[column].data_type).collect(),
+            value_columns,
+            computed_columns: (0..def.columns.len()).filter(|&column| def.columns[column].computed.is_some()).collect(),
+            identity,
+            clustered,
+            nonclustered,
+            columns: def.columns,
+            name: def.name,
+        })
+    }
+
+    /// The table's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The columns, in order.
+    pub fn columns(&self) -> &[ColumnDef] {
+        &self.columns
+    }
+
+    /// The position of the column called `name` (case-insensitive).
+    pub fn column_index(&self, name: &str) -> Result<usize> {
+        self.columns
+            .iter()
+            .position(|column| column.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| EngineError::UnknownColumn {
+                table: self.name.clone(),
+                column: name.to_owned(),
+            })
+    }
+
+    /// Rows in the table. Exact when no write is in flight.
+    pub fn row_count(&self) -> u64 {
+        self.clustered.tree.row_count()
+    }
+
+    /// The clustered index's tree (for statistics and checks).
+    pub fn clustered_tree(&self) -> &BTree {
+        &self.clustered.tree
+    }
+
+    /// Every index's name and tree, clustered first.
+    pub fn trees(&self) -> impl Iterator<Item = (&str, &BTree)> {
+        std::iter::once(&self.clustered)
+            .chain(&self.nonclustered)
+            .map(|index| (index.def.name.as_str(), &index.tree))
+    }
+
+    /// The identity value the next insert would get (SQL Server's IDENT_CURRENT + increment).
+    pub fn next_identity(&self) -> Option<i64> {
+        self.identity.as_ref().map(|identity| identity.next.load(Ordering::Relaxed))
+    }
+
+    /// Inserts one row; returns its identity value, if the table has an identity column.
+    pub fn insert(&self, session: &Session, row: InsertRow) -> Result<Option<i64>> {
+        let _attribution = session.attribute();
+        let (values, identity) = self.complete_row(row)?;
+        self.insert_complete(values)?;
+        Ok(identity)
+    }
+
+    /// Inserts one row, naming its columns.
+    pub fn insert_named(&self, session: &Session, values: &[(&str, Value)]) -> Result<Option<i64>> {
+        let mut row = InsertRow::new();
+        for (name, value) in values {
+            row = row.set(self.column_index(name)?, value.clone());
+        }
+        self.insert(session, row)
+    }
+
+    /// Inserts rows in order, stopping at the first error. Each row is atomic; rows inserted
+    /// before an error stay (statement atomicity across rows comes with transactions).
+    pub fn insert_batch(&self, session: &Session, rows: Vec<InsertRow>) -> Result<Vec<Option<i64>>> {
+        let _attribution = session.attribute();
+        let mut identities = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (values, identity) = self.complete_row(row)?;
+            self.insert_complete(values)?;
+            identities.push(identity);
+        }
+        Ok(identities)
+    }
+
+    /// Fills in identity, defaults and computed columns, converts every value to its column's
+    /// type and checks nullability.
+    fn complete_row(&self, row: InsertRow) -> Result<(Row, Option<i64>)> {
+        let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
+        for (column, value) in row.values {
+            let Some(definition) = self.columns.get(column) else {
+                return Err(EngineError::UnknownColumn {
+                    table: self.name.clone(),
+                    column: format!("#{column}"),
+                });
+            };
+            if definition.identity.is_some() {
+                return Err(EngineError::ExplicitIdentity { table: self.name.clone() });
+            }
+            if definition.computed.is_some() {
+                return Err(EngineError::ComputedColumn { column: definition.name.clone() });
+            }
+            supplied[column] = Some(value);
+        }
+        let mut identity_value = None;
+        let mut values = Vec::with_capacity(self.columns.len());
+        for (position, (definition, supplied)) in self.columns.iter().zip(supplied).enumerate() {
+            let value = match supplied {
+                Some(value) => value,
+                None => match (&self.identity, &definition.default) {
+                    (Some(identity), _) if identity.column == position => {
+                        let value = identity.next.fetch_add(identity.increment, Ordering::Relaxed);
+                        identity_value = Some(value);
+                        identity_as_value(value, definition.data_type)?
+                    }
+                    (_, Some(default)) => evaluate_default(default)?,
+                    _ => Value::Null,
+                },
+            };
+            values.push(value);
+        }
+        self.finish_row(&mut values)?;
+        Ok((values, identity_value))
+    }
+
+    /// Evaluates computed columns, converts values to their column types and checks NULLs.
+    fn finish_row(&self, values: &mut [Value]) -> Result<()> {
+        for &column in &self.computed_columns {
+            values[column] = Value::Null;
+        }
+        for &column in &self.computed_columns {
+            let expression = self.columns[column].computed.as_ref().expect("computed column");
+            values[column] = expression(values)?;
+        }
+        for (definition, value) in self.columns.iter().zip(values.iter_mut()) {
+            let converted = definition
+                .data_type
+                .coerce(std::mem::replace(value, Value::Null))
+                .map_err(|error| error.with_column(&definition.name))?;
+            if converted.is_null() && !definition.nullable {
+                return Err(EngineError::NullNotAllowed {
+                    table: self.name.clone(),
+                    column: definition.name.clone(),
+                });
+            }
+            *value = converted;
+        }
+        Ok(())
+    }
+
+    /// Encodes the clustered key of a complete row, with a fresh uniquifier if the index needs
+    /// one.
+    fn clustered_key(&self, values: &[Value]) -> Result<Vec<u8>> {
+        let mut key = Vec::with_capacity(32);
+        self.clustered.encode_columns(values, &mut key)?;
+        if self.clustered.uniquifier {
+            key.extend_from_slice(&next_uniquifier().to_be_bytes());
+        }
+        Ok(key)
+    }
+
+    /// Encodes the clustered record's value: the columns outside the clustered key.
+    fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
+        let stored: Vec<Value> = self.value_columns.iter().map(|&column| values[column].clone()).collect();
+        let mut value = Vec::with_capacity(64);
+        encode_row(&self.value_types, &stored, &mut value)?;
+        Ok(value)
+    }
+
+    /// The key and value of `index`'s entry for a row whose clustered key is `locator`.
+    fn nonclustered_entry(&self, index: &Index, values: &[Value], locator: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
+        let mut key = Vec::with_capacity(32 + locator.len());
+        index.encode_columns(values, &mut key)?;
+        if index.def.uniqueness.is_unique() {
+            Ok((key, locator.to_vec()))
+        } else {
+            key.extend_from_slice(locator);
+            Ok((key, Vec::new()))
+        }
+    }
+
+    fn check_sizes(&self, index: &Index, key: &[u8], value: &[u8]) -> Result<()> {
+        match lastpage_storage::btree::check_record_size(key, value) {
+            Ok(()) => Ok(()),
+            Err(BTreeError::KeyTooLarge { len, max }) => Err(EngineError::KeyTooLarge {
+                index: index.def.name.clone(),
+                size: len,
+                max,
+            }),
+            Err(BTreeError::RecordTooLarge { len, .. }) => Err(EngineError::RowTooLarge {
+                size: len,
+                max: MAX_RECORD_BYTES,
+            }),
+            Err(other) => Err(self.storage_error(index, other, &[])),
+        }
+    }
+
+    fn storage_error(&self, index: &Index, error: BTreeError, values: &[Value]) -> EngineError {
+        match error {
+            BTreeError::DuplicateKey => {
+                let key = index.describe_key(values);
+                match index.def.uniqueness {
+                    Uniqueness::PrimaryKey | Uniqueness::UniqueConstraint => EngineError::DuplicateKey {
+                        constraint_kind: if index.def.uniqueness == Uniqueness::PrimaryKey {
+                            "PRIMARY KEY"
+                        } else {
+                            "UNIQUE KEY"
+                        },
+                        constraint: index.def.name.clone(),
+                        table: self.name.clone(),
+                        key,
+                    },
+                    Uniqueness::UniqueIndex | Uniqueness::NonUnique => EngineError::DuplicateIndexKey {
+                        index: index.def.name.clone(),
+                        table: self.name.clone(),
+                        key,
+                    },
+                }
+            }
+            BTreeError::KeyTooLarge { len, max } => EngineError::KeyTooLarge {
+                index: index.def.name.clone(),
+                size: len,
+                max,
+            },
+            BTreeError::RecordTooLarge { len, max } => EngineError::RowTooLarge { size: len, max },
+            BTreeError::PoolFull(full) => EngineError::PoolFull(full),
+        }
+    }
+
+    /// Inserts a complete, converted row into every index, undoing what it did if any index
+    /// rejects it.
+    fn insert_complete(&self, values: Row) -> Result<()> {
+        let key = self.clustered_key(&values)?;
+        let value = self.clustered_value(&values)?;
+        self.check_sizes(&self.clustered, &key, &value)?;
+        let mut entries = Vec::with_capacity(self.nonclustered.len());
+        for index in &self.nonclustered {
+            let (nc_key, nc_value) = self.nonclustered_entry(index, &values, &key)?;
+            self.check_sizes(index, &nc_key, &nc_value)?;
+            entries.push((nc_key, nc_value));
+        }
+        self.clustered
+            .tree
+            .insert(&key, &value)
+            .map_err(|error| self.storage_error(&self.clustered, error, &values))?;
+        for (position, (index, (nc_key, nc_value))) in self.nonclustered.iter().zip(&entries).enumerate() {
+            if let Err(error) = index.tree.insert(nc_key, nc_value) {
+                for (earlier, (earlier_key, _)) in self.nonclustered.iter().zip(&entries).take(position) {
+                    earlier.tree.delete(earlier_key);
+                }
+                self.clustered.tree.delete(&key);
+                return Err(self.storage_error(index, error, &values));
+            }
+        }
+        Ok(())
+    }
+
+    /// Converts and encodes a (prefix of a) key of `index`.
+    fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<Vec<u8>> {
+        if key.len() > index.types.len() {
+            return Err(EngineError::KeyArity {
+                index: index.def.name.clone(),
+                expected: index.types.len(),
+                got: key.len(),
+            });
+        }
+        let mut encoded = Vec::with_capacity(32);
+        for ((value, data_type), &column) in key.iter().zip(&index.types).zip(&index.column_ids) {
+            let converted = data_type
+                .coerce(value.clone())
+                .map_err(|error| error.with_column(&self.columns[column].name))?;
+            encode_key_value(data_type, &converted, &mut encoded)?;
+        }
+        Ok(encoded)
+    }
+
+    /// Whether a search key names exactly one record of the clustered index.
+    fn is_exact_clustered_key(&self, key: &[Value]) -> bool {
+        key.len() == self.clustered.types.len() && !self.clustered.uniquifier
+    }
+
+    /// Rebuilds a row from a clustered record.
+    fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Row> {
+        let (key_values, _) = decode_key(&self.clustered.types, key)?;
+        let stored = decode_row(&self.value_types, value)?;
+        let mut row = vec![Value::Null; self.columns.len()];
+        for (&column, value) in self.clustered.column_ids.iter().zip(key_values) {
+            row[column] = value;
+        }
+        for (&column, value) in self.value_columns.iter().zip(stored) {
+            row[column] = value;
+        }
+        Ok(row)
+    }
+
+    /// Finds the clustered record for a search key: exact for a unique key, the first match
+    /// for a prefix or a non-unique key.
+    fn find_record(&self, key: &[Value]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let encoded = self.encode_search_key(&self.clustered, key)?;
+        if self.is_exact_clustered_key(key) {
+            return Ok(self.clustered.tree.get(&encoded).map(|value| (encoded, value)));
+        }
+        let upper = prefix_end(&encoded);
+        let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(self
+            .clustered
+            .tree
+            .range(Bound::Included(&encoded), upper, Direction::Forward)
+            .next())
+    }
+
+    /// Looks up a row by its clustered key.
+    pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
+        let _attribution = session.attribute();
+        match self.find_record(key)? {
+            Some((key, value)) => Ok(Some(self.decode_record(&key, &value)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn index(&self, name: &str) -> Result<&Index> {
+        std::iter::once(&self.clustered)
+            .chain(&self.nonclustered)
+            .find(|index| index.def.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| EngineError::UnknownIndex {
+                table: self.name.clone(),
+                index: name.to_owned(),
+            })
+    }
+
+    /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key.
+    pub fn get_by_index(&self, session: &Session, index_name: &str, key: &[Value]) -> Result<Vec<Row>> {
+        let _attribution = session.attribute();
+        let index = self.index(index_name)?;
+        let encoded = self.encode_search_key(index, key)?;
+        let upper = prefix_end(&encoded);
+        let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut rows = Vec::new();
+        for (index_key, index_value) in index.tree.range(Bound::Included(&encoded), upper, Direction::Forward) {
+            let locator = self.locator(index, &index_key, &index_value)?;
+            if std::ptr::eq(index, &self.clustered) {
+                rows.push(self.decode_record(&index_key, &index_value)?);
+            } else if let Some(value) = self.clustered.tree.get(&locator) {
+                rows.push(self.decode_record(&locator, &value)?);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// The clustered key a nonclustered entry points at.
+    fn locator(&self, index: &Index, key: &[u8], value: &[u8]) -> Result<Vec<u8>> {
+        if index.def.uniqueness.is_unique() || std::ptr::eq(index, &self.clustered) {
+            return Ok(value.to_vec());
+        }
+        let (_, consumed) = decode_key(&index.types, key)?;
+        Ok(key[consumed..].to_vec())
+    }
+
+    /// Scans rows in clustered key order within `range`.
+    pub fn scan<'a>(&'a self, session: &Session, range: &KeyRange, direction: Direction) -> Result<RowIter<'a>> {
+        let _attribution = session.attribute();
+        let full = |key: &[Value]| self.is_exact_clustered_key(key);
+        let lower = match &range.lower {
+            Bound::Unbounded => Bound::Unbounded,
+            Bound::Included(key) => Bound::Included(self.encode_search_key(&self.clustered, key)?),
+            Bound::Excluded(key) => {
+                let encoded = self.encode_search_key(&self.clustered, key)?;
+                if full(key) {
+                    Bound::Excluded(encoded)
+                } else {
+                    match prefix_end(&encoded) {
+                        Some(end) => Bound::Included(end),
+                        None => return Ok(RowIter::empty(self)),
+                    }
+                }
+            }
+        };
+        let upper = match &range.upper {
+            Bound::Unbounded => Bound::Unbounded,
+            Bound::Excluded(key) => Bound::Excluded(self.encode_search_key(&self.clustered, key)?),
+            Bound::Included(key) => {
+                let encoded = self.encode_search_key(&self.clustered, key)?;
+                if full(key) {
+                    Bound::Included(encoded)
+                } else {
+                    prefix_end(&encoded).map_or(Bound::Unbounded, Bound::Excluded)
+                }
+            }
+        };
+        let inner = self.clustered.tree.range(
+            lower.as_ref().map(Vec::as_slice),
+            upper.as_ref().map(Vec::as_slice),
+            direction,
+        );
+        Ok(RowIter { table: self, inner: Some(inner) })
+    }
+
+    /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
+    /// whether a row was found. Nonclustered indexes follow. Changing clustered key columns
+    /// moves the row.
+    pub fn update(&self, session: &Session, key: &[Value], changes: &[(usize, Value)]) -> Result<bool> {
+        let _attribution = session.attribute();
+        for (column, _) in changes {
+            let definition = self.columns.get(*column).ok_or_else(|| EngineError::UnknownColumn {
+                table: self.name.clone(),
+                column: format!("#{column}"),
+            })?;
+            if definition.identity.is_some() || definition.computed.is_some() {
+                return Err(EngineError::ReadOnlyColumn {
+                    table: self.name.clone(),
+                    column: definition.name.clone(),
+                });
+            }
+        }
+        loop {
+            let Some((record_key, old_value)) = self.find_record(key)? else {
+                return Ok(false);
+            };
+            let old_row = self.decode_record(&record_key, &old_value)?;
+            let mut new_row = old_row.clone();
+            for (column, value) in changes {
+                new_row[*column] = value.clone();
+            }
+            self.finish_row(&mut new_row)?;
+            let mut new_key = Vec::with_capacity(record_key.len());
+            self.clustered.encode_columns(&new_row, &mut new_key)?;
+            let old_key_columns = &record_key[..record_key.len() - if self.clustered.uniquifier { UNIQUIFIER_BYTES } else { 0 }];
+            if new_key != old_key_columns {
+                return self.move_row(&record_key, &old_row, new_row).map(|()| true);
+            }
+            let new_value = self.clustered_value(&new_row)?;
+            self.check_sizes(&self.clustered, &record_key, &new_value)?;
+            // New nonclustered entries go in first, so a unique violation is found before the
+            // row changes; old ones are removed once the row has changed.
+            let mut added: Vec<(&Index, Vec<u8>)> = Vec::new();
+            let mut removed: Vec<(&Index, Vec<u8>)> = Vec::new();
+            let mut failure = None;
+            for index in &self.nonclustered {
+                let (old_key, _) = self.nonclustered_entry(index, &old_row, &record_key)?;
+                let (new_key, new_entry_value) = self.nonclustered_entry(index, &new_row, &record_key)?;
+                if old_key == new_key {
+                    continue;
+                }
+                if let Err(error) = self.check_sizes(index, &new_key, &new_entry_value) {
+                    failure = Some(error);
+                    break;
+                }
+                match index.tree.insert(&new_key, &new_entry_value) {
+                    Ok(()) => {
+                        added.push((index, new_key));
+                        removed.push((index, old_key));
+                    }
+                    Err(error) => {
+                        failure = Some(self.storage_error(index, error, &new_row));
+                        break;
+                    }
+                }
+            }
+            let undo = |added: &[(&Index, Vec<u8>)]| {
+                for (index, key) in added {
+                    index.tree.delete(key);
+                }
+            };
+            if let Some(error) = failure {
+                undo(&added);
+                return Err(error);
+            }
+            match self
+                .clustered
+                .tree
+                .compare_and_update(&record_key, &old_value, &new_value)
+                .map_err(|error| self.storage_error(&self.clustered, error, &new_row))?
+            {
+                CompareAndUpdate::Updated => {
+                    for (index, key) in removed {
+                        index.tree.delete(&key);
+                    }
+                    return Ok(true);
+                }
+                CompareAndUpdate::Changed => undo(&added),
+                CompareAndUpdate::NotFound => {
+                    undo(&added);
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// Moves a row whose clustered key changed: inserts the new row, then removes the old one.
+    fn move_row(&self, old_key: &[u8], old_row: &[Value], new_row: Row) -> Result<()> {
+        self.insert_complete(new_row)?;
+        self.delete_record(old_key, old_row);
+        Ok(())
+    }
+
+    /// Removes a record and its nonclustered entries.
+    fn delete_record(&self, key: &[u8], row: &[Value]) -> bool {
+        if self.clustered.tree.delete(key).is_none() {
+            return false;
+        }
+        for index in &self.nonclustered {
+            if let Ok((entry_key, _)) = self.nonclustered_entry(index, row, key) {
+                index.tree.delete(&entry_key);
+            }
+        }
+        true
+    }
+
+    /// Deletes the row with clustered key `key` (the first match of a non-unique key); returns
+    /// whether a row was deleted.
+    pub fn delete(&self, session: &Session, key: &[Value]) -> Result<bool> {
+        let _attribution = session.attribute();
+        loop {
+            let Some((record_key, value)) = self.find_record(key)? else {
+                return Ok(false);
+            };
+            let row = self.decode_record(&record_key, &value)?;
+            if self.delete_record(&record_key, &row) {
+                return Ok(true);
+            }
+            // Someone deleted it between the lookup and the delete; look again.
+        }
+    }
+
+    /// Checks every index's tree, that every index holds one entry per row, and that every
+    /// row's nonclustered entries are present and point back at it.
+    pub fn check_integrity(&self) -> Result<TableCheck> {
+        let clustered = self.clustered.tree.check_integrity()?;
+        let mut indexes = vec![(self.clustered.def.name.clone(), clustered)];
+        for index in &self.nonclustered {
+            let check = index.tree.check_integrity()?;
+            if check.rows != clustered.rows {
+                return Err(EngineError::Integrity(format!(
+                    "table '{}': index '{}' has {} entries but the clustered index has {} rows",
+                    self.name, index.def.name, check.rows, clustered.rows
+                )));
+            }
+            indexes.push((index.def.name.clone(), check));
+        }
+        if !self.nonclustered.is_empty() {
+            for (key, value) in self.clustered.tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward) {
+                let row = self.decode_record(&key, &value)?;
+                for index in &self.nonclustered {
+                    let (entry_key, entry_value) = self.nonclustered_entry(index, &row, &key)?;
+                    if index.tree.get(&entry_key).as_deref() != Some(entry_value.as_slice()) {
+                        return Err(EngineError::Integrity(format!(
+                            "table '{}': index '{}' has no entry for the row with key ({})",
+                            self.name,
+                            index.def.name,
+                            self.clustered.describe_key(&row)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(TableCheck {
+            table: self.name.clone(),
+            rows: clustered.rows,
+            indexes,
+        })
+    }
+}
+
+/// Converts an identity value to its column's type, reporting overflow as SQL Server does.
+fn identity_as_value(value: i64, data_type: DataType) -> Result<Value> {
+    let overflow = || EngineError::IdentityOverflow { data_type: data_type.name() };
+    Ok(match data_type {
+        DataType::TinyInt => Value::TinyInt(u8::try_from(value).map_err(|_| overflow())?),
+        DataType::SmallInt => Value::SmallInt(i16::try_from(value).map_err(|_| overflow())?),
+        DataType::Int => Value::Int(i32::try_from(value).map_err(|_| overflow())?),
+        _ => Value::BigInt(value),
+    })
+}
+
+fn evaluate_default(default: &DefaultValue) -> Result<Value> {
+    Ok(match default {
+        DefaultValue::Constant(value) => value.clone(),
+        DefaultValue::CurrentUtcDateTime => Value::DateTime2(DateTime2::now_utc()),
+        DefaultValue::NewId => Value::Uuid(Uuid::new_v4()),
+        DefaultValue::Function(function) => function()?,
+    })
+}
+
+/// The smallest byte string greater than every string that starts with `prefix`, or `None`
+/// if there is none (the prefix is empty or all 0xFF).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// Rows of a scan, in key order.
+pub struct RowIter<'a> {
+    table: &'a Table,
+    inner: Option<RangeIter<'a>>,
+}
+
+impl<'a> RowIter<'a> {
+    fn empty(table: &'a Table) -> Self {
+        RowIter { table, inner: None }
+    }
+}
+
+impl Iterator for RowIter<'_> {
+    type Item = Result<Row>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (key, value) = self.inner.as_mut()?.next()?;
+        Some(self.table.decode_record(&key, &value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_next_string_after_every_extension() {
+        assert_eq!(prefix_end(&[1, 2]), Some(vec![1, 3]));
+        assert_eq!(prefix_end(&[1, 0xFF]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
+        assert_eq!(prefix_end(&[]), None);
+    }
+}

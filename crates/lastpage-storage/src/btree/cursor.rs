@@ -1,0 +1,180 @@
+//! Ordered range scans in both directions.
+//!
+//! A scan reads one leaf at a time under a shared latch, copies the rows it wants, and lets the
+//! latch go before handing rows out, so a slow consumer never holds a latch. To move on it does
+//! not follow sibling links: it descends again from the root to the leaf just past the previous
+//! leaf's fence (the separator that bounds it). That keeps the latch order strictly top-down
+//! (a backward step along `prev` links would latch right to left, against the order splits
+//! use), and it cannot skip rows that a split moved while the scan was between leaves.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+
+use super::BTree;
+use crate::buffer::SharedGuard;
+
+/// Scan order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Direction {
+    /// Ascending key order.
+    #[default]
+    Forward,
+    /// Descending key order.
+    Backward,
+}
+
+/// Where a descent for a scan lands.
+enum Seek<'k> {
+    /// The leaf covering this key.
+    Covering(&'k [u8]),
+    /// The leaf covering the greatest keys below this key.
+    Below(&'k [u8]),
+    /// The last leaf.
+    Last,
+}
+
+/// An iterator over `(key, value)` pairs of a key range, in either direction.
+pub struct RangeIter<'a> {
+    tree: &'a BTree,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    direction: Direction,
+    buffer: VecDeque<(Vec<u8>, Vec<u8>)>,
+    exhausted: bool,
+}
+
+impl BTree {
+    /// Scans the keys within `lower..upper` in `direction`.
+    pub fn range(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        direction: Direction,
+    ) -> RangeIter<'_> {
+        RangeIter {
+            tree: self,
+            lower: lower.map(<[u8]>::to_vec),
+            upper: upper.map(<[u8]>::to_vec),
+            direction,
+            buffer: VecDeque::new(),
+            exhausted: false,
+        }
+    }
+
+    /// Descends with shared latch coupling; returns the leaf and its fences (the separators
+    /// that bound its key range; `None` at the ends of the index).
+    fn descend_for_scan(&self, seek: Seek<'_>) -> (SharedGuard<'_>, Option<Vec<u8>>, Option<Vec<u8>>) {
+        let mut node = self.pool.latch_shared(self.root);
+        let mut low: Option<Vec<u8>> = None;
+        let mut high: Option<Vec<u8>> = None;
+        while !node.page().is_leaf() {
+            let page = node.page();
+            let count = page.slot_count();
+            // `Some(i)`: the child to the right of separator i; `None`: the low child.
+            let chosen = match seek {
+                Seek::Covering(key) => page.child_for(key).1,
+                Seek::Below(key) => match page.search(key) {
+                    Ok(0) | Err(0) => None,
+                    Ok(index) | Err(index) => Some(index - 1),
+                },
+                Seek::Last => count.checked_sub(1),
+            };
+            let (child, next_separator) = match chosen {
+                None => (page.low_child(), 0),
+                Some(index) => {
+                    low = Some(page.key(index).to_vec());
+                    (page.child(index), index + 1)
+                }
+            };
+            if next_separator < count {
+                high = Some(page.key(next_separator).to_vec());
+            }
+            node = self.pool.latch_shared(child);
+        }
+        (node, low, high)
+    }
+}
+
+impl RangeIter<'_> {
+    /// Reads the next leaf's worth of rows into the buffer.
+    fn fill(&mut self) {
+        while self.buffer.is_empty() && !self.exhausted {
+            match self.direction {
+                Direction::Forward => self.fill_forward(),
+                Direction::Backward => self.fill_backward(),
+            }
+        }
+    }
+
+    fn fill_forward(&mut self) {
+        let seek = match &self.lower {
+            Bound::Included(key) | Bound::Excluded(key) => Seek::Covering(key),
+            Bound::Unbounded => Seek::Covering(&[]),
+        };
+        let (leaf, _, high) = self.tree.descend_for_scan(seek);
+        let page = leaf.page();
+        let start = match &self.lower {
+            Bound::Unbounded => 0,
+            Bound::Included(key) => page.search(key).unwrap_or_else(|index| index),
+            Bound::Excluded(key) => page.search(key).map_or_else(|index| index, |index| index + 1),
+        };
+        for index in start..page.slot_count() {
+            let key = page.key(index);
+            let beyond = match &self.upper {
+                Bound::Unbounded => false,
+                Bound::Included(upper) => key > upper.as_slice(),
+                Bound::Excluded(upper) => key >= upper.as_slice(),
+            };
+            if beyond {
+                self.exhausted = true;
+                return;
+            }
+            self.buffer.push_back((key.to_vec(), page.value(index).to_vec()));
+        }
+        match high {
+            Some(fence) => self.lower = Bound::Included(fence),
+            None => self.exhausted = true,
+        }
+    }
+
+    fn fill_backward(&mut self) {
+        let seek = match &self.upper {
+            Bound::Included(key) => Seek::Covering(key),
+            Bound::Excluded(key) => Seek::Below(key),
+            Bound::Unbounded => Seek::Last,
+        };
+        let (leaf, low, _) = self.tree.descend_for_scan(seek);
+        let page = leaf.page();
+        let end = match &self.upper {
+            Bound::Unbounded => page.slot_count(),
+            Bound::Included(key) => page.search(key).map_or_else(|index| index, |index| index + 1),
+            Bound::Excluded(key) => page.search(key).unwrap_or_else(|index| index),
+        };
+        for index in (0..end).rev() {
+            let key = page.key(index);
+            let beyond = match &self.lower {
+                Bound::Unbounded => false,
+                Bound::Included(lower) => key < lower.as_slice(),
+                Bound::Excluded(lower) => key <= lower.as_slice(),
+            };
+            if beyond {
+                self.exhausted = true;
+                return;
+            }
+            self.buffer.push_back((key.to_vec(), page.value(index).to_vec()));
+        }
+        match low {
+            Some(fence) => self.upper = Bound::Excluded(fence),
+            None => self.exhausted = true,
+        }
+    }
+}
+
+impl Iterator for RangeIter<'_> {
+    type Item = (Vec<u8>, Vec<u8>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.fill();
+        self.buffer.pop_front()
+    }
+}

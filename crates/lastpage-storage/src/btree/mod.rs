@@ -1,0 +1,257 @@
+//! The B+tree: byte-string keys compared with `memcmp`, byte-string values, on latched pages.
+//!
+//! The layout of a tree:
+//! - The root page never moves. When it must split, its contents move to a new child first
+//!   ([`BTree::grow_root`]), so the root's id can be kept in the index descriptor for ever and no
+//!   separate root pointer needs a latch.
+//! - Inner pages hold separators; a child to the right of separator `s` holds keys `>= s`.
+//! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.
+//! - Pages are never freed: a delete leaves a possibly empty leaf behind, as SQL Server does
+//!   until an index is rebuilt.
+//!
+//! The latch protocol (see `docs/latch-protocol.md`):
+//! - Latches are taken top-down, and at one level only left to right, so no two threads can
+//!   wait for each other in a cycle.
+//! - Reads couple shared latches down to the leaf.
+//! - The classic insert couples shared latches down to the leaf's parent and takes the leaf
+//!   exclusively. If the leaf is full it restarts, couples shared latches down to the parent of
+//!   the leaf, and takes the parent and the leaf exclusively ("on a split, EX on the parent"). If
+//!   the parent could not take another separator either, it restarts once more with exclusive
+//!   latch coupling from the root, releasing every ancestor above a node that can absorb a split.
+//! - Splits are SQL Server's: an insert past the last key of the last leaf starts a new, empty
+//!   page instead of moving half the rows, so ascending loads leave every page full.
+
+mod check;
+mod cursor;
+mod write;
+
+use std::sync::Arc;
+
+pub use check::{IntegrityError, TreeCheck};
+pub use cursor::{Direction, RangeIter};
+
+use crate::buffer::{BufferPool, ExclusiveGuard, PoolFull, SharedGuard};
+use crate::latch::LatchPolicy;
+use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
+use crate::page::{PageId, PageKind};
+use crate::sync::{AtomicU8, Ordering};
+
+pub use write::{CompareAndUpdate, StripedCounter};
+
+/// How an index inserts rows. Every path keeps the same tree layout, so an index can change
+/// path at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum InsertPath {
+    /// Latch coupling from the root for every insert: SH on inner pages, EX on the leaf, EX on
+    /// the parent for a split. Reproduces last-page contention.
+    #[default]
+    Classic,
+}
+
+impl InsertPath {
+    /// The name used on command lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            InsertPath::Classic => "classic",
+        }
+    }
+
+    /// Looks a path up by its command-line name.
+    pub fn from_name(name: &str) -> Option<InsertPath> {
+        match name.to_ascii_lowercase().as_str() {
+            "classic" => Some(InsertPath::Classic),
+            _ => None,
+        }
+    }
+}
+
+/// How a tree is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TreeOptions {
+    /// The latch flavour of every page of the tree.
+    pub latch_policy: LatchPolicy,
+    /// How inserts reach the leaf.
+    pub insert_path: InsertPath,
+}
+
+/// Errors of tree operations that callers can cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BTreeError {
+    /// The key is already in the tree.
+    #[error("duplicate key")]
+    DuplicateKey,
+    /// The key is longer than the tree accepts.
+    #[error("the key is {len} bytes, but keys are limited to {max} bytes")]
+    KeyTooLarge {
+        /// Length of the key, in bytes.
+        len: usize,
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// Key and value together exceed the record limit.
+    #[error("the record is {len} bytes, which exceeds the maximum row size of {max} bytes")]
+    RecordTooLarge {
+        /// Length of key, value and record header, in bytes.
+        len: usize,
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// The buffer pool has no more pages.
+    #[error(transparent)]
+    PoolFull(#[from] PoolFull),
+}
+
+/// Checks a key and value against the size limits.
+pub fn check_record_size(key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(BTreeError::KeyTooLarge {
+            len: key.len(),
+            max: MAX_KEY_BYTES,
+        });
+    }
+    let len = LEAF_RECORD_HEADER_BYTES + key.len() + value.len();
+    if len > MAX_RECORD_BYTES {
+        return Err(BTreeError::RecordTooLarge {
+            len,
+            max: MAX_RECORD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Counters a tree keeps about itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Leaf splits that moved rows (a page split in SQL Server's sense).
+    pub leaf_splits: u64,
+    /// Leaf splits at the end of the index that started a new empty page.
+    pub leaf_appends: u64,
+    /// Inner page splits, root growth included.
+    pub inner_splits: u64,
+    /// Inserts that found the leaf full and restarted on the split path.
+    pub split_restarts: u64,
+}
+
+/// One B+tree.
+pub struct BTree {
+    pool: Arc<BufferPool>,
+    root: PageId,
+    index_id: u32,
+    options: TreeOptions,
+    /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
+    /// it saves a shared-then-exclusive double latch while the root is still a leaf.
+    root_level_hint: AtomicU8,
+    rows: StripedCounter,
+    stats: write::SplitCounters,
+}
+
+impl BTree {
+    /// Creates an empty tree whose root is a fresh leaf.
+    pub fn create(pool: Arc<BufferPool>, index_id: u32, options: TreeOptions) -> Result<BTree, PoolFull> {
+        let root = pool
+            .allocate(options.latch_policy, PageKind::Leaf, 0, index_id)?
+            .page_id();
+        Ok(BTree {
+            pool,
+            root,
+            index_id,
+            options,
+            root_level_hint: AtomicU8::new(0),
+            rows: StripedCounter::default(),
+            stats: write::SplitCounters::default(),
+        })
+    }
+
+    /// The root page's id.
+    pub fn root(&self) -> PageId {
+        self.root
+    }
+
+    /// The index id stamped on every page of the tree.
+    pub fn index_id(&self) -> u32 {
+        self.index_id
+    }
+
+    /// How the tree was built.
+    pub fn options(&self) -> TreeOptions {
+        self.options
+    }
+
+    /// The buffer pool the tree lives in.
+    pub fn pool(&self) -> &Arc<BufferPool> {
+        &self.pool
+    }
+
+    /// Rows in the tree. Exact when no write is in flight.
+    pub fn row_count(&self) -> u64 {
+        u64::try_from(self.rows.sum()).unwrap_or(0)
+    }
+
+    /// Split counters.
+    pub fn stats(&self) -> TreeStats {
+        self.stats.snapshot()
+    }
+
+    /// Latches the leaf that covers `key` in shared mode, coupling shared latches down.
+    fn leaf_shared(&self, key: &[u8]) -> SharedGuard<'_> {
+        let mut node = self.pool.latch_shared(self.root);
+        while !node.page().is_leaf() {
+            let (child, _) = node.page().child_for(key);
+            node = self.pool.latch_shared(child);
+        }
+        node
+    }
+
+    /// Latches the leaf that covers `key` exclusively: shared latches down to its parent, then
+    /// the leaf exclusively.
+    fn leaf_exclusive(&self, key: &[u8]) -> ExclusiveGuard<'_> {
+        loop {
+            if self.root_level_hint.load(Ordering::Relaxed) == 0 {
+                let root = self.pool.latch_exclusive(self.root);
+                if root.page().is_leaf() {
+                    return root;
+                }
+                self.root_level_hint
+                    .store(root.page().level(), Ordering::Relaxed);
+                continue;
+            }
+            let mut node = self.pool.latch_shared(self.root);
+            if node.page().is_leaf() {
+                // Only possible if the hint was wrong, which it cannot be (levels only grow),
+                // but restarting costs nothing and keeps the loop obviously correct.
+                self.root_level_hint.store(0, Ordering::Relaxed);
+                continue;
+            }
+            loop {
+                let (child, _) = node.page().child_for(key);
+                if node.page().level() == 1 {
+                    return self.pool.latch_exclusive(child);
+                }
+                node = self.pool.latch_shared(child);
+            }
+        }
+    }
+
+    /// Looks `key` up and passes its value to `read` while the leaf is latched.
+    pub fn get_with<R>(&self, key: &[u8], read: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let leaf = self.leaf_shared(key);
+        let page = leaf.page();
+        page.search(key).ok().map(|index| read(page.value(index)))
+    }
+
+    /// Looks `key` up and returns a copy of its value.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// Removes `key` and returns its value, or `None` if it was not there.
+    pub fn delete(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut leaf = self.leaf_exclusive(key);
+        let index = leaf.page().search(key).ok()?;
+        let old = leaf.page().value(index).to_vec();
+        leaf.page_mut().remove(index);
+        drop(leaf);
+        self.rows.add(-1);
+        Some(old)
+    }
+}

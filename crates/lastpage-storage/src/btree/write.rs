@@ -1,0 +1,501 @@
+//! Inserts, updates and splits.
+
+use std::cmp::Ordering as KeyOrdering;
+
+use crossbeam_utils::CachePadded;
+
+use super::{BTree, BTreeError, TreeStats, check_record_size};
+use crate::buffer::ExclusiveGuard;
+use crate::limits::{MAX_KEY_BYTES, SLOT_BYTES};
+use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes};
+use crate::sync::{AtomicI64, Ordering};
+
+/// Number of stripes of a [`StripedCounter`].
+const COUNTER_STRIPES: usize = 16;
+
+/// A counter that many threads add to without sharing a cache line: each thread adds to one
+/// of `COUNTER_STRIPES` padded stripes, and reading sums them. Row counts and split counts are
+/// bumped on every insert, so a single shared counter would itself be a last-page hot spot.
+pub struct StripedCounter {
+    stripes: Box<[CachePadded<AtomicI64>]>,
+}
+
+impl Default for StripedCounter {
+    fn default() -> Self {
+        StripedCounter {
+            stripes: (0..COUNTER_STRIPES)
+                .map(|_| CachePadded::new(AtomicI64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+impl StripedCounter {
+    /// Adds `amount` (which may be negative).
+    pub fn add(&self, amount: i64) {
+        self.stripes[stripe_of_this_thread()].fetch_add(amount, Ordering::Relaxed);
+    }
+
+    /// The sum of all stripes. Exact when no add is in flight.
+    pub fn sum(&self) -> i64 {
+        self.stripes
+            .iter()
+            .map(|stripe| stripe.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+fn stripe_of_this_thread() -> usize {
+    static NEXT_STRIPE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize =
+            NEXT_STRIPE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % COUNTER_STRIPES;
+    }
+    STRIPE.with(|stripe| *stripe)
+}
+
+/// The split counters of one tree.
+#[derive(Default)]
+pub(super) struct SplitCounters {
+    leaf_splits: StripedCounter,
+    leaf_appends: StripedCounter,
+    inner_splits: StripedCounter,
+    split_restarts: StripedCounter,
+}
+
+impl SplitCounters {
+    pub(super) fn snapshot(&self) -> TreeStats {
+        let read = |counter: &StripedCounter| u64::try_from(counter.sum()).unwrap_or(0);
+        TreeStats {
+            leaf_splits: read(&self.leaf_splits),
+            leaf_appends: read(&self.leaf_appends),
+            inner_splits: read(&self.inner_splits),
+            split_restarts: read(&self.split_restarts),
+        }
+    }
+}
+
+/// Whether a write adds a new key or replaces the value of an existing one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteMode<'e> {
+    Insert,
+    /// Replace the value; if `expected` is given, only if the current value equals it.
+    Replace { expected: Option<&'e [u8]> },
+}
+
+/// What a write did.
+enum Applied {
+    Inserted,
+    Replaced(Vec<u8>),
+    NotFound,
+    /// A conditional replace found a value other than the expected one, and changed nothing.
+    Changed,
+}
+
+/// The outcome of [`BTree::compare_and_update`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompareAndUpdate {
+    /// The value was the expected one and has been replaced.
+    Updated,
+    /// The key is not in the tree.
+    NotFound,
+    /// The key holds another value now; nothing was changed.
+    Changed,
+}
+
+/// The result of trying a write on one latched leaf.
+enum Attempt {
+    Done(Applied),
+    NeedsSplit,
+}
+
+/// How a full leaf will be split.
+struct LeafSplitPlan {
+    /// Records `split_at..` move to the new right page.
+    split_at: usize,
+    /// The separator: the first key of the right page (or the new key, for an append).
+    separator: Vec<u8>,
+    /// An insert past the last key of the last leaf: the new page starts empty and the old one
+    /// stays full (SQL Server's end-of-index split).
+    append: bool,
+}
+
+impl BTree {
+    /// Inserts `key` with `value`; fails with [`BTreeError::DuplicateKey`] if it is present.
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
+        check_record_size(key, value)?;
+        match self.write(key, value, WriteMode::Insert)? {
+            Applied::Inserted => Ok(()),
+            Applied::Replaced(_) | Applied::NotFound | Applied::Changed => {
+                unreachable!("an insert either inserts or reports a duplicate")
+            }
+        }
+    }
+
+    /// Replaces the value of `key` with `value` only if it is still `expected`: the building
+    /// block of a read-modify-write that needs no lock held between the read and the write.
+    pub fn compare_and_update(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        value: &[u8],
+    ) -> Result<CompareAndUpdate, BTreeError> {
+        check_record_size(key, value)?;
+        let mode = WriteMode::Replace {
+            expected: Some(expected),
+        };
+        Ok(match self.write(key, value, mode)? {
+            Applied::Replaced(_) => CompareAndUpdate::Updated,
+            Applied::NotFound => CompareAndUpdate::NotFound,
+            Applied::Changed => CompareAndUpdate::Changed,
+            Applied::Inserted => unreachable!("a replace never inserts a new key"),
+        })
+    }
+
+    /// Replaces the value of `key`; returns the old value, or `None` if the key is absent (and
+    /// then changes nothing).
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, BTreeError> {
+        check_record_size(key, value)?;
+        match self.write(key, value, WriteMode::Replace { expected: None })? {
+            Applied::Replaced(old) => Ok(Some(old)),
+            Applied::NotFound => Ok(None),
+            Applied::Inserted | Applied::Changed => {
+                unreachable!("an unconditional replace never inserts or compares")
+            }
+        }
+    }
+
+    fn write(&self, key: &[u8], value: &[u8], mode: WriteMode<'_>) -> Result<Applied, BTreeError> {
+        {
+            let mut leaf = self.leaf_exclusive(key);
+            if let Attempt::Done(applied) = self.try_apply(&mut leaf, key, value, mode)? {
+                return Ok(applied);
+            }
+        }
+        self.stats.split_restarts.add(1);
+        // First restart: shared latches down to the leaf's parent, which is taken exclusively.
+        // If the split could not be absorbed there, restart with exclusive coupling from the
+        // root.
+        let mut exclusive_from_level = 1u8;
+        loop {
+            let mut path = self.descend_exclusive(key, exclusive_from_level);
+            let leaf_index = path.len() - 1;
+            if let Attempt::Done(applied) = self.try_apply(&mut path[leaf_index], key, value, mode)? {
+                return Ok(applied);
+            }
+            let plan = plan_leaf_split(&path[leaf_index], key, mode);
+            if !self.cascade_fits(&path, plan.separator.len()) {
+                exclusive_from_level = u8::MAX;
+                continue;
+            }
+            if path.len() == 1 {
+                // The leaf is the root: move it down first, so that the leaves' sibling links
+                // name the page the rows will live on rather than the root.
+                self.grow_root(&mut path)?;
+            }
+            let leaf_index = path.len() - 1;
+            let mut right = self.split_leaf(&mut path[leaf_index], &plan)?;
+            self.push_separator(&mut path, plan.separator.clone(), right.page_id(), plan.append)?;
+            let leaf_index = path.len() - 1;
+            let target = if key < plan.separator.as_slice() {
+                &mut path[leaf_index]
+            } else {
+                &mut right
+            };
+            if let Attempt::Done(applied) = self.try_apply(target, key, value, mode)? {
+                return Ok(applied);
+            }
+            // Very large records: the record still does not fit on its half. Nothing has been
+            // changed for it yet, so release everything and split again.
+        }
+    }
+
+    /// Applies a write to a latched leaf if it fits.
+    fn try_apply(
+        &self,
+        leaf: &mut ExclusiveGuard<'_>,
+        key: &[u8],
+        value: &[u8],
+        mode: WriteMode<'_>,
+    ) -> Result<Attempt, BTreeError> {
+        let page = leaf.page();
+        match (page.search(key), mode) {
+            (Ok(_), WriteMode::Insert) => Err(BTreeError::DuplicateKey),
+            (Err(_), WriteMode::Replace { .. }) => Ok(Attempt::Done(Applied::NotFound)),
+            (Err(index), WriteMode::Insert) => match leaf.page_mut().insert_leaf(index, key, value) {
+                Ok(()) => {
+                    self.rows.add(1);
+                    Ok(Attempt::Done(Applied::Inserted))
+                }
+                Err(_) => Ok(Attempt::NeedsSplit),
+            },
+            (Ok(index), WriteMode::Replace { expected }) => {
+                if expected.is_some_and(|expected| expected != page.value(index)) {
+                    return Ok(Attempt::Done(Applied::Changed));
+                }
+                let old_record_bytes = page.record_bytes(index);
+                // Removing the old record frees its bytes and its slot; the new one needs the
+                // same slot back. Check before removing, so a failure changes nothing.
+                if page.total_free_bytes() + old_record_bytes + SLOT_BYTES
+                    < leaf_entry_bytes(key.len(), value.len())
+                {
+                    return Ok(Attempt::NeedsSplit);
+                }
+                let old = page.value(index).to_vec();
+                let mut page = leaf.page_mut();
+                page.remove(index);
+                page.insert_leaf(index, key, value)
+                    .expect("the space check above guarantees the record fits");
+                Ok(Attempt::Done(Applied::Replaced(old)))
+            }
+        }
+    }
+
+    /// Latches the path to the leaf for `key` exclusively from `exclusive_from_level` down
+    /// (shared coupling above it), releasing exclusive ancestors above any inner page that can
+    /// absorb a split. Returns the held path, top first, leaf last.
+    fn descend_exclusive(&self, key: &[u8], exclusive_from_level: u8) -> Vec<ExclusiveGuard<'_>> {
+        let mut path: Vec<ExclusiveGuard<'_>> = Vec::with_capacity(4);
+        loop {
+            let root = self.pool.latch_shared(self.root);
+            if root.page().level() > exclusive_from_level {
+                let mut node = root;
+                loop {
+                    let (child, _) = node.page().child_for(key);
+                    if node.page().level() - 1 > exclusive_from_level {
+                        node = self.pool.latch_shared(child);
+                    } else {
+                        path.push(self.pool.latch_exclusive(child));
+                        break;
+                    }
+                }
+                break;
+            }
+            drop(root);
+            let root = self.pool.latch_exclusive(self.root);
+            if root.page().level() > exclusive_from_level {
+                // The root grew while it was unlatched; start again.
+                continue;
+            }
+            path.push(root);
+            break;
+        }
+        loop {
+            let top = path.last().expect("the path holds at least one page");
+            if top.page().is_leaf() {
+                return path;
+            }
+            let (child, _) = top.page().child_for(key);
+            let child = self.pool.latch_exclusive(child);
+            if !child.page().is_leaf() && child.page().total_free_bytes() >= inner_entry_bytes(MAX_KEY_BYTES) {
+                // This child absorbs any split from below: the ancestors cannot change.
+                path.clear();
+            }
+            path.push(child);
+        }
+    }
+
+    /// Whether a leaf split whose separator is `separator_len` bytes can be absorbed by the
+    /// held path: some held inner page has room, or the top of the path is the root (which
+    /// grows).
+    fn cascade_fits(&self, path: &[ExclusiveGuard<'_>], separator_len: usize) -> bool {
+        let mut needed = inner_entry_bytes(separator_len);
+        for node in path[..path.len() - 1].iter().rev() {
+            if node.page().total_free_bytes() >= needed {
+                return true;
+            }
+            // The page will split and push one of its own separators up.
+            needed = inner_entry_bytes(MAX_KEY_BYTES);
+        }
+        path[0].page_id() == self.root
+    }
+
+    /// Splits a full leaf according to `plan`; returns the new right page, still latched.
+    fn split_leaf<'a>(
+        &'a self,
+        leaf: &mut ExclusiveGuard<'a>,
+        plan: &LeafSplitPlan,
+    ) -> Result<ExclusiveGuard<'a>, BTreeError> {
+        let mut right =
+            self.pool
+                .allocate(self.options.latch_policy, PageKind::Leaf, 0, self.index_id)?;
+        let page = leaf.page();
+        let count = page.slot_count();
+        {
+            let mut right_page = right.page_mut();
+            for (target, index) in (plan.split_at..count).enumerate() {
+                right_page
+                    .insert_leaf(target, page.key(index), page.value(index))
+                    .expect("half of a page fits on an empty page");
+            }
+        }
+        let old_next = page.next();
+        let left_id = leaf.page_id();
+        let right_id = right.page_id();
+        {
+            let mut right_page = right.page_mut();
+            right_page.set_prev(left_id);
+            right_page.set_next(old_next);
+        }
+        if old_next != NO_PAGE {
+            // Left to right at the same level, as the latch order requires.
+            self.pool.latch_exclusive(old_next).page_mut().set_prev(right_id);
+        }
+        let mut left_page = leaf.page_mut();
+        left_page.truncate(plan.split_at);
+        left_page.set_next(right_id);
+        if plan.append {
+            self.stats.leaf_appends.add(1);
+        } else {
+            self.stats.leaf_splits.add(1);
+        }
+        Ok(right)
+    }
+
+    /// Inserts `separator` → `new_child` into the parent of the last page of `path`, splitting
+    /// inner pages up the path as needed and growing the root if the split reaches it.
+    fn push_separator<'a>(
+        &'a self,
+        path: &mut Vec<ExclusiveGuard<'a>>,
+        mut separator: Vec<u8>,
+        mut new_child: PageId,
+        append: bool,
+    ) -> Result<(), BTreeError> {
+        let mut child_index = path.len() - 1;
+        loop {
+            if child_index == 0 {
+                debug_assert_eq!(path[0].page_id(), self.root, "cascade_fits guarantees this");
+                self.grow_root(path)?;
+                child_index = 1;
+            }
+            let parent = &mut path[child_index - 1];
+            let index = match parent.page().search(&separator) {
+                Err(index) => index,
+                Ok(_) => unreachable!("a separator lies strictly inside its child's key range"),
+            };
+            if parent.page_mut().insert_inner(index, &separator, new_child).is_ok() {
+                return Ok(());
+            }
+            let (up_separator, right) = self.split_inner(parent, index, &separator, new_child, append)?;
+            separator = up_separator;
+            new_child = right.page_id();
+            // Nobody can reach the new page until its separator is in the grandparent, which
+            // this thread holds exclusively, so its latch can go now.
+            drop(right);
+            child_index -= 1;
+        }
+    }
+
+    /// Splits a full inner page while inserting `separator` → `child` at `index`; returns the
+    /// separator to push up and the new right page.
+    fn split_inner<'a>(
+        &'a self,
+        node: &mut ExclusiveGuard<'a>,
+        index: usize,
+        separator: &[u8],
+        child: PageId,
+        append: bool,
+    ) -> Result<(Vec<u8>, ExclusiveGuard<'a>), BTreeError> {
+        let page = node.page();
+        let level = page.level();
+        let count = page.slot_count();
+        let mut right =
+            self.pool
+                .allocate(self.options.latch_policy, PageKind::Inner, level, self.index_id)?;
+        self.stats.inner_splits.add(1);
+        if append && index == count {
+            // The rightmost page of its level, filled by an ascending load: keep it full and
+            // start the new page with just the new child.
+            right.page_mut().set_low_child(child);
+            return Ok((separator.to_vec(), right));
+        }
+        let middle = balanced_split_point(count, |i| page.record_bytes(i)).clamp(1, count - 1);
+        let up_separator = page.key(middle).to_vec();
+        {
+            let mut right_page = right.page_mut();
+            right_page.set_low_child(page.child(middle));
+            for (target, moved) in (middle + 1..count).enumerate() {
+                right_page
+                    .insert_inner(target, page.key(moved), page.child(moved))
+                    .expect("half of a page fits on an empty page");
+            }
+        }
+        node.page_mut().truncate(middle);
+        let target = match separator.cmp(&up_separator) {
+            KeyOrdering::Less => node,
+            KeyOrdering::Greater => &mut right,
+            KeyOrdering::Equal => unreachable!("separators in one page are distinct"),
+        };
+        let position = target.page().search(separator).unwrap_err();
+        target
+            .page_mut()
+            .insert_inner(position, separator, child)
+            .expect("half of an inner page has room for one more separator");
+        Ok((up_separator, right))
+    }
+
+    /// Moves the root's contents to a new child and makes the root an inner page one level up
+    /// whose only child is that page. `path[0]` must be the root; the child is inserted at
+    /// `path[1]`.
+    fn grow_root<'a>(&'a self, path: &mut Vec<ExclusiveGuard<'a>>) -> Result<(), BTreeError> {
+        let root = &mut path[0];
+        let level = root.page().level();
+        let kind = if root.page().is_leaf() { PageKind::Leaf } else { PageKind::Inner };
+        let mut child = self
+            .pool
+            .allocate(self.options.latch_policy, kind, level, self.index_id)?;
+        let child_id = child.page_id();
+        child.page_mut().copy_contents_from(&root.page());
+        let root_id = root.page_id();
+        let mut root_page = root.page_mut();
+        root_page.format(root_id, PageKind::Inner, level + 1, self.index_id);
+        root_page.set_low_child(child_id);
+        self.root_level_hint.store(level + 1, Ordering::Relaxed);
+        self.stats.inner_splits.add(1);
+        path.insert(1, child);
+        Ok(())
+    }
+}
+
+/// Decides where a full leaf splits for a write of `key`.
+fn plan_leaf_split(leaf: &ExclusiveGuard<'_>, key: &[u8], mode: WriteMode<'_>) -> LeafSplitPlan {
+    let page = leaf.page();
+    let count = page.slot_count();
+    let position = match page.search(key) {
+        Ok(index) | Err(index) => index,
+    };
+    let append = mode == WriteMode::Insert && position == count && page.next() == NO_PAGE;
+    let split_at = if append {
+        count
+    } else if count == 1 {
+        // One huge record: the new one goes on a page of its own, on the side its key
+        // belongs to.
+        position.min(1)
+    } else {
+        balanced_split_point(count, |i| page.record_bytes(i)).clamp(1, count - 1)
+    };
+    let separator = if split_at < count {
+        page.key(split_at).to_vec()
+    } else {
+        key.to_vec()
+    };
+    LeafSplitPlan {
+        split_at,
+        separator,
+        append,
+    }
+}
+
+/// The first index at which the records before it hold at least half of the bytes.
+fn balanced_split_point(count: usize, record_bytes: impl Fn(usize) -> usize) -> usize {
+    let total: usize = (0..count).map(&record_bytes).sum();
+    let mut before = 0;
+    for index in 0..count {
+        if 2 * before >= total {
+            return index;
+        }
+        before += record_bytes(index);
+    }
+    count
+}
+

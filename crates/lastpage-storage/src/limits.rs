@@ -1,0 +1,62 @@
+//! Every fixed limit of the storage layer, in one place, with the compile-time checks that
+//! relate them.
+
+/// Size of every page, in bytes (SQL Server's page size).
+pub const PAGE_SIZE_BYTES: usize = 8192;
+
+/// Size of the fixed page header at the start of every page, in bytes.
+pub const PAGE_HEADER_BYTES: usize = 96;
+
+/// Size of one entry of the slot array, in bytes.
+pub const SLOT_BYTES: usize = 2;
+
+/// Largest record (key plus value plus record header) a leaf page accepts, in bytes. It is
+/// SQL Server's in-row limit: one record of this size, with its slot, fills a page.
+pub const MAX_RECORD_BYTES: usize = 8060;
+
+/// Largest key the B+tree accepts, in bytes (SQL Server's limit for a clustered key is 900
+/// bytes; a nonclustered key holds its own columns plus the clustered key, so we allow more).
+pub const MAX_KEY_BYTES: usize = 1700;
+
+/// Bytes of record header in front of a leaf record's key and value: key length and value
+/// length, two bytes each.
+pub const LEAF_RECORD_HEADER_BYTES: usize = 4;
+
+/// Bytes of record header in front of an inner record's separator key: key length (two bytes)
+/// and child page id (four bytes).
+pub const INNER_RECORD_HEADER_BYTES: usize = 6;
+
+/// Bytes of a page usable for slots and records.
+pub const PAGE_BODY_BYTES: usize = PAGE_SIZE_BYTES - PAGE_HEADER_BYTES;
+
+/// Most pages one buffer pool can address (128 GiB of 8 KiB pages): the page table is a
+/// two-level array of `PAGE_TABLE_CHUNK_PAGES`-entry chunks.
+pub const MAX_PAGES: usize = 1 << 24;
+
+/// Pages per chunk of the page table (and per allocation of frames).
+pub const PAGE_TABLE_CHUNK_PAGES: usize = 1024;
+
+/// Deepest B+tree the tree code accepts (levels from the root down to the leaves). With 8 KiB
+/// pages and keys of at most `MAX_KEY_BYTES`, 32 levels address far more than `MAX_PAGES`.
+pub const MAX_INDEX_LEVELS: usize = 32;
+
+/// How many times a latch spins on a held latch before it parks the thread (the unfair latch
+/// only; the fair latch queues at once, as a hand-off latch must). Each round is one attempt
+/// followed by a backoff: see `LATCH_SPIN_PAUSE_ROUNDS`.
+pub const LATCH_SPIN_LIMIT: u32 = 64;
+
+/// How many of the `LATCH_SPIN_LIMIT` rounds back off by busy-waiting (round `r` issues `2^r`
+/// spin-loop hints, so these rounds wait about `2^LATCH_SPIN_PAUSE_ROUNDS` hints in all); the
+/// remaining rounds yield the processor instead, because on a machine with few cores the holder
+/// is more often runnable-but-preempted than running on another core.
+pub const LATCH_SPIN_PAUSE_ROUNDS: u32 = 6;
+
+const _: () = assert!(PAGE_HEADER_BYTES + MAX_RECORD_BYTES + SLOT_BYTES <= PAGE_SIZE_BYTES);
+const _: () = assert!(PAGE_SIZE_BYTES <= u16::MAX as usize + 1);
+// An inner page must hold at least three maximal separators so that a split always leaves
+// both halves with at least one separator.
+const _: () = assert!(3 * (MAX_KEY_BYTES + INNER_RECORD_HEADER_BYTES + SLOT_BYTES) <= PAGE_BODY_BYTES);
+const _: () = assert!(MAX_KEY_BYTES + LEAF_RECORD_HEADER_BYTES <= MAX_RECORD_BYTES);
+const _: () = assert!(MAX_PAGES % PAGE_TABLE_CHUNK_PAGES == 0);
+// A backoff round shifts a `u32` by its round number.
+const _: () = assert!(LATCH_SPIN_PAUSE_ROUNDS < 32 && LATCH_SPIN_PAUSE_ROUNDS <= LATCH_SPIN_LIMIT);

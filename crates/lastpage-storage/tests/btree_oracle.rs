@@ -1,0 +1,257 @@
+//! The B+tree against a `BTreeMap` oracle: random single-threaded operation sequences, and
+//! many threads inserting, updating, deleting, reading and scanning at once. Every test prints
+//! its seed; rerun one with `LASTPAGE_SEED=<seed>`.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
+use lastpage_storage::buffer::BufferPool;
+use lastpage_storage::latch::LatchPolicy;
+use lastpage_storage::limits::MAX_RECORD_BYTES;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn seed() -> u64 {
+    let seed = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    seed
+}
+
+fn tree(policy: LatchPolicy) -> BTree {
+    BTree::create(
+        Arc::new(BufferPool::new()),
+        1,
+        TreeOptions {
+            latch_policy: policy,
+            insert_path: InsertPath::Classic,
+        },
+    )
+    .unwrap()
+}
+
+fn random_value(rng: &mut StdRng, key_len: usize) -> Vec<u8> {
+    let len = match rng.random_range(0..10) {
+        0 => MAX_RECORD_BYTES - 4 - key_len,
+        1 => rng.random_range(1000..4000),
+        _ => rng.random_range(0..120),
+    };
+    vec![rng.random::<u8>(); len]
+}
+
+fn random_key(rng: &mut StdRng, space: u32) -> Vec<u8> {
+    let number = rng.random_range(0..space);
+    let mut key = number.to_be_bytes().to_vec();
+    // Some keys get a variable-length suffix so separators differ in length.
+    if number % 3 == 0 {
+        key.extend(std::iter::repeat_n(b'x', (number % 40) as usize));
+    }
+    key
+}
+
+fn random_bound(rng: &mut StdRng, space: u32) -> Bound<Vec<u8>> {
+    match rng.random_range(0..3) {
+        0 => Bound::Unbounded,
+        1 => Bound::Included(random_key(rng, space)),
+        _ => Bound::Excluded(random_key(rng, space)),
+    }
+}
+
+fn as_slice(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    bound.as_ref().map(Vec::as_slice)
+}
+
+#[test]
+fn random_operations_match_a_btreemap() {
+    let seed = seed();
+    for policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let tree = tree(policy);
+        let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let space = 3000;
+        for step in 0..12_000 {
+            let key = random_key(&mut rng, space);
+            match rng.random_range(0..10) {
+                0..=4 => {
+                    let value = random_value(&mut rng, key.len());
+                    let expected = if oracle.contains_key(&key) {
+                        Err(BTreeError::DuplicateKey)
+                    } else {
+                        oracle.insert(key.clone(), value.clone());
+                        Ok(())
+                    };
+                    assert_eq!(tree.insert(&key, &value), expected, "step {step}");
+                }
+                5 => {
+                    let value = random_value(&mut rng, key.len());
+                    let old = oracle.get(&key).cloned();
+                    if old.is_some() {
+                        oracle.insert(key.clone(), value.clone());
+                    }
+                    assert_eq!(tree.update(&key, &value).unwrap(), old, "step {step}");
+                }
+                6 => assert_eq!(tree.delete(&key), oracle.remove(&key), "step {step}"),
+                7 => assert_eq!(tree.get(&key), oracle.get(&key).cloned(), "step {step}"),
+                _ => {
+                    let lower = random_bound(&mut rng, space);
+                    let upper = random_bound(&mut rng, space);
+                    if let (Bound::Included(l) | Bound::Excluded(l), Bound::Included(u) | Bound::Excluded(u)) = (&lower, &upper) {
+                        if l > u || (l == u && !(matches!(lower, Bound::Included(_)) && matches!(upper, Bound::Included(_)))) {
+                            continue;
+                        }
+                    }
+                    let expected: Vec<_> = oracle
+                        .range((lower.clone(), upper.clone()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    let forward: Vec<_> = tree.range(as_slice(&lower), as_slice(&upper), Direction::Forward).collect();
+                    assert_eq!(forward, expected, "forward scan at step {step}");
+                    let mut backward: Vec<_> = tree.range(as_slice(&lower), as_slice(&upper), Direction::Backward).collect();
+                    backward.reverse();
+                    assert_eq!(backward, expected, "backward scan at step {step}");
+                }
+            }
+            if step % 2000 == 0 {
+                tree.check_integrity().unwrap_or_else(|error| panic!("step {step}: {error}"));
+            }
+        }
+        let check = tree.check_integrity().unwrap();
+        assert_eq!(check.rows, oracle.len() as u64);
+        assert!(check.levels >= 2, "the test should grow the tree: {check:?}");
+        let all: Vec<_> = tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward).collect();
+        assert_eq!(all.len(), oracle.len());
+    }
+}
+
+#[test]
+fn ascending_loads_leave_pages_full_and_random_loads_split_in_half() {
+    for policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
+        let ascending = tree(policy);
+        for key in 0..100_000u32 {
+            ascending.insert(&key.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        let check = ascending.check_integrity().unwrap();
+        assert!(check.leaf_fill > 0.98, "ascending fill {check:?}");
+        assert_eq!(ascending.stats().leaf_splits, 0, "no 50/50 splits: {:?}", ascending.stats());
+
+        let random = tree(policy);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut keys: Vec<u32> = (0..100_000).collect();
+        for i in (1..keys.len()).rev() {
+            keys.swap(i, rng.random_range(0..=i));
+        }
+        for key in keys {
+            random.insert(&key.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        let check = random.check_integrity().unwrap();
+        assert!(check.leaf_fill > 0.6 && check.leaf_fill < 0.8, "random fill {check:?}");
+    }
+}
+
+#[test]
+fn maximal_rows_take_a_page_each() {
+    let tree = tree(LatchPolicy::Adaptive);
+    let value = vec![1u8; MAX_RECORD_BYTES - 4 - 4];
+    for key in 0..500u32 {
+        tree.insert(&key.to_be_bytes(), &value).unwrap();
+    }
+    let check = tree.check_integrity().unwrap();
+    assert_eq!(check.leaf_pages, 500);
+    assert_eq!(
+        tree.insert(&1000u32.to_be_bytes(), &[0; MAX_RECORD_BYTES]),
+        Err(BTreeError::RecordTooLarge { len: MAX_RECORD_BYTES + 8, max: MAX_RECORD_BYTES })
+    );
+}
+
+/// Each thread owns the keys `k` with `k % threads == thread` and keeps its own oracle; all of
+/// them also append to a shared ascending range, as identity inserts do. Readers scan
+/// concurrently and check that every scan is strictly ordered.
+#[test]
+fn concurrent_writers_and_scanners_match_their_oracles() {
+    let seed = seed();
+    for policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
+        let tree = tree(policy);
+        let threads = 16u32;
+        let counter = std::sync::atomic::AtomicU32::new(0);
+        let oracles: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|scope| {
+            let scanners: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        for round in 0..30 {
+                            let direction = if round % 2 == 0 { Direction::Forward } else { Direction::Backward };
+                            let keys: Vec<Vec<u8>> = tree.range(Bound::Unbounded, Bound::Unbounded, direction).map(|(k, _)| k).collect();
+                            for pair in keys.windows(2) {
+                                match direction {
+                                    Direction::Forward => assert!(pair[0] < pair[1]),
+                                    Direction::Backward => assert!(pair[0] > pair[1]),
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let writers: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let tree = &tree;
+                    let counter = &counter;
+                    scope.spawn(move || {
+                        let mut rng = StdRng::seed_from_u64(seed ^ u64::from(thread));
+                        let mut oracle = BTreeMap::new();
+                        for _ in 0..3000 {
+                            let key = {
+                                let k = rng.random_range(0..2000u32) * threads + thread;
+                                let mut key = vec![0u8];
+                                key.extend_from_slice(&k.to_be_bytes());
+                                key
+                            };
+                            match rng.random_range(0..10) {
+                                0..=3 => {
+                                    let value = random_value(&mut rng, key.len());
+                                    let result = tree.insert(&key, &value);
+                                    if oracle.contains_key(&key) {
+                                        assert_eq!(result, Err(BTreeError::DuplicateKey));
+                                    } else {
+                                        result.unwrap();
+                                        oracle.insert(key, value);
+                                    }
+                                }
+                                4 => {
+                                    let value = random_value(&mut rng, key.len());
+                                    let old = tree.update(&key, &value).unwrap();
+                                    assert_eq!(old, oracle.get(&key).cloned());
+                                    if old.is_some() {
+                                        oracle.insert(key, value);
+                                    }
+                                }
+                                5 => assert_eq!(tree.delete(&key), oracle.remove(&key)),
+                                6 => assert_eq!(tree.get(&key), oracle.get(&key).cloned()),
+                                _ => {
+                                    let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let mut key = vec![1u8];
+                                    key.extend_from_slice(&n.to_be_bytes());
+                                    tree.insert(&key, &[thread as u8; 60]).unwrap();
+                                    oracle.insert(key, vec![thread as u8; 60]);
+                                }
+                            }
+                        }
+                        oracle
+                    })
+                })
+                .collect();
+            scanners.into_iter().for_each(|s| s.join().unwrap());
+            writers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let mut expected = BTreeMap::new();
+        for oracle in oracles {
+            expected.extend(oracle);
+        }
+        let check = tree.check_integrity().unwrap_or_else(|error| panic!("{policy:?}: {error}"));
+        assert_eq!(check.rows, expected.len() as u64);
+        let actual: BTreeMap<_, _> = tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward).collect();
+        assert!(actual == expected, "{policy:?}: the tree's contents differ from the oracles'");
+    }
+}
