@@ -740,10 +740,18 @@ impl Table {
         }
     }
 
-    /// Moves a row whose clustered key changed: inserts the new row, then removes the old one.
+    /// Moves a row whose clustered key changed: removes the old row, inserts the new one, and
+    /// puts the old one back if the new one is rejected (a duplicate key, say). Until
+    /// transactions arrive, a concurrent reader can miss the row while it moves.
     fn move_row(&self, old_key: &[u8], old_row: &[Value], new_row: Row) -> Result<()> {
-        self.insert_complete(new_row)?;
-        self.delete_record(old_key, old_row);
+        if !self.delete_record(old_key, old_row) {
+            // Deleted meanwhile by someone else: nothing to move.
+            return Ok(());
+        }
+        if let Err(error) = self.insert_complete(new_row) {
+            self.insert_complete(old_row.to_vec())?;
+            return Err(error);
+        }
         Ok(())
     }
 

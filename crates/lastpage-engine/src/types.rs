@@ -677,7 +677,10 @@ fn coerce_decimal(
             "Arithmetic overflow error converting {source} to data type numeric."
         ))
     };
-    let source = value.data_type_name();
+    let source = match value.data_type_name() {
+        "decimal" => "numeric",
+        other => other,
+    };
     let decimal = match value {
         Value::TinyInt(v) => Decimal::from(i64::from(v)),
         Value::SmallInt(v) => Decimal::from(i64::from(v)),

@@ -22,7 +22,10 @@ fn rng_for(test: &str) -> (StdRng, u64) {
 }
 
 fn cases(base: usize) -> usize {
-    let scale = std::env::var("LASTPAGE_TEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let scale = std::env::var("LASTPAGE_TEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     base * scale
 }
 
@@ -32,7 +35,11 @@ fn cases(base: usize) -> usize {
 
 fn random_type(rng: &mut impl Rng) -> DataType {
     let small_len = |rng: &mut dyn rand::RngCore| -> u16 {
-        if rng.random_bool(0.8) { rng.random_range(1..=10) } else { rng.random_range(1..=40) }
+        if rng.random_bool(0.8) {
+            rng.random_range(1..=10)
+        } else {
+            rng.random_range(1..=40)
+        }
     };
     match rng.random_range(0..15) {
         0 => DataType::TinyInt,
@@ -42,7 +49,10 @@ fn random_type(rng: &mut impl Rng) -> DataType {
         4 => DataType::Bit,
         5 => {
             let precision = rng.random_range(1..=38);
-            DataType::Decimal { precision, scale: rng.random_range(0..=precision) }
+            DataType::Decimal {
+                precision,
+                scale: rng.random_range(0..=precision),
+            }
         }
         6 => DataType::Money,
         7 => DataType::Char(small_len(rng)),
@@ -62,15 +72,28 @@ fn pick<T: Copy>(rng: &mut impl Rng, items: &[T]) -> T {
 
 fn random_int(rng: &mut impl Rng, min: i64, max: i64) -> i64 {
     match rng.random_range(0..4) {
-        0 => pick(rng, &[min, min.saturating_add(1), -1, 0, 1, max.saturating_sub(1), max])
-            .clamp(min, max),
+        0 => pick(
+            rng,
+            &[
+                min,
+                min.saturating_add(1),
+                -1,
+                0,
+                1,
+                max.saturating_sub(1),
+                max,
+            ],
+        )
+        .clamp(min, max),
         1 => rng.random_range(-3i64..=3).clamp(min, max),
         _ => rng.random_range(min..=max),
     }
 }
 
 /// Characters that stress the padded-run form: below, at and above the pad space.
-const CHARS: &[char] = &[' ', ' ', ' ', 'a', 'b', '\t', '\0', '\u{1f}', '!', 'é', '€', '𝄞', '\u{FFFD}'];
+const CHARS: &[char] = &[
+    ' ', ' ', ' ', 'a', 'b', '\t', '\0', '\u{1f}', '!', 'é', '€', '𝄞', '\u{FFFD}',
+];
 const BYTES: &[u8] = &[0, 0, 0, 1, 0x20, 0x7f, 0x80, 0xff];
 
 /// A random value of `ty` that `ty.coerce` leaves as it is (or `NULL`).
@@ -80,7 +103,9 @@ fn random_value(rng: &mut impl Rng, ty: &DataType) -> Value {
     }
     let value = match *ty {
         DataType::TinyInt => Value::TinyInt(random_int(rng, 0, 255) as u8),
-        DataType::SmallInt => Value::SmallInt(random_int(rng, i16::MIN.into(), i16::MAX.into()) as i16),
+        DataType::SmallInt => {
+            Value::SmallInt(random_int(rng, i16::MIN.into(), i16::MAX.into()) as i16)
+        }
         DataType::Int => Value::Int(random_int(rng, i32::MIN.into(), i32::MAX.into()) as i32),
         DataType::BigInt => Value::BigInt(random_int(rng, i64::MIN, i64::MAX)),
         DataType::Bit => Value::Bit(rng.random()),
@@ -100,7 +125,9 @@ fn random_value(rng: &mut impl Rng, ty: &DataType) -> Value {
             for _ in 0..len {
                 let c = pick(rng, CHARS);
                 let fits = match ty {
-                    DataType::Char(_) | DataType::VarChar(_) => s.len() + c.len_utf8() <= usize::from(n),
+                    DataType::Char(_) | DataType::VarChar(_) => {
+                        s.len() + c.len_utf8() <= usize::from(n)
+                    }
                     _ => s.encode_utf16().count() + c.len_utf16() <= usize::from(n),
                 };
                 if fits {
@@ -169,11 +196,18 @@ fn padded_cmp(a: &[u8], b: &[u8], pad: u8) -> Ordering {
 fn sql_guid_cmp(a: &Uuid, b: &Uuid) -> Ordering {
     fn storage(u: &Uuid) -> [u8; 16] {
         let t = u.as_bytes();
-        [t[3], t[2], t[1], t[0], t[5], t[4], t[7], t[6], t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15]]
+        [
+            t[3], t[2], t[1], t[0], t[5], t[4], t[7], t[6], t[8], t[9], t[10], t[11], t[12], t[13],
+            t[14], t[15],
+        ]
     }
     const ORDER: [usize; 16] = [10, 11, 12, 13, 14, 15, 8, 9, 6, 7, 4, 5, 0, 1, 2, 3];
     let (sa, sb) = (storage(a), storage(b));
-    ORDER.iter().map(|&i| sa[i].cmp(&sb[i])).find(|o| o.is_ne()).unwrap_or(Ordering::Equal)
+    ORDER
+        .iter()
+        .map(|&i| sa[i].cmp(&sb[i]))
+        .find(|o| o.is_ne())
+        .unwrap_or(Ordering::Equal)
 }
 
 fn sql_cmp(a: &Value, b: &Value) -> Ordering {
@@ -187,9 +221,11 @@ fn sql_cmp(a: &Value, b: &Value) -> Ordering {
         (Value::String(x), Value::String(y)) => padded_cmp(x.as_bytes(), y.as_bytes(), b' '),
         (Value::Binary(x), Value::Binary(y)) => padded_cmp(x, y, 0),
         (Value::Date(x), Value::Date(y)) => x.days().cmp(&y.days()),
-        (Value::DateTime2(x), Value::DateTime2(y)) => {
-            x.date().days().cmp(&y.date().days()).then(x.ticks().cmp(&y.ticks()))
-        }
+        (Value::DateTime2(x), Value::DateTime2(y)) => x
+            .date()
+            .days()
+            .cmp(&y.date().days())
+            .then(x.ticks().cmp(&y.ticks())),
         (Value::Uuid(x), Value::Uuid(y)) => sql_guid_cmp(x, y),
         (x, y) => match (x.as_i64(), y.as_i64()) {
             (Some(x), Some(y)) => x.cmp(&y),
@@ -199,7 +235,11 @@ fn sql_cmp(a: &Value, b: &Value) -> Ordering {
 }
 
 fn sql_cmp_rows(a: &[Value], b: &[Value]) -> Ordering {
-    a.iter().zip(b).map(|(x, y)| sql_cmp(x, y)).find(|o| o.is_ne()).unwrap_or(Ordering::Equal)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| sql_cmp(x, y))
+        .find(|o| o.is_ne())
+        .unwrap_or(Ordering::Equal)
 }
 
 /// What a key gives back: trailing spaces of varchar/nvarchar and trailing zeros of
@@ -219,7 +259,8 @@ fn key_normalized(ty: &DataType, v: &Value) -> Value {
 
 fn key(types: &[DataType], values: &[Value]) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_key(types, values, &mut out).unwrap_or_else(|e| panic!("encode_key {types:?} {values:?}: {e}"));
+    encode_key(types, values, &mut out)
+        .unwrap_or_else(|e| panic!("encode_key {types:?} {values:?}: {e}"));
     out
 }
 
@@ -233,7 +274,10 @@ fn single_column_key_order_matches_sql_order() {
     for _ in 0..cases(400) {
         let ty = random_type(&mut rng);
         let values: Vec<Value> = (0..30).map(|_| random_value(&mut rng, &ty)).collect();
-        let keys: Vec<Vec<u8>> = values.iter().map(|v| key(&[ty], std::slice::from_ref(v))).collect();
+        let keys: Vec<Vec<u8>> = values
+            .iter()
+            .map(|v| key(&[ty], std::slice::from_ref(v)))
+            .collect();
         for i in 0..values.len() {
             for j in 0..values.len() {
                 let want = sql_cmp(&values[i], &values[j]);
@@ -252,7 +296,9 @@ fn single_column_key_order_matches_sql_order() {
 fn composite_key_order_is_lexicographic() {
     let (mut rng, seed) = rng_for("composite_key_order_is_lexicographic");
     for _ in 0..cases(300) {
-        let types: Vec<DataType> = (0..rng.random_range(1..=4)).map(|_| random_type(&mut rng)).collect();
+        let types: Vec<DataType> = (0..rng.random_range(1..=4))
+            .map(|_| random_type(&mut rng))
+            .collect();
         let rows: Vec<Vec<Value>> = (0..25)
             .map(|_| types.iter().map(|t| random_value(&mut rng, t)).collect())
             .collect();
@@ -284,18 +330,28 @@ fn composite_key_order_is_lexicographic() {
 fn key_round_trips() {
     let (mut rng, seed) = rng_for("key_round_trips");
     for _ in 0..cases(5000) {
-        let types: Vec<DataType> = (0..rng.random_range(0..=5)).map(|_| random_type(&mut rng)).collect();
+        let types: Vec<DataType> = (0..rng.random_range(0..=5))
+            .map(|_| random_type(&mut rng))
+            .collect();
         let values: Vec<Value> = types.iter().map(|t| random_value(&mut rng, t)).collect();
         let mut bytes = key(&types, &values);
         let len = bytes.len();
-        let want: Vec<Value> = types.iter().zip(&values).map(|(t, v)| key_normalized(t, v)).collect();
+        let want: Vec<Value> = types
+            .iter()
+            .zip(&values)
+            .map(|(t, v)| key_normalized(t, v))
+            .collect();
         // Bytes after the key (a row, another key) are not read.
         bytes.extend((0..rng.random_range(0..4)).map(|_| rng.random::<u8>()));
         let (got, used) = decode_key(&types, &bytes)
             .unwrap_or_else(|e| panic!("seed {seed}: decode_key {types:?} {values:?}: {e}"));
         assert_eq!(used, len, "seed {seed}: {types:?} {values:?}");
         assert_eq!(got, want, "seed {seed}: {types:?}");
-        assert_eq!(key_prefix_len(&types, &bytes).unwrap(), len, "seed {seed}: {types:?}");
+        assert_eq!(
+            key_prefix_len(&types, &bytes).unwrap(),
+            len,
+            "seed {seed}: {types:?}"
+        );
         // The normalized values encode to the same key.
         assert_eq!(key(&types, &got), bytes[..len], "seed {seed}: {types:?}");
     }
@@ -305,18 +361,31 @@ fn key_round_trips() {
 fn row_round_trips() {
     let (mut rng, seed) = rng_for("row_round_trips");
     for _ in 0..cases(5000) {
-        let types: Vec<DataType> = (0..rng.random_range(0..=20)).map(|_| random_type(&mut rng)).collect();
+        let types: Vec<DataType> = (0..rng.random_range(0..=20))
+            .map(|_| random_type(&mut rng))
+            .collect();
         let values: Vec<Value> = types.iter().map(|t| random_value(&mut rng, t)).collect();
-        let prefix: Vec<u8> = (0..rng.random_range(0..5)).map(|_| rng.random::<u8>()).collect();
+        let prefix: Vec<u8> = (0..rng.random_range(0..5))
+            .map(|_| rng.random::<u8>())
+            .collect();
         let mut out = prefix.clone();
         encode_row(&types, &values, &mut out)
             .unwrap_or_else(|e| panic!("seed {seed}: encode_row {types:?} {values:?}: {e}"));
-        assert_eq!(out[..prefix.len()], prefix[..], "seed {seed}: encode_row kept the prefix");
+        assert_eq!(
+            out[..prefix.len()],
+            prefix[..],
+            "seed {seed}: encode_row kept the prefix"
+        );
         let row = &out[prefix.len()..];
-        let got = decode_row(&types, row).unwrap_or_else(|e| panic!("seed {seed}: decode_row {types:?}: {e}"));
+        let got = decode_row(&types, row)
+            .unwrap_or_else(|e| panic!("seed {seed}: decode_row {types:?}: {e}"));
         assert_eq!(got, values, "seed {seed}: {types:?}");
         for (i, want) in values.iter().enumerate() {
-            assert_eq!(&decode_row_column(&types, row, i).unwrap(), want, "seed {seed}: column {i} of {types:?}");
+            assert_eq!(
+                &decode_row_column(&types, row, i).unwrap(),
+                want,
+                "seed {seed}: column {i} of {types:?}"
+            );
         }
         let fixed: usize = types.iter().filter_map(DataType::fixed_size).sum();
         assert!(row.len() >= types.len().div_ceil(8) + fixed, "seed {seed}");
@@ -330,7 +399,9 @@ fn decoding_garbage_never_panics() {
     let (mut rng, seed) = rng_for("decoding_garbage_never_panics");
     let (mut key_ok, mut row_ok) = (0usize, 0usize);
     for case in 0..cases(20000) {
-        let types: Vec<DataType> = (0..rng.random_range(0..=6)).map(|_| random_type(&mut rng)).collect();
+        let types: Vec<DataType> = (0..rng.random_range(0..=6))
+            .map(|_| random_type(&mut rng))
+            .collect();
         let mut bytes: Vec<u8> = if case % 2 == 0 {
             (0..rng.random_range(0..48))
                 .map(|_| {
@@ -369,18 +440,31 @@ fn decoding_garbage_never_panics() {
         if let Ok((values, used)) = decode_key(&types, &bytes) {
             key_ok += 1;
             let mut again = Vec::new();
-            encode_key(&types, &values, &mut again)
-                .unwrap_or_else(|e| panic!("seed {seed}: decoded key does not encode: {e}: {types:?} {values:?}"));
-            assert_eq!(again, bytes[..used], "seed {seed}: non-canonical key accepted: {types:?}");
-            assert_eq!(key_prefix_len(&types, &bytes).ok(), Some(used), "seed {seed}");
+            encode_key(&types, &values, &mut again).unwrap_or_else(|e| {
+                panic!("seed {seed}: decoded key does not encode: {e}: {types:?} {values:?}")
+            });
+            assert_eq!(
+                again,
+                bytes[..used],
+                "seed {seed}: non-canonical key accepted: {types:?}"
+            );
+            assert_eq!(
+                key_prefix_len(&types, &bytes).ok(),
+                Some(used),
+                "seed {seed}"
+            );
         }
         let _ = key_prefix_len(&types, &bytes);
         if let Ok(values) = decode_row(&types, &bytes) {
             row_ok += 1;
             let mut again = Vec::new();
-            encode_row(&types, &values, &mut again)
-                .unwrap_or_else(|e| panic!("seed {seed}: decoded row does not encode: {e}: {types:?} {values:?}"));
-            assert_eq!(again, bytes, "seed {seed}: non-canonical row accepted: {types:?}");
+            encode_row(&types, &values, &mut again).unwrap_or_else(|e| {
+                panic!("seed {seed}: decoded row does not encode: {e}: {types:?} {values:?}")
+            });
+            assert_eq!(
+                again, bytes,
+                "seed {seed}: non-canonical row accepted: {types:?}"
+            );
         }
         for i in 0..=types.len() {
             let _ = decode_row_column(&types, &bytes, i);

@@ -56,16 +56,21 @@ fn encode_row_inner(
         if !value.is_null() {
             encode_var(ty, value, out)?;
         }
-        let end = u16::try_from(out.len() - start).map_err(|_| {
-            ValueError::overflow(format!(
-                "The encoded row is {} bytes or more, above the limit of 65535 bytes.",
-                out.len() - start
-            ))
-        })?;
+        let end = row_len(out.len() - start)?;
         let at = offsets_at + 2 * j;
         out[at..at + 2].copy_from_slice(&end.to_le_bytes());
     }
+    row_len(out.len() - start)?;
     Ok(())
+}
+
+/// A row length as `u16`, or the error for a row of 64 KiB or more.
+fn row_len(len: usize) -> Result<u16, ValueError> {
+    u16::try_from(len).map_err(|_| {
+        ValueError::overflow(format!(
+            "The encoded row has {len} bytes or more, above the limit of 65535 bytes."
+        ))
+    })
 }
 
 fn encode_fixed(ty: &DataType, value: &Value, out: &mut Vec<u8>) -> Result<(), ValueError> {

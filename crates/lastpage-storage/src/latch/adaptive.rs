@@ -67,10 +67,11 @@ fn available(state: u64, mode: LatchMode) -> bool {
     }
 }
 
-/// How many rounds a blocked thread spins before it parks. Under loom every spin is a
-/// scheduling point, so the model spins once: enough to cover the spinning code, and the park
-/// path, whose correctness is the hard part, is what the model explores.
-const SPIN_LIMIT: u32 = if cfg!(loom) { 1 } else { LATCH_SPIN_LIMIT };
+/// How many rounds a blocked thread spins before it parks. Under loom it parks at once: a spin
+/// is a yield there, and loom runs other threads before a yielding one, which hides exactly the
+/// interleavings in which a thread fails, parks and loses its wake-up. (A spin round is nothing
+/// but another attempt of the same CAS, so the model loses nothing by skipping it.)
+const SPIN_LIMIT: u32 = if cfg!(loom) { 0 } else { LATCH_SPIN_LIMIT };
 
 /// Waits a little before the next attempt: exponentially longer busy spins for the first
 /// rounds (the holder may be running on the other core and about to release), then a yield of

@@ -62,11 +62,12 @@ fn bits(mode: LatchMode) -> u64 {
     }
 }
 
-/// Whether `mode` can be granted on top of `state`, ignoring the queue. A pending upgrade blocks
-/// new shared holders, so they cannot starve the upgrader.
+/// Whether `mode` can be granted on top of `state`, ignoring the queue. (A pending upgrade keeps
+/// new readers out through `SLOW`: the fast paths refuse, the slow path queues them, and the
+/// queue is not served while `UPGRADING` is set.)
 fn grantable(state: u64, mode: LatchMode) -> bool {
     match mode {
-        LatchMode::Shared => state & (EXCLUSIVE | UPGRADING) == 0,
+        LatchMode::Shared => state & EXCLUSIVE == 0,
         LatchMode::Update => state & (EXCLUSIVE | UPDATE) == 0,
         LatchMode::Exclusive => state & (EXCLUSIVE | UPDATE | SHARED_MASK) == 0,
     }
