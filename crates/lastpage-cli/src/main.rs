@@ -1,1 +1,87 @@
-fn main() {}
+//! The `lastpage` command.
+//!
+//! Exit codes: 0 success; 1 the run failed (an engine error, a failed integrity check);
+//! 2 bad input (clap's own errors, or a configuration the harness refuses).
+
+mod bench;
+mod cli;
+mod sys;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use bench::compare::{self, CompareConfig};
+use bench::insert::{BenchError, run_insert_bench};
+use cli::{BenchCommand, Cli, Command, CompareArgs, InsertArgs};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench(BenchCommand::Insert(args)) => bench_insert(&args),
+        Command::Bench(BenchCommand::InsertCompare(args)) => bench_insert_compare(&args),
+    }
+}
+
+fn bench_insert(args: &InsertArgs) -> ExitCode {
+    let report = match run_insert_bench(&args.config()) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let text = if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => json + "\n",
+            Err(error) => return fail(&BenchError::Failed(format!("cannot serialize the report: {error}"))),
+        }
+    } else {
+        bench::render::insert_report(&report)
+    };
+    print(&text);
+    if report.integrity == "ok" {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("lastpage: integrity check failed: {}", report.integrity);
+        ExitCode::from(1)
+    }
+}
+
+fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
+    let config = CompareConfig {
+        rows_per_thread: args.rows_per_thread,
+        repeat: args.repeat,
+    };
+    let report = match compare::run_compare(&config) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let text = if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => json + "\n",
+            Err(error) => return fail(&BenchError::Failed(format!("cannot serialize the report: {error}"))),
+        }
+    } else {
+        compare::render(&report)
+    };
+    print(&text);
+    if report.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("lastpage: an integrity check failed (see the report)");
+        ExitCode::from(1)
+    }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn print(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+}
+
+fn fail(error: &BenchError) -> ExitCode {
+    eprintln!("lastpage: {error}");
+    match error {
+        BenchError::InvalidConfig(_) => ExitCode::from(2),
+        BenchError::Failed(_) => ExitCode::from(1),
+    }
+}

@@ -20,7 +20,7 @@ use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
-use crate::types::{DataType, DateTime2, Uuid, Value};
+use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
 
 /// A row: one value per column, in column order.
 pub type Row = Vec<Value>;
@@ -235,8 +235,17 @@ impl Table {
             }
             nonclustered.push(build_index(index, false, next_index_id())?);
         }
+        // Columns outside the clustered key live in the record's value. So do variable-length
+        // text and binary key columns: their key encoding drops trailing spaces (and zero
+        // bytes), as SQL Server's comparison does, but a read must return the stored value.
         let value_columns: Vec<usize> = (0..def.columns.len())
-            .filter(|column| !clustered.column_ids.contains(column))
+            .filter(|column| {
+                !clustered.column_ids.contains(column)
+                    || matches!(
+                        def.columns[*column].data_type,
+                        DataType::VarChar(_) | DataType::NVarChar(_) | DataType::VarBinary(_)
+                    )
+            })
             .collect();
         let identity = identities.first().map(|&column| {
             let identity = def.columns[column].identity.expect("filtered on identity");
@@ -509,6 +518,17 @@ impl Table {
         Ok(())
     }
 
+    /// Converts and encodes a (prefix of a) key of `index`, or returns `None` if a value is
+    /// longer than its column, so no stored key can equal it (SQL Server finds no row then,
+    /// rather than failing).
+    fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
+        match self.encode_search_key(index, key) {
+            Ok(encoded) => Ok(Some(encoded)),
+            Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Converts and encodes a (prefix of a) key of `index`.
     fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<Vec<u8>> {
         if key.len() > index.types.len() {
@@ -550,7 +570,9 @@ impl Table {
     /// Finds the clustered record for a search key: exact for a unique key, the first match
     /// for a prefix or a non-unique key.
     fn find_record(&self, key: &[Value]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let encoded = self.encode_search_key(&self.clustered, key)?;
+        let Some(encoded) = self.encode_lookup_key(&self.clustered, key)? else {
+            return Ok(None);
+        };
         if self.is_exact_clustered_key(key) {
             return Ok(self.clustered.tree.get(&encoded).map(|value| (encoded, value)));
         }
@@ -586,7 +608,9 @@ impl Table {
     pub fn get_by_index(&self, session: &Session, index_name: &str, key: &[Value]) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
         let index = self.index(index_name)?;
-        let encoded = self.encode_search_key(index, key)?;
+        let Some(encoded) = self.encode_lookup_key(index, key)? else {
+            return Ok(Vec::new());
+        };
         let upper = prefix_end(&encoded);
         let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut rows = Vec::new();

@@ -271,7 +271,7 @@ fn key(types: &[DataType], values: &[Value]) -> Vec<u8> {
 #[test]
 fn single_column_key_order_matches_sql_order() {
     let (mut rng, seed) = rng_for("single_column_key_order_matches_sql_order");
-    for _ in 0..cases(400) {
+    for _ in 0..cases(2000) {
         let ty = random_type(&mut rng);
         let values: Vec<Value> = (0..30).map(|_| random_value(&mut rng, &ty)).collect();
         let keys: Vec<Vec<u8>> = values
@@ -295,7 +295,7 @@ fn single_column_key_order_matches_sql_order() {
 #[test]
 fn composite_key_order_is_lexicographic() {
     let (mut rng, seed) = rng_for("composite_key_order_is_lexicographic");
-    for _ in 0..cases(300) {
+    for _ in 0..cases(1500) {
         let types: Vec<DataType> = (0..rng.random_range(1..=4))
             .map(|_| random_type(&mut rng))
             .collect();
@@ -329,7 +329,7 @@ fn composite_key_order_is_lexicographic() {
 #[test]
 fn key_round_trips() {
     let (mut rng, seed) = rng_for("key_round_trips");
-    for _ in 0..cases(5000) {
+    for _ in 0..cases(30000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=5))
             .map(|_| random_type(&mut rng))
             .collect();
@@ -360,7 +360,7 @@ fn key_round_trips() {
 #[test]
 fn row_round_trips() {
     let (mut rng, seed) = rng_for("row_round_trips");
-    for _ in 0..cases(5000) {
+    for _ in 0..cases(30000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=20))
             .map(|_| random_type(&mut rng))
             .collect();
@@ -398,7 +398,7 @@ fn row_round_trips() {
 fn decoding_garbage_never_panics() {
     let (mut rng, seed) = rng_for("decoding_garbage_never_panics");
     let (mut key_ok, mut row_ok) = (0usize, 0usize);
-    for case in 0..cases(20000) {
+    for case in 0..cases(100000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=6))
             .map(|_| random_type(&mut rng))
             .collect();

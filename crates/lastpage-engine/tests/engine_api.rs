@@ -136,6 +136,8 @@ fn bad_input_gets_clear_errors() {
         Err(EngineError::Value(_))
     ));
     assert!(matches!(table.get(&session, &[Value::Int(1), Value::Int(2)]), Err(EngineError::KeyArity { .. })));
+    // A search value longer than its column matches nothing, as in SQL Server.
+    assert_eq!(table.get_by_index(&session, "UQ_T_Code", &[Value::from("much too long for it")]).unwrap().len(), 0);
     assert!(matches!(
         db.create_table(TableDef::new("t").column(ColumnDef::new("a", DataType::Int))),
         Err(EngineError::TableExists(_))
@@ -286,4 +288,23 @@ fn identity_overflow_is_an_error_not_a_wraparound() {
     table.insert(&session, InsertRow::new()).unwrap();
     let error = table.insert(&session, InsertRow::new()).unwrap_err();
     assert_eq!(error.to_string(), "Arithmetic overflow error converting IDENTITY to data type tinyint.");
+}
+
+#[test]
+fn variable_length_keys_read_back_as_stored_but_compare_without_trailing_spaces() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Codes")
+                .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+                .column(ColumnDef::new("n", DataType::Int))
+                .clustered(IndexDef::new("PK_Codes", &["Code"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    table.insert(&session, InsertRow::new().set(0, "abc  ").set(1, 1)).unwrap();
+    let duplicate = table.insert(&session, InsertRow::new().set(0, "abc").set(1, 2)).unwrap_err();
+    assert!(matches!(duplicate, EngineError::DuplicateKey { .. }), "'abc' equals 'abc  '");
+    let row = table.get(&session, &[Value::from("abc")]).unwrap().unwrap();
+    assert_eq!(row[0], Value::from("abc  "), "the stored value comes back, trailing spaces and all");
 }

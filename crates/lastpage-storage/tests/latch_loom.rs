@@ -21,7 +21,11 @@ use LatchMode::{Exclusive, Shared, Update};
 
 /// Runs `body` under loom for one policy. The preemption bound keeps the whole file to a couple
 /// of minutes; bugs in latch protocols need very few preemptions to show.
-fn check(policy: LatchPolicy, preemptions: usize, body: impl Fn(LatchPolicy) + Sync + Send + 'static) {
+fn check(
+    policy: LatchPolicy,
+    preemptions: usize,
+    body: impl Fn(LatchPolicy) + Sync + Send + 'static,
+) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(preemptions);
@@ -206,7 +210,11 @@ fn upgrade_and_downgrade_admit_no_writer_in_between() {
         guarded.exclusive_inside.fetch_sub(1, Ordering::SeqCst);
         guarded.latch.downgrade();
         guarded.entered(Shared);
-        assert_eq!(guarded.read(), before + 10, "a writer got in during the downgrade");
+        assert_eq!(
+            guarded.read(),
+            before + 10,
+            "a writer got in during the downgrade"
+        );
         guarded.leave(Shared);
         writer.join().unwrap();
         reader.join().unwrap();
@@ -235,7 +243,10 @@ fn a_waiting_upgrader_keeps_new_readers_out() {
         };
         // Wait until the upgrader holds the update latch and waits for us.
         wait_until_parked(&guarded.latch, 1);
-        assert!(!guarded.latch.try_acquire(Shared), "a new reader overtook the upgrader");
+        assert!(
+            !guarded.latch.try_acquire(Shared),
+            "a new reader overtook the upgrader"
+        );
         assert_eq!(guarded.read(), 0);
         guarded.latch.release(Shared);
         upgrader.join().unwrap();
@@ -270,7 +281,11 @@ fn queue_of_two(policy: LatchPolicy, held: LatchMode, a: LatchMode, b: LatchMode
     let order = order.lock().unwrap().clone();
     assert_eq!(order.len(), 2);
     if policy == LatchPolicy::Fifo && !(a == Shared && b == Shared) {
-        assert_eq!(order, ['A', 'B'], "the fifo latch served its queue out of order");
+        assert_eq!(
+            order,
+            ['A', 'B'],
+            "the fifo latch served its queue out of order"
+        );
     }
 }
 
@@ -307,7 +322,10 @@ fn a_reader_does_not_overtake_a_queued_writer() {
         };
         let writer = spawn('W', Exclusive);
         wait_until_parked(&latch, 1);
-        assert!(!latch.try_acquire(Shared), "a newcomer barged past the queued writer");
+        assert!(
+            !latch.try_acquire(Shared),
+            "a newcomer barged past the queued writer"
+        );
         let reader = spawn('R', Shared);
         wait_until_parked(&latch, 2);
         latch.release(Shared);

@@ -45,18 +45,42 @@ impl Protected {
     fn enter(&self, mode: LatchMode) {
         match mode {
             Exclusive => {
-                assert_eq!(self.exclusive_inside.swap(1, Ordering::SeqCst), 0, "two writers");
-                assert_eq!(self.update_inside.load(Ordering::SeqCst), 0, "writer with updater");
-                assert_eq!(self.shared_inside.load(Ordering::SeqCst), 0, "writer with reader");
+                assert_eq!(
+                    self.exclusive_inside.swap(1, Ordering::SeqCst),
+                    0,
+                    "two writers"
+                );
+                assert_eq!(
+                    self.update_inside.load(Ordering::SeqCst),
+                    0,
+                    "writer with updater"
+                );
+                assert_eq!(
+                    self.shared_inside.load(Ordering::SeqCst),
+                    0,
+                    "writer with reader"
+                );
                 assert!(self.latch.is_held_exclusive());
             }
             Update => {
-                assert_eq!(self.update_inside.swap(1, Ordering::SeqCst), 0, "two updaters");
-                assert_eq!(self.exclusive_inside.load(Ordering::SeqCst), 0, "updater with writer");
+                assert_eq!(
+                    self.update_inside.swap(1, Ordering::SeqCst),
+                    0,
+                    "two updaters"
+                );
+                assert_eq!(
+                    self.exclusive_inside.load(Ordering::SeqCst),
+                    0,
+                    "updater with writer"
+                );
             }
             Shared => {
                 self.shared_inside.fetch_add(1, Ordering::SeqCst);
-                assert_eq!(self.exclusive_inside.load(Ordering::SeqCst), 0, "reader with writer");
+                assert_eq!(
+                    self.exclusive_inside.load(Ordering::SeqCst),
+                    0,
+                    "reader with writer"
+                );
             }
         }
     }
@@ -86,7 +110,11 @@ impl Protected {
         let value = self.first.load(Ordering::Relaxed) + 1;
         self.first.store(value, Ordering::Relaxed);
         maybe_yield(rng);
-        assert_eq!(self.second.load(Ordering::Relaxed) + 1, value, "a writer saw a half-written pair");
+        assert_eq!(
+            self.second.load(Ordering::Relaxed) + 1,
+            value,
+            "a writer saw a half-written pair"
+        );
         self.second.store(value, Ordering::Relaxed);
         value
     }
@@ -132,7 +160,11 @@ fn one_operation(cell: &Protected, rng: &mut StdRng) -> u64 {
             if rng.random_bool(0.3) {
                 cell.latch.downgrade();
                 cell.enter(Shared);
-                assert_eq!(cell.read(rng), written, "a writer got in during a downgrade");
+                assert_eq!(
+                    cell.read(rng),
+                    written,
+                    "a writer got in during a downgrade"
+                );
                 cell.leave(Shared);
                 cell.latch.release(Shared);
             } else {
@@ -150,7 +182,11 @@ fn one_operation(cell: &Protected, rng: &mut StdRng) -> u64 {
             if rng.random_bool(0.7) {
                 cell.latch.upgrade();
                 cell.enter(Exclusive);
-                assert_eq!(cell.write(rng), before + 1, "a writer got in during an upgrade");
+                assert_eq!(
+                    cell.write(rng),
+                    before + 1,
+                    "a writer got in during an upgrade"
+                );
                 cell.leave(Exclusive);
                 cell.latch.release(Exclusive);
                 1
@@ -183,7 +219,7 @@ fn one_operation(cell: &Protected, rng: &mut StdRng) -> u64 {
 fn stress(policy: LatchPolicy) {
     const THREADS: usize = 64;
     const CELLS: usize = 3;
-    const OPERATIONS: usize = 1500;
+    const OPERATIONS: usize = 5000;
     let seed = seed();
     println!("latch stress ({policy}): seed {seed} (replay with LATCH_STRESS_SEED={seed})");
     let cells: Arc<Vec<Protected>> = Arc::new((0..CELLS).map(|_| Protected::new(policy)).collect());
@@ -197,7 +233,11 @@ fn stress(policy: LatchPolicy) {
             thread::spawn(move || {
                 for _ in 0..OPERATIONS {
                     // Skewed towards the first cell: one hot page and two warm ones.
-                    let cell = if rng.random_bool(0.6) { 0 } else { rng.random_range(0..CELLS) };
+                    let cell = if rng.random_bool(0.6) {
+                        0
+                    } else {
+                        rng.random_range(0..CELLS)
+                    };
                     let made = one_operation(&cells[cell], &mut rng);
                     increments[cell].fetch_add(made, Ordering::Relaxed);
                 }
@@ -205,17 +245,34 @@ fn stress(policy: LatchPolicy) {
         })
         .collect();
     for thread in threads {
-        thread.join().expect("a stress thread failed (see its panic above; seed printed above)");
+        thread
+            .join()
+            .expect("a stress thread failed (see its panic above; seed printed above)");
     }
     for (cell, expected) in cells.iter().zip(increments.iter()) {
         let expected = expected.load(Ordering::Relaxed);
-        assert!(cell.latch.try_acquire(Exclusive), "latch left held: {:?}", cell.latch);
-        assert_eq!(cell.first.load(Ordering::Relaxed), expected, "lost updates (seed {seed})");
-        assert_eq!(cell.second.load(Ordering::Relaxed), expected, "lost updates (seed {seed})");
+        assert!(
+            cell.latch.try_acquire(Exclusive),
+            "latch left held: {:?}",
+            cell.latch
+        );
+        assert_eq!(
+            cell.first.load(Ordering::Relaxed),
+            expected,
+            "lost updates (seed {seed})"
+        );
+        assert_eq!(
+            cell.second.load(Ordering::Relaxed),
+            expected,
+            "lost updates (seed {seed})"
+        );
         cell.latch.release(Exclusive);
         assert_eq!(cell.latch.parked_waiters(), 0);
     }
-    println!("latch stress ({policy}): {THREADS} threads x {OPERATIONS} operations in {:?}", started.elapsed());
+    println!(
+        "latch stress ({policy}): {THREADS} threads x {OPERATIONS} operations in {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -231,7 +288,12 @@ fn stress_adaptive() {
 /// Runs `threads` threads that each take `latch` exclusively `rounds` times, holding it for
 /// `hold` (so that the others must wait), with every wait attributed to the returned
 /// accumulator.
-fn contend_exclusively(latch: &Arc<Latch>, threads: usize, rounds: usize, hold: Duration) -> Arc<WaitAccumulator> {
+fn contend_exclusively(
+    latch: &Arc<Latch>,
+    threads: usize,
+    rounds: usize,
+    hold: Duration,
+) -> Arc<WaitAccumulator> {
     let accumulator = Arc::new(WaitAccumulator::new());
     let barrier = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
@@ -250,7 +312,9 @@ fn contend_exclusively(latch: &Arc<Latch>, threads: usize, rounds: usize, hold: 
             })
         })
         .collect();
-    handles.into_iter().for_each(|handle| handle.join().unwrap());
+    handles
+        .into_iter()
+        .for_each(|handle| handle.join().unwrap());
     accumulator
 }
 
@@ -261,12 +325,21 @@ fn fifo_buffer_latch_records_pagelatch_ex_with_signal_wait_time() {
     let mine = contend_exclusively(&latch, 6, 20, Duration::from_micros(200)).snapshot();
     let ex = mine.wait(WaitType::PageLatchEx);
     assert!(ex.waiting_tasks_count > 0, "{ex:?}");
-    assert!(ex.signal_wait_time_ns > 0, "a hand-off must leave signal wait time: {ex:?}");
+    assert!(
+        ex.signal_wait_time_ns > 0,
+        "a hand-off must leave signal wait time: {ex:?}"
+    );
     assert!(ex.signal_wait_time_ns <= ex.wait_time_ns, "{ex:?}");
-    assert!(ex.max_wait_time_ns > 0 && ex.max_wait_time_ns <= ex.wait_time_ns, "{ex:?}");
+    assert!(
+        ex.max_wait_time_ns > 0 && ex.max_wait_time_ns <= ex.wait_time_ns,
+        "{ex:?}"
+    );
     assert_eq!(mine.wait(WaitType::LatchEx).waiting_tasks_count, 0);
     assert_eq!(mine.wait(WaitType::PageLatchSh).waiting_tasks_count, 0);
-    assert_eq!(mine.latch(LatchClass::Buffer).waiting_tasks_count, ex.waiting_tasks_count);
+    assert_eq!(
+        mine.latch(LatchClass::Buffer).waiting_tasks_count,
+        ex.waiting_tasks_count
+    );
     assert_eq!(mine.latch(LatchClass::Metadata).waiting_tasks_count, 0);
     // The global statistics saw (at least) the same.
     let delta = stats::snapshot().since(&before);
@@ -283,7 +356,10 @@ fn fifo_metadata_latch_records_latch_ex() {
     assert!(ex.waiting_tasks_count > 0, "{ex:?}");
     assert!(ex.signal_wait_time_ns > 0, "{ex:?}");
     assert_eq!(mine.wait(WaitType::PageLatchEx).waiting_tasks_count, 0);
-    assert_eq!(mine.latch(LatchClass::Metadata).waiting_tasks_count, ex.waiting_tasks_count);
+    assert_eq!(
+        mine.latch(LatchClass::Metadata).waiting_tasks_count,
+        ex.waiting_tasks_count
+    );
     assert_eq!(mine.latch(LatchClass::Buffer).waiting_tasks_count, 0);
     let delta = stats::snapshot().since(&before);
     assert!(delta.wait(WaitType::LatchEx).waiting_tasks_count >= ex.waiting_tasks_count);
@@ -330,7 +406,10 @@ fn uncontended_acquisitions_record_no_wait() {
             }
         }
         let mine = accumulator.snapshot();
-        assert!(mine.waits().all(|(_, stat)| stat.waiting_tasks_count == 0), "{policy}: {mine:?}");
+        assert!(
+            mine.waits().all(|(_, stat)| stat.waiting_tasks_count == 0),
+            "{policy}: {mine:?}"
+        );
     }
 }
 
@@ -358,13 +437,27 @@ fn an_upgrade_that_waits_records_the_exclusive_wait_type() {
             thread::sleep(Duration::from_micros(100));
         }
         thread::sleep(Duration::from_millis(2));
-        assert!(!latch.try_acquire(Shared), "{policy}: a new reader overtook the upgrader");
+        assert!(
+            !latch.try_acquire(Shared),
+            "{policy}: a new reader overtook the upgrader"
+        );
         latch.release(Shared);
         upgrader.join().unwrap();
         let mine = accumulator.snapshot();
-        assert_eq!(mine.wait(WaitType::PageLatchEx).waiting_tasks_count, 1, "{policy}");
-        assert!(mine.wait(WaitType::PageLatchEx).wait_time_ns >= 2_000_000, "{policy}");
-        assert_eq!(mine.wait(WaitType::PageLatchUp).waiting_tasks_count, 0, "{policy}");
+        assert_eq!(
+            mine.wait(WaitType::PageLatchEx).waiting_tasks_count,
+            1,
+            "{policy}"
+        );
+        assert!(
+            mine.wait(WaitType::PageLatchEx).wait_time_ns >= 2_000_000,
+            "{policy}"
+        );
+        assert_eq!(
+            mine.wait(WaitType::PageLatchUp).waiting_tasks_count,
+            0,
+            "{policy}"
+        );
     }
 }
 
@@ -373,16 +466,24 @@ fn releasing_a_mode_that_is_not_held_panics() {
     for policy in LatchPolicy::ALL {
         for mode in [Shared, Update, Exclusive] {
             let latch = Latch::new(policy, LatchClass::Buffer);
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.release(mode)));
-            assert!(outcome.is_err(), "{policy}: releasing an unheld {mode:?} latch did not panic");
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.release(mode)));
+            assert!(
+                outcome.is_err(),
+                "{policy}: releasing an unheld {mode:?} latch did not panic"
+            );
             // The latch is still usable afterwards.
             assert!(latch.try_acquire(Exclusive), "{policy} {mode:?}: {latch:?}");
             latch.release(Exclusive);
         }
         let latch = Latch::new(policy, LatchClass::Buffer);
         latch.acquire(Shared);
-        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.upgrade())).is_err());
-        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.downgrade())).is_err());
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.upgrade())).is_err()
+        );
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| latch.downgrade())).is_err()
+        );
         latch.release(Shared);
     }
 }

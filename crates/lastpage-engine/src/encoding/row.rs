@@ -383,9 +383,11 @@ fn utf16(field: &[u8]) -> Result<String, ValueError> {
     let units = field
         .chunks_exact(2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]));
-    char::decode_utf16(units)
-        .collect::<Result<String, _>>()
-        .map_err(|_| corrupt("text is not valid UTF-16"))
+    let mut s = String::with_capacity(field.len());
+    for c in char::decode_utf16(units) {
+        s.push(c.map_err(|_| corrupt("text is not valid UTF-16"))?);
+    }
+    Ok(s)
 }
 
 fn read_date_le(r: &mut Reader<'_>) -> Result<Date, ValueError> {

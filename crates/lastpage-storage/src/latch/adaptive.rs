@@ -33,10 +33,10 @@
 //! woken thread is on its way: it will either acquire (and release later, waking the next) or
 //! park again through the same validating CAS, which clears `WOKEN`.
 
-use super::{LatchClass, LatchMode, ParkQueue, Queued, WakeList, current_waiter, not_held};
+use super::{Core, LatchClass, LatchMode, Queued, WakeList, current_waiter, not_held};
 use crate::limits::{LATCH_SPIN_LIMIT, LATCH_SPIN_PAUSE_ROUNDS};
 use crate::stats;
-use crate::sync::{self, AtomicU64, Mutex, Ordering};
+use crate::sync::{self, Ordering};
 
 const EXCLUSIVE: u64 = 1 << 0;
 const UPDATE: u64 = 1 << 1;
@@ -95,33 +95,18 @@ enum Parked {
     Woken(u64),
 }
 
-pub(super) struct AdaptiveLatch {
-    state: AtomicU64,
-    class: LatchClass,
-    queue: Mutex<ParkQueue>,
+/// A latch's state word and queue, seen as this flavour.
+pub(super) struct AdaptiveLatch<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for AdaptiveLatch<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
 }
 
-impl AdaptiveLatch {
-    pub(super) fn new(class: LatchClass) -> AdaptiveLatch {
-        AdaptiveLatch {
-            state: AtomicU64::new(0),
-            class,
-            queue: ParkQueue::new(),
-        }
-    }
-
-    pub(super) fn class(&self) -> LatchClass {
-        self.class
-    }
-
-    pub(super) fn queue(&self) -> &Mutex<ParkQueue> {
-        &self.queue
-    }
-
-    pub(super) fn state_bits(&self) -> u64 {
-        self.state.load(Ordering::Relaxed)
-    }
-
+impl AdaptiveLatch<'_> {
     pub(super) fn is_held_exclusive(&self) -> bool {
         let state = self.state.load(Ordering::Relaxed);
         state & EXCLUSIVE != 0 && shared_count(state) == 0
@@ -151,16 +136,16 @@ impl AdaptiveLatch {
     }
 
     #[inline]
-    pub(super) fn acquire(&self, mode: LatchMode) {
+    pub(super) fn acquire(&self, mode: LatchMode, class: LatchClass) {
         if !self.try_acquire(mode) {
-            self.acquire_slow(mode);
+            self.acquire_slow(mode, class);
         }
     }
 
     #[cold]
-    fn acquire_slow(&self, mode: LatchMode) {
+    fn acquire_slow(&self, mode: LatchMode, class: LatchClass) {
         // The wait starts at the first failed attempt and ends when the latch is ours.
-        let wait = stats::begin_wait(mode.wait_type(self.class), Some(self.class));
+        let wait = stats::begin_wait(mode.wait_type(class), Some(class));
         let mut signalled = None;
         // Whether we were woken from the park queue, and so own (a share of) WOKEN, which we
         // must clear when we acquire or park again.
@@ -201,7 +186,9 @@ impl AdaptiveLatch {
         let mut state = self.state.load(Ordering::Relaxed);
         while available(state, mode) {
             let new = (state + bits(mode)) & !clear;
-            match self.state.compare_exchange_weak(state, new, Ordering::Acquire, Ordering::Relaxed)
+            match self
+                .state
+                .compare_exchange_weak(state, new, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => return Some(new),
                 Err(actual) => state = actual,
@@ -415,7 +402,9 @@ impl AdaptiveLatch {
                 if run == queue.waiters.len() {
                     new &= !PARKED;
                 }
-                match self.state.compare_exchange(state, new, Ordering::Relaxed, Ordering::Relaxed)
+                match self
+                    .state
+                    .compare_exchange(state, new, Ordering::Relaxed, Ordering::Relaxed)
                 {
                     Ok(_) => {
                         for queued in queue.waiters.drain(..run) {
@@ -430,7 +419,7 @@ impl AdaptiveLatch {
         wake.signal_all();
     }
 
-    pub(super) fn upgrade(&self) {
+    pub(super) fn upgrade(&self, class: LatchClass) {
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
             if state & UPDATE == 0 || state & EXCLUSIVE != 0 {
@@ -449,7 +438,7 @@ impl AdaptiveLatch {
             }
         }
         if shared_count(state) != 0 {
-            let wait = stats::begin_wait(LatchMode::Exclusive.wait_type(self.class), Some(self.class));
+            let wait = stats::begin_wait(LatchMode::Exclusive.wait_type(class), Some(class));
             let signalled = self.drain();
             wait.end(signalled);
         }

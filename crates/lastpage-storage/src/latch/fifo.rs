@@ -35,9 +35,9 @@
 
 use std::collections::VecDeque;
 
-use super::{LatchClass, LatchMode, ParkQueue, Queued, WakeList, current_waiter, not_held};
+use super::{Core, LatchClass, LatchMode, Queued, WakeList, current_waiter, not_held};
 use crate::stats;
-use crate::sync::{self, AtomicU64, Mutex, Ordering};
+use crate::sync::{self, Ordering};
 
 const EXCLUSIVE: u64 = 1 << 0;
 const UPDATE: u64 = 1 << 1;
@@ -103,33 +103,18 @@ fn plan_grants(state: u64, waiters: &VecDeque<Queued>) -> (u64, usize) {
     (new, granted)
 }
 
-pub(super) struct FifoLatch {
-    state: AtomicU64,
-    class: LatchClass,
-    queue: Mutex<ParkQueue>,
+/// A latch's state word and queue, seen as this flavour.
+pub(super) struct FifoLatch<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for FifoLatch<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
 }
 
-impl FifoLatch {
-    pub(super) fn new(class: LatchClass) -> FifoLatch {
-        FifoLatch {
-            state: AtomicU64::new(0),
-            class,
-            queue: ParkQueue::new(),
-        }
-    }
-
-    pub(super) fn class(&self) -> LatchClass {
-        self.class
-    }
-
-    pub(super) fn queue(&self) -> &Mutex<ParkQueue> {
-        &self.queue
-    }
-
-    pub(super) fn state_bits(&self) -> u64 {
-        self.state.load(Ordering::Relaxed)
-    }
-
+impl FifoLatch<'_> {
     pub(super) fn is_held_exclusive(&self) -> bool {
         self.state.load(Ordering::Relaxed) & EXCLUSIVE != 0
     }
@@ -154,17 +139,17 @@ impl FifoLatch {
     }
 
     #[inline]
-    pub(super) fn acquire(&self, mode: LatchMode) {
+    pub(super) fn acquire(&self, mode: LatchMode, class: LatchClass) {
         if !self.try_acquire(mode) {
-            self.acquire_slow(mode);
+            self.acquire_slow(mode, class);
         }
     }
 
     #[cold]
-    fn acquire_slow(&self, mode: LatchMode) {
+    fn acquire_slow(&self, mode: LatchMode, class: LatchClass) {
         // The wait starts at the failed attempt, before the queue mutex (which may itself be
         // contended) is taken.
-        let wait = stats::begin_wait(mode.wait_type(self.class), Some(self.class));
+        let wait = stats::begin_wait(mode.wait_type(class), Some(class));
         let waiter = current_waiter();
         {
             let mut queue = sync::lock(&self.queue);
@@ -223,8 +208,7 @@ impl FifoLatch {
             }
             // A reader that is not the last may leave even with waiters: no waiter can be
             // waiting for the shared count to drop to anything but zero.
-            let fast = state & SLOW == 0
-                || (mode == LatchMode::Shared && shared_count(state) > 1);
+            let fast = state & SLOW == 0 || (mode == LatchMode::Shared && shared_count(state) > 1);
             if !fast {
                 break;
             }
@@ -268,7 +252,10 @@ impl FifoLatch {
             }
             // AcqRel: the new holders may be signalled by us only, so our acquire makes the
             // earlier holders' releases (fast-path reader decrements) part of what we pass on.
-            match self.state.compare_exchange(state, new, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .state
+                .compare_exchange(state, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     if to_upgrader {
                         wake.push(queue.slot.take().expect("UPGRADING without an upgrader"));
@@ -285,7 +272,7 @@ impl FifoLatch {
         wake.signal_all();
     }
 
-    pub(super) fn upgrade(&self) {
+    pub(super) fn upgrade(&self, class: LatchClass) {
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
             if state & UPDATE == 0 || state & (EXCLUSIVE | UPGRADING) != 0 {
@@ -304,12 +291,12 @@ impl FifoLatch {
                 Err(actual) => state = actual,
             }
         }
-        self.upgrade_slow();
+        self.upgrade_slow(class);
     }
 
     #[cold]
-    fn upgrade_slow(&self) {
-        let wait = stats::begin_wait(LatchMode::Exclusive.wait_type(self.class), Some(self.class));
+    fn upgrade_slow(&self, class: LatchClass) {
+        let wait = stats::begin_wait(LatchMode::Exclusive.wait_type(class), Some(class));
         let waiter = current_waiter();
         {
             let mut queue = sync::lock(&self.queue);
@@ -378,7 +365,10 @@ impl FifoLatch {
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
             let (new, granted) = plan_grants(state - EXCLUSIVE + ONE_SHARED, &queue.waiters);
-            match self.state.compare_exchange(state, new, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .state
+                .compare_exchange(state, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     for queued in queue.waiters.drain(..granted) {
                         wake.push(queued.waiter);

@@ -74,39 +74,58 @@ impl std::fmt::Display for LatchPolicy {
 /// changes. Every operation dispatches by a `match` on the flavour, which the branch predictor
 /// learns at once (all the pages of an index share a flavour).
 pub struct Latch {
-    inner: Flavour,
+    core: Core,
+    class: LatchClass,
+    policy: LatchPolicy,
 }
 
-enum Flavour {
-    Fifo(FifoLatch),
-    Adaptive(AdaptiveLatch),
+/// What both flavours are made of: the state word, whose layout each flavour defines, and the
+/// park queue of the slow path. The flavours ([`FifoLatch`], [`AdaptiveLatch`]) are views of a
+/// `Core`; keeping the policy as a plain field next to the class (rather than an enum of two
+/// structs, whose tag would need its own word) keeps the latch at one cache line.
+struct Core {
+    state: AtomicU64,
+    queue: Mutex<ParkQueue>,
+}
+
+/// Dispatches a call to the latch's flavour.
+macro_rules! dispatch {
+    ($latch:expr, $flavour:ident => $call:expr) => {
+        match $latch.policy {
+            LatchPolicy::Fifo => {
+                let $flavour = FifoLatch(&$latch.core);
+                $call
+            }
+            LatchPolicy::Adaptive => {
+                let $flavour = AdaptiveLatch(&$latch.core);
+                $call
+            }
+        }
+    };
 }
 
 impl Latch {
     /// A free latch of the given flavour. Latches of class [`LatchClass::Buffer`] record their
     /// waits as PAGELATCH_*, all others as LATCH_*.
     pub fn new(policy: LatchPolicy, class: LatchClass) -> Latch {
-        let inner = match policy {
-            LatchPolicy::Fifo => Flavour::Fifo(FifoLatch::new(class)),
-            LatchPolicy::Adaptive => Flavour::Adaptive(AdaptiveLatch::new(class)),
-        };
-        Latch { inner }
+        Latch {
+            core: Core {
+                state: AtomicU64::new(0),
+                queue: ParkQueue::new(),
+            },
+            class,
+            policy,
+        }
     }
 
     /// The latch's flavour.
     pub fn policy(&self) -> LatchPolicy {
-        match &self.inner {
-            Flavour::Fifo(_) => LatchPolicy::Fifo,
-            Flavour::Adaptive(_) => LatchPolicy::Adaptive,
-        }
+        self.policy
     }
 
     /// The latch's class, which decides the wait types it records.
     pub fn class(&self) -> LatchClass {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.class(),
-            Flavour::Adaptive(latch) => latch.class(),
-        }
+        self.class
     }
 
     /// Blocks until the latch is granted in `mode`.
@@ -116,10 +135,7 @@ impl Latch {
     /// read, no allocation, no system call.
     #[inline]
     pub fn acquire(&self, mode: LatchMode) {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.acquire(mode),
-            Flavour::Adaptive(latch) => latch.acquire(mode),
-        }
+        dispatch!(self, latch => latch.acquire(mode, self.class))
     }
 
     /// Takes the latch in `mode` if that is possible at once. Never waits and never records a
@@ -127,10 +143,7 @@ impl Latch {
     /// holders: granting would let the caller jump the queue.
     #[inline]
     pub fn try_acquire(&self, mode: LatchMode) -> bool {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.try_acquire(mode),
-            Flavour::Adaptive(latch) => latch.try_acquire(mode),
-        }
+        dispatch!(self, latch => latch.try_acquire(mode))
     }
 
     /// Releases the latch held in `mode`.
@@ -139,10 +152,7 @@ impl Latch {
     /// cause memory unsafety: releasing a mode that is not held panics.
     #[inline]
     pub fn release(&self, mode: LatchMode) {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.release(mode),
-            Flavour::Adaptive(latch) => latch.release(mode),
-        }
+        dispatch!(self, latch => latch.release(mode))
     }
 
     /// Converts the caller's update latch into an exclusive one, waiting until the shared holders
@@ -151,10 +161,7 @@ impl Latch {
     ///
     /// Panics if the latch is not held in update mode.
     pub fn upgrade(&self) {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.upgrade(),
-            Flavour::Adaptive(latch) => latch.upgrade(),
-        }
+        dispatch!(self, latch => latch.upgrade(self.class))
     }
 
     /// Converts the caller's exclusive latch into a shared one without letting a writer in
@@ -162,42 +169,29 @@ impl Latch {
     ///
     /// Panics if the latch is not held exclusively.
     pub fn downgrade(&self) {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.downgrade(),
-            Flavour::Adaptive(latch) => latch.downgrade(),
-        }
+        dispatch!(self, latch => latch.downgrade())
     }
 
     /// Whether some thread holds the latch exclusively (for debug assertions).
     pub fn is_held_exclusive(&self) -> bool {
-        match &self.inner {
-            Flavour::Fifo(latch) => latch.is_held_exclusive(),
-            Flavour::Adaptive(latch) => latch.is_held_exclusive(),
-        }
+        dispatch!(self, latch => latch.is_held_exclusive())
     }
 
     /// How many threads are parked on the latch right now (queued waiters plus an upgrader or a
     /// writer waiting for readers to leave). Takes the latch's queue mutex: for tests and
     /// diagnostics, not for hot paths.
     pub fn parked_waiters(&self) -> usize {
-        let queue = match &self.inner {
-            Flavour::Fifo(latch) => latch.queue(),
-            Flavour::Adaptive(latch) => latch.queue(),
-        };
-        let queue = sync::lock(queue);
+        let queue = sync::lock(&self.core.queue);
         queue.waiters.len() + usize::from(queue.slot.is_some())
     }
 }
 
 impl std::fmt::Debug for Latch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (policy, class, state) = match &self.inner {
-            Flavour::Fifo(latch) => (LatchPolicy::Fifo, latch.class(), latch.state_bits()),
-            Flavour::Adaptive(latch) => (LatchPolicy::Adaptive, latch.class(), latch.state_bits()),
-        };
+        let state = self.core.state.load(Ordering::Relaxed);
         f.debug_struct("Latch")
-            .field("policy", &policy)
-            .field("class", &class)
+            .field("policy", &self.policy())
+            .field("class", &self.class)
             .field("state", &format_args!("{state:#x}"))
             .finish()
     }
@@ -355,7 +349,10 @@ mod tests {
             assert_eq!(policy.to_string(), policy.name());
         }
         assert_eq!(LatchPolicy::from_name("FIFO"), Some(LatchPolicy::Fifo));
-        assert_eq!(LatchPolicy::from_name(" Adaptive "), Some(LatchPolicy::Adaptive));
+        assert_eq!(
+            LatchPolicy::from_name(" Adaptive "),
+            Some(LatchPolicy::Adaptive)
+        );
         assert_eq!(LatchPolicy::from_name("fair"), None);
         assert_eq!(LatchPolicy::from_name(""), None);
         assert_eq!(LatchPolicy::default(), LatchPolicy::Adaptive);
