@@ -32,7 +32,11 @@ fn bench_insert(args: &InsertArgs) -> ExitCode {
     let text = if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(json) => json + "\n",
-            Err(error) => return fail(&BenchError::Failed(format!("cannot serialize the report: {error}"))),
+            Err(error) => {
+                return fail(&BenchError::Failed(format!(
+                    "cannot serialize the report: {error}"
+                )));
+            }
         }
     } else {
         bench::render::insert_report(&report)
@@ -58,7 +62,11 @@ fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
     let text = if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(json) => json + "\n",
-            Err(error) => return fail(&BenchError::Failed(format!("cannot serialize the report: {error}"))),
+            Err(error) => {
+                return fail(&BenchError::Failed(format!(
+                    "cannot serialize the report: {error}"
+                )));
+            }
         }
     } else {
         compare::render(&report)
@@ -75,7 +83,9 @@ fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
 /// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.
 fn print(text: &str) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 fn fail(error: &BenchError) -> ExitCode {

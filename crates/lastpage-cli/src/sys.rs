@@ -48,7 +48,8 @@ fn getrusage(who: libc::c_int) -> Option<Usage> {
     // SAFETY: getrusage returned 0, so it filled in the whole struct.
     let usage = unsafe { usage.assume_init() };
     let micros = |time: libc::timeval| {
-        u64::try_from(time.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(time.tv_usec).unwrap_or(0)
+        u64::try_from(time.tv_sec).unwrap_or(0) * 1_000_000
+            + u64::try_from(time.tv_usec).unwrap_or(0)
     };
     Some(Usage {
         voluntary: u64::try_from(usage.ru_nvcsw).unwrap_or(0),
@@ -77,7 +78,9 @@ pub fn thread_usage() -> Option<Usage> {
 /// `MemAvailable` from `/proc/meminfo`, in bytes, if the system reports it.
 pub fn available_memory_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
+    let line = meminfo
+        .lines()
+        .find(|line| line.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

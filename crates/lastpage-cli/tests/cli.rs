@@ -28,14 +28,25 @@ fn insert_json(args: &[&str]) -> Value {
         text(&output.stdout)
     );
     serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
-        panic!("{all:?} printed no JSON ({error}): {}", text(&output.stdout))
+        panic!(
+            "{all:?} printed no JSON ({error}): {}",
+            text(&output.stdout)
+        )
     })
 }
 
 fn assert_wait_fields(report: &Value, wait: &str) {
     let entry = &report["waits"][wait];
-    for field in ["waiting_tasks_count", "wait_time_ms", "max_wait_time_ms", "signal_wait_time_ms"] {
-        assert!(entry[field].is_number(), "waits.{wait}.{field} missing in {report}");
+    for field in [
+        "waiting_tasks_count",
+        "wait_time_ms",
+        "max_wait_time_ms",
+        "signal_wait_time_ms",
+    ] {
+        assert!(
+            entry[field].is_number(),
+            "waits.{wait}.{field} missing in {report}"
+        );
     }
 }
 
@@ -55,7 +66,12 @@ fn every_key_and_latch_reports_the_required_fields() {
             ]);
             let context = format!("key {key}, latch {latch}: {report}");
             assert_eq!(report["rows"], 800, "{context}");
-            assert!(report["rows_per_sec"].as_f64().is_some_and(|rate| rate > 0.0), "{context}");
+            assert!(
+                report["rows_per_sec"]
+                    .as_f64()
+                    .is_some_and(|rate| rate > 0.0),
+                "{context}"
+            );
             for percentile in ["p50", "p99", "max"] {
                 assert!(report["latency_us"][percentile].is_number(), "{context}");
             }
@@ -69,7 +85,10 @@ fn every_key_and_latch_reports_the_required_fields() {
             for (name, entry) in waits {
                 assert_wait_fields(&report, name);
                 if !name.starts_with("PAGELATCH_") {
-                    assert!(entry["waiting_tasks_count"].as_u64().unwrap_or(0) > 0, "{context}");
+                    assert!(
+                        entry["waiting_tasks_count"].as_u64().unwrap_or(0) > 0,
+                        "{context}"
+                    );
                 }
             }
             assert_eq!(report["integrity"], "ok", "{context}");
@@ -109,7 +128,10 @@ fn bad_flags_fail_cleanly() {
         (&["--rows-per-thread", "0"], "--rows-per-thread"),
         (&["--latch", "sometimes"], "--latch"),
         (&["--threads", "many"], "--threads"),
-        (&["--threads", "4096", "--rows-per-thread", "1000000"], "IDENTITY"),
+        (
+            &["--threads", "4096", "--rows-per-thread", "1000000"],
+            "IDENTITY",
+        ),
     ];
     for (args, expected) in cases {
         let mut all = vec!["bench", "insert"];
@@ -117,7 +139,10 @@ fn bad_flags_fail_cleanly() {
         let output = lastpage(&all);
         let stderr = text(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{all:?}: {stderr}");
-        assert!(stderr.contains(expected), "{all:?}: stderr should mention {expected}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{all:?}: stderr should mention {expected}: {stderr}"
+        );
         assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
         assert!(output.stdout.is_empty(), "{all:?} printed to stdout");
     }
@@ -140,34 +165,81 @@ fn fair_latches_convoy_on_the_last_page() {
     ]);
     assert_eq!(report["rows"], 64 * 300);
     assert_eq!(report["integrity"], "ok");
-    let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"].as_u64().unwrap_or(0);
+    let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
+        .as_u64()
+        .unwrap_or(0);
     assert!(global > 0, "no PAGELATCH_EX waits: {report}");
     // Every wait happens inside some session's insert, so attribution adds up exactly.
-    assert_eq!(report["session_attribution"]["pagelatch_ex_sessions"].as_u64(), Some(global), "{report}");
-    assert!(report["context_switches_per_row"].as_f64().is_some_and(|switches| switches > 0.0), "{report}");
+    assert_eq!(
+        report["session_attribution"]["pagelatch_ex_sessions"].as_u64(),
+        Some(global),
+        "{report}"
+    );
+    assert!(
+        report["context_switches_per_row"]
+            .as_f64()
+            .is_some_and(|switches| switches > 0.0),
+        "{report}"
+    );
 }
 
 #[test]
 fn human_output_has_the_tables() {
-    let output = lastpage(&["bench", "insert", "--threads", "3", "--rows-per-thread", "100", "--key", "mod16"]);
+    let output = lastpage(&[
+        "bench",
+        "insert",
+        "--threads",
+        "3",
+        "--rows-per-thread",
+        "100",
+        "--key",
+        "mod16",
+    ]);
     let stdout = text(&output.stdout);
     assert!(output.status.success(), "{}", text(&output.stderr));
-    for expected in ["3 threads x 100 rows", "key mod16", "rows/s", "PAGELATCH_EX", "leaf pages", "ok"] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    for expected in [
+        "3 threads x 100 rows",
+        "key mod16",
+        "rows/s",
+        "PAGELATCH_EX",
+        "leaf pages",
+        "ok",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
     }
 }
 
 #[test]
 fn compare_covers_every_cell() {
-    let output = lastpage(&["bench", "insert-compare", "--rows-per-thread", "2", "--repeat", "1", "--json"]);
+    let output = lastpage(&[
+        "bench",
+        "insert-compare",
+        "--rows-per-thread",
+        "2",
+        "--repeat",
+        "1",
+        "--json",
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let report: Value = serde_json::from_slice(&output.stdout).expect("compare prints JSON");
     let cells = report["cells"].as_array().expect("cells");
     assert_eq!(cells.len(), 2 * 2 * 4);
     for cell in cells {
-        assert!(cell["ratio_ascending_to_random"].as_f64().is_some_and(|ratio| ratio > 0.0), "{cell}");
+        assert!(
+            cell["ratio_ascending_to_random"]
+                .as_f64()
+                .is_some_and(|ratio| ratio > 0.0),
+            "{cell}"
+        );
         assert_eq!(cell["ascending"]["integrity"], "ok", "{cell}");
         assert_eq!(cell["random"]["integrity"], "ok", "{cell}");
-        assert_eq!(cell["rows"].as_u64(), Some(2 * cell["threads"].as_u64().unwrap_or(0)), "{cell}");
+        assert_eq!(
+            cell["rows"].as_u64(),
+            Some(2 * cell["threads"].as_u64().unwrap_or(0)),
+            "{cell}"
+        );
     }
 }

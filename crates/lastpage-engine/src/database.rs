@@ -58,7 +58,11 @@ impl Database {
     /// Creates a table.
     pub fn create_table(&self, definition: TableDef) -> Result<Arc<Table>> {
         let key = Self::catalog_key(&definition.name);
-        let mut tables = self.inner.tables.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut tables = self
+            .inner
+            .tables
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if tables.contains_key(&key) {
             return Err(EngineError::TableExists(definition.name));
         }
@@ -117,7 +121,10 @@ impl Database {
 
     /// Checks every table (see [`Table::check_integrity`]).
     pub fn check_integrity(&self) -> Result<Vec<TableCheck>> {
-        self.tables().iter().map(|table| table.check_integrity()).collect()
+        self.tables()
+            .iter()
+            .map(|table| table.check_integrity())
+            .collect()
     }
 
     /// Process-wide wait statistics, like `sys.dm_os_wait_stats`.

@@ -79,7 +79,9 @@ pub enum EngineError {
         key: String,
     },
     /// The encoded row exceeds the page's row limit.
-    #[error("Cannot create a row of size {size} which is greater than the allowable maximum row size of {max}.")]
+    #[error(
+        "Cannot create a row of size {size} which is greater than the allowable maximum row size of {max}."
+    )]
     RowTooLarge {
         /// The row's size, in bytes.
         size: usize,
@@ -87,7 +89,9 @@ pub enum EngineError {
         max: usize,
     },
     /// The encoded key of an index exceeds the key limit.
-    #[error("The key of index '{index}' is {size} bytes, which exceeds the maximum key length of {max} bytes.")]
+    #[error(
+        "The key of index '{index}' is {size} bytes, which exceeds the maximum key length of {max} bytes."
+    )]
     KeyTooLarge {
         /// The index.
         index: String,
@@ -97,13 +101,17 @@ pub enum EngineError {
         max: usize,
     },
     /// A value was given for an identity column.
-    #[error("Cannot insert explicit value for identity column in table '{table}' when IDENTITY_INSERT is set to OFF.")]
+    #[error(
+        "Cannot insert explicit value for identity column in table '{table}' when IDENTITY_INSERT is set to OFF."
+    )]
     ExplicitIdentity {
         /// The table.
         table: String,
     },
     /// An identity or computed column was given a value in an update.
-    #[error("Cannot update column '{column}' of table '{table}': it is an identity or computed column.")]
+    #[error(
+        "Cannot update column '{column}' of table '{table}': it is an identity or computed column."
+    )]
     ReadOnlyColumn {
         /// The table.
         table: String,
@@ -111,7 +119,9 @@ pub enum EngineError {
         column: String,
     },
     /// A value was given for a computed column on insert.
-    #[error("The column \"{column}\" cannot be modified because it is either a computed column or is the result of a UNION operator.")]
+    #[error(
+        "The column \"{column}\" cannot be modified because it is either a computed column or is the result of a UNION operator."
+    )]
     ComputedColumn {
         /// The column.
         column: String,

@@ -11,7 +11,9 @@ use std::cell::Cell;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use lastpage_storage::btree::{BTree, BTreeError, CompareAndUpdate, Direction, RangeIter, TreeCheck, TreeOptions};
+use lastpage_storage::btree::{
+    BTree, BTreeError, CompareAndUpdate, Direction, RangeIter, TreeCheck, TreeOptions,
+};
 use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
 use lastpage_storage::sync::{AtomicI64, AtomicU64, Ordering};
@@ -164,25 +166,40 @@ impl Table {
             return Err(invalid("a table needs at least one column".into()));
         }
         for (position, column) in def.columns.iter().enumerate() {
-            column.data_type.validate().map_err(|error| error.with_column(&column.name))?;
+            column
+                .data_type
+                .validate()
+                .map_err(|error| error.with_column(&column.name))?;
             if def.columns[..position]
                 .iter()
                 .any(|earlier| earlier.name.eq_ignore_ascii_case(&column.name))
             {
-                return Err(invalid(format!("column '{}' is defined twice", column.name)));
+                return Err(invalid(format!(
+                    "column '{}' is defined twice",
+                    column.name
+                )));
             }
             if let Some(identity) = column.identity {
                 if identity.increment == 0 {
-                    return Err(invalid(format!("the identity increment of '{}' is zero", column.name)));
+                    return Err(invalid(format!(
+                        "the identity increment of '{}' is zero",
+                        column.name
+                    )));
                 }
                 if !matches!(
                     column.data_type,
                     DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
                 ) {
-                    return Err(invalid(format!("identity column '{}' must be an integer type", column.name)));
+                    return Err(invalid(format!(
+                        "identity column '{}' must be an integer type",
+                        column.name
+                    )));
                 }
                 if column.computed.is_some() || column.default.is_some() {
-                    return Err(invalid(format!("identity column '{}' cannot have a default or an expression", column.name)));
+                    return Err(invalid(format!(
+                        "identity column '{}' cannot have a default or an expression",
+                        column.name
+                    )));
                 }
             }
         }
@@ -219,19 +236,32 @@ impl Table {
                 },
             )?;
             Ok(Index {
-                types: column_ids.iter().map(|&column| def.columns[column].data_type).collect(),
+                types: column_ids
+                    .iter()
+                    .map(|&column| def.columns[column].data_type)
+                    .collect(),
                 column_ids,
                 uniquifier: clustered && !index.uniqueness.is_unique(),
                 def: index.clone(),
                 tree,
             })
         };
-        let clustered_def = def.clustered.clone().unwrap_or_else(|| IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique));
+        let clustered_def = def.clustered.clone().unwrap_or_else(|| {
+            IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique)
+        });
         let clustered = build_index(&clustered_def, true, next_index_id())?;
         let mut nonclustered = Vec::with_capacity(def.nonclustered.len());
         for index in &def.nonclustered {
-            if std::iter::once(&clustered_def).chain(def.nonclustered.iter()).filter(|other| other.name.eq_ignore_ascii_case(&index.name)).count() > 1 {
-                return Err(invalid(format!("index name '{}' is used twice", index.name)));
+            if std::iter::once(&clustered_def)
+                .chain(def.nonclustered.iter())
+                .filter(|other| other.name.eq_ignore_ascii_case(&index.name))
+                .count()
+                > 1
+            {
+                return Err(invalid(format!(
+                    "index name '{}' is used twice",
+                    index.name
+                )));
             }
             nonclustered.push(build_index(index, false, next_index_id())?);
         }
@@ -257,9 +287,14 @@ impl Table {
         });
         Ok(Table {
             id,
-            value_types: value_columns.iter().map(|&column| def.columns[column].data_type).collect(),
+            value_types: value_columns
+                .iter()
+                .map(|&column| def.columns[column].data_type)
+                .collect(),
             value_columns,
-            computed_columns: (0..def.columns.len()).filter(|&column| def.columns[column].computed.is_some()).collect(),
+            computed_columns: (0..def.columns.len())
+                .filter(|&column| def.columns[column].computed.is_some())
+                .collect(),
             identity,
             clustered,
             nonclustered,
@@ -313,7 +348,9 @@ impl Table {
 
     /// The identity value the next insert would get (SQL Server's IDENT_CURRENT + increment).
     pub fn next_identity(&self) -> Option<i64> {
-        self.identity.as_ref().map(|identity| identity.next.load(Ordering::Relaxed))
+        self.identity
+            .as_ref()
+            .map(|identity| identity.next.load(Ordering::Relaxed))
     }
 
     /// Inserts one row; returns its identity value, if the table has an identity column.
@@ -335,7 +372,11 @@ impl Table {
 
     /// Inserts rows in order, stopping at the first error. Each row is atomic; rows inserted
     /// before an error stay (statement atomicity across rows comes with transactions).
-    pub fn insert_batch(&self, session: &Session, rows: Vec<InsertRow>) -> Result<Vec<Option<i64>>> {
+    pub fn insert_batch(
+        &self,
+        session: &Session,
+        rows: Vec<InsertRow>,
+    ) -> Result<Vec<Option<i64>>> {
         let _attribution = session.attribute();
         let mut identities = Vec::with_capacity(rows.len());
         for row in rows {
@@ -358,10 +399,14 @@ impl Table {
                 });
             };
             if definition.identity.is_some() {
-                return Err(EngineError::ExplicitIdentity { table: self.name.clone() });
+                return Err(EngineError::ExplicitIdentity {
+                    table: self.name.clone(),
+                });
             }
             if definition.computed.is_some() {
-                return Err(EngineError::ComputedColumn { column: definition.name.clone() });
+                return Err(EngineError::ComputedColumn {
+                    column: definition.name.clone(),
+                });
             }
             supplied[column] = Some(value);
         }
@@ -372,7 +417,9 @@ impl Table {
                 Some(value) => value,
                 None => match (&self.identity, &definition.default) {
                     (Some(identity), _) if identity.column == position => {
-                        let value = identity.next.fetch_add(identity.increment, Ordering::Relaxed);
+                        let value = identity
+                            .next
+                            .fetch_add(identity.increment, Ordering::Relaxed);
                         identity_value = Some(value);
                         identity_as_value(value, definition.data_type)?
                     }
@@ -392,7 +439,10 @@ impl Table {
             values[column] = Value::Null;
         }
         for &column in &self.computed_columns {
-            let expression = self.columns[column].computed.as_ref().expect("computed column");
+            let expression = self.columns[column]
+                .computed
+                .as_ref()
+                .expect("computed column");
             values[column] = expression(values)?;
         }
         for (definition, value) in self.columns.iter().zip(values.iter_mut()) {
@@ -424,14 +474,23 @@ impl Table {
 
     /// Encodes the clustered record's value: the columns outside the clustered key.
     fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
-        let stored: Vec<Value> = self.value_columns.iter().map(|&column| values[column].clone()).collect();
+        let stored: Vec<Value> = self
+            .value_columns
+            .iter()
+            .map(|&column| values[column].clone())
+            .collect();
         let mut value = Vec::with_capacity(64);
         encode_row(&self.value_types, &stored, &mut value)?;
         Ok(value)
     }
 
     /// The key and value of `index`'s entry for a row whose clustered key is `locator`.
-    fn nonclustered_entry(&self, index: &Index, values: &[Value], locator: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
+    fn nonclustered_entry(
+        &self,
+        index: &Index,
+        values: &[Value],
+        locator: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>)> {
         let mut key = Vec::with_capacity(32 + locator.len());
         index.encode_columns(values, &mut key)?;
         if index.def.uniqueness.is_unique() {
@@ -463,21 +522,25 @@ impl Table {
             BTreeError::DuplicateKey => {
                 let key = index.describe_key(values);
                 match index.def.uniqueness {
-                    Uniqueness::PrimaryKey | Uniqueness::UniqueConstraint => EngineError::DuplicateKey {
-                        constraint_kind: if index.def.uniqueness == Uniqueness::PrimaryKey {
-                            "PRIMARY KEY"
-                        } else {
-                            "UNIQUE KEY"
-                        },
-                        constraint: index.def.name.clone(),
-                        table: self.name.clone(),
-                        key,
-                    },
-                    Uniqueness::UniqueIndex | Uniqueness::NonUnique => EngineError::DuplicateIndexKey {
-                        index: index.def.name.clone(),
-                        table: self.name.clone(),
-                        key,
-                    },
+                    Uniqueness::PrimaryKey | Uniqueness::UniqueConstraint => {
+                        EngineError::DuplicateKey {
+                            constraint_kind: if index.def.uniqueness == Uniqueness::PrimaryKey {
+                                "PRIMARY KEY"
+                            } else {
+                                "UNIQUE KEY"
+                            },
+                            constraint: index.def.name.clone(),
+                            table: self.name.clone(),
+                            key,
+                        }
+                    }
+                    Uniqueness::UniqueIndex | Uniqueness::NonUnique => {
+                        EngineError::DuplicateIndexKey {
+                            index: index.def.name.clone(),
+                            table: self.name.clone(),
+                            key,
+                        }
+                    }
                 }
             }
             BTreeError::KeyTooLarge { len, max } => EngineError::KeyTooLarge {
@@ -506,9 +569,13 @@ impl Table {
             .tree
             .insert(&key, &value)
             .map_err(|error| self.storage_error(&self.clustered, error, &values))?;
-        for (position, (index, (nc_key, nc_value))) in self.nonclustered.iter().zip(&entries).enumerate() {
+        for (position, (index, (nc_key, nc_value))) in
+            self.nonclustered.iter().zip(&entries).enumerate()
+        {
             if let Err(error) = index.tree.insert(nc_key, nc_value) {
-                for (earlier, (earlier_key, _)) in self.nonclustered.iter().zip(&entries).take(position) {
+                for (earlier, (earlier_key, _)) in
+                    self.nonclustered.iter().zip(&entries).take(position)
+                {
                     earlier.tree.delete(earlier_key);
                 }
                 self.clustered.tree.delete(&key);
@@ -524,7 +591,9 @@ impl Table {
     fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
         match self.encode_search_key(index, key) {
             Ok(encoded) => Ok(Some(encoded)),
-            Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => Ok(None),
+            Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => {
+                Ok(None)
+            }
             Err(error) => Err(error),
         }
     }
@@ -574,7 +643,11 @@ impl Table {
             return Ok(None);
         };
         if self.is_exact_clustered_key(key) {
-            return Ok(self.clustered.tree.get(&encoded).map(|value| (encoded, value)));
+            return Ok(self
+                .clustered
+                .tree
+                .get(&encoded)
+                .map(|value| (encoded, value)));
         }
         let upper = prefix_end(&encoded);
         let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
@@ -605,7 +678,12 @@ impl Table {
     }
 
     /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key.
-    pub fn get_by_index(&self, session: &Session, index_name: &str, key: &[Value]) -> Result<Vec<Row>> {
+    pub fn get_by_index(
+        &self,
+        session: &Session,
+        index_name: &str,
+        key: &[Value],
+    ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
@@ -614,7 +692,11 @@ impl Table {
         let upper = prefix_end(&encoded);
         let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut rows = Vec::new();
-        for (index_key, index_value) in index.tree.range(Bound::Included(&encoded), upper, Direction::Forward) {
+        for (index_key, index_value) in
+            index
+                .tree
+                .range(Bound::Included(&encoded), upper, Direction::Forward)
+        {
             let locator = self.locator(index, &index_key, &index_value)?;
             if std::ptr::eq(index, &self.clustered) {
                 rows.push(self.decode_record(&index_key, &index_value)?);
@@ -635,7 +717,12 @@ impl Table {
     }
 
     /// Scans rows in clustered key order within `range`.
-    pub fn scan<'a>(&'a self, session: &Session, range: &KeyRange, direction: Direction) -> Result<RowIter<'a>> {
+    pub fn scan<'a>(
+        &'a self,
+        session: &Session,
+        range: &KeyRange,
+        direction: Direction,
+    ) -> Result<RowIter<'a>> {
         let _attribution = session.attribute();
         let full = |key: &[Value]| self.is_exact_clustered_key(key);
         let lower = match &range.lower {
@@ -670,19 +757,30 @@ impl Table {
             upper.as_ref().map(Vec::as_slice),
             direction,
         );
-        Ok(RowIter { table: self, inner: Some(inner) })
+        Ok(RowIter {
+            table: self,
+            inner: Some(inner),
+        })
     }
 
     /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
     /// whether a row was found. Nonclustered indexes follow. Changing clustered key columns
     /// moves the row.
-    pub fn update(&self, session: &Session, key: &[Value], changes: &[(usize, Value)]) -> Result<bool> {
+    pub fn update(
+        &self,
+        session: &Session,
+        key: &[Value],
+        changes: &[(usize, Value)],
+    ) -> Result<bool> {
         let _attribution = session.attribute();
         for (column, _) in changes {
-            let definition = self.columns.get(*column).ok_or_else(|| EngineError::UnknownColumn {
-                table: self.name.clone(),
-                column: format!("#{column}"),
-            })?;
+            let definition =
+                self.columns
+                    .get(*column)
+                    .ok_or_else(|| EngineError::UnknownColumn {
+                        table: self.name.clone(),
+                        column: format!("#{column}"),
+                    })?;
             if definition.identity.is_some() || definition.computed.is_some() {
                 return Err(EngineError::ReadOnlyColumn {
                     table: self.name.clone(),
@@ -702,7 +800,12 @@ impl Table {
             self.finish_row(&mut new_row)?;
             let mut new_key = Vec::with_capacity(record_key.len());
             self.clustered.encode_columns(&new_row, &mut new_key)?;
-            let old_key_columns = &record_key[..record_key.len() - if self.clustered.uniquifier { UNIQUIFIER_BYTES } else { 0 }];
+            let old_key_columns = &record_key[..record_key.len()
+                - if self.clustered.uniquifier {
+                    UNIQUIFIER_BYTES
+                } else {
+                    0
+                }];
             if new_key != old_key_columns {
                 return self.move_row(&record_key, &old_row, new_row).map(|()| true);
             }
@@ -715,7 +818,8 @@ impl Table {
             let mut failure = None;
             for index in &self.nonclustered {
                 let (old_key, _) = self.nonclustered_entry(index, &old_row, &record_key)?;
-                let (new_key, new_entry_value) = self.nonclustered_entry(index, &new_row, &record_key)?;
+                let (new_key, new_entry_value) =
+                    self.nonclustered_entry(index, &new_row, &record_key)?;
                 if old_key == new_key {
                     continue;
                 }
@@ -824,7 +928,11 @@ impl Table {
             indexes.push((index.def.name.clone(), check));
         }
         if !self.nonclustered.is_empty() {
-            for (key, value) in self.clustered.tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward) {
+            for (key, value) in
+                self.clustered
+                    .tree
+                    .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+            {
                 let row = self.decode_record(&key, &value)?;
                 for index in &self.nonclustered {
                     let (entry_key, entry_value) = self.nonclustered_entry(index, &row, &key)?;
@@ -849,7 +957,9 @@ impl Table {
 
 /// Converts an identity value to its column's type, reporting overflow as SQL Server does.
 fn identity_as_value(value: i64, data_type: DataType) -> Result<Value> {
-    let overflow = || EngineError::IdentityOverflow { data_type: data_type.name() };
+    let overflow = || EngineError::IdentityOverflow {
+        data_type: data_type.name(),
+    };
     Ok(match data_type {
         DataType::TinyInt => Value::TinyInt(u8::try_from(value).map_err(|_| overflow())?),
         DataType::SmallInt => Value::SmallInt(i16::try_from(value).map_err(|_| overflow())?),

@@ -15,12 +15,20 @@ fn database() -> Database {
     Database::create(DatabaseOptions::default()).unwrap()
 }
 
-fn insert_contention_table(db: &Database, name: &str, payload: DataType) -> Arc<lastpage_engine::Table> {
+fn insert_contention_table(
+    db: &Database,
+    name: &str,
+    payload: DataType,
+) -> Arc<lastpage_engine::Table> {
     db.create_table(
         TableDef::new(name)
             .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
             .column(ColumnDef::new("Payload", payload).not_null())
-            .clustered(IndexDef::new(format!("PK_{name}"), &["InsertID"], Uniqueness::PrimaryKey)),
+            .clustered(IndexDef::new(
+                format!("PK_{name}"),
+                &["InsertID"],
+                Uniqueness::PrimaryKey,
+            )),
     )
     .unwrap()
 }
@@ -33,24 +41,44 @@ fn every_column_type_round_trips_through_insert_and_get() {
         ("s", DataType::SmallInt, Value::SmallInt(-3000)),
         ("b", DataType::BigInt, Value::BigInt(1 << 40)),
         ("bit", DataType::Bit, Value::Bit(true)),
-        ("d", DataType::Decimal { precision: 10, scale: 2 }, Value::from("12345.67")),
+        (
+            "d",
+            DataType::Decimal {
+                precision: 10,
+                scale: 2,
+            },
+            Value::from("12345.67"),
+        ),
         ("m", DataType::Money, Value::from("19.99")),
         ("c", DataType::Char(5), Value::from("ab")),
         ("v", DataType::VarChar(20), Value::from("hello")),
         ("nc", DataType::NChar(3), Value::from("ü")),
         ("nv", DataType::NVarChar(10), Value::from("naïve")),
-        ("dt", DataType::DateTime2(3), Value::from("2024-02-29 13:14:15.1234")),
+        (
+            "dt",
+            DataType::DateTime2(3),
+            Value::from("2024-02-29 13:14:15.1234"),
+        ),
         ("dd", DataType::Date, Value::from("0001-01-01")),
-        ("u", DataType::UniqueIdentifier, Value::from("6F9619FF-8B86-D011-B42D-00C04FD430C8")),
+        (
+            "u",
+            DataType::UniqueIdentifier,
+            Value::from("6F9619FF-8B86-D011-B42D-00C04FD430C8"),
+        ),
         ("vb", DataType::VarBinary(4), Value::Binary(vec![0, 1, 2])),
         ("n", DataType::Int, Value::Null),
     ];
-    let mut definition = TableDef::new("AllTypes").column(ColumnDef::new("Id", DataType::Int).identity(10, 5));
+    let mut definition =
+        TableDef::new("AllTypes").column(ColumnDef::new("Id", DataType::Int).identity(10, 5));
     for (name, data_type, _) in &columns {
         definition = definition.column(ColumnDef::new(*name, *data_type));
     }
     let table = db
-        .create_table(definition.clustered(IndexDef::new("PK_AllTypes", &["Id"], Uniqueness::PrimaryKey)))
+        .create_table(definition.clustered(IndexDef::new(
+            "PK_AllTypes",
+            &["Id"],
+            Uniqueness::PrimaryKey,
+        )))
         .unwrap();
     let session = db.session();
     let mut row = InsertRow::new();
@@ -64,8 +92,14 @@ fn every_column_type_round_trips_through_insert_and_get() {
     assert_eq!(text[0], "15");
     assert_eq!(text[5], "12345.67");
     assert_eq!(text[7], "ab   ", "char(5) pads with spaces");
-    assert_eq!(text[11], "2024-02-29 13:14:15.1230000", "rounded to the column's 3 digits");
-    assert_eq!(text[13].to_uppercase(), "6F9619FF-8B86-D011-B42D-00C04FD430C8");
+    assert_eq!(
+        text[11], "2024-02-29 13:14:15.1230000",
+        "rounded to the column's 3 digits"
+    );
+    assert_eq!(
+        text[13].to_uppercase(),
+        "6F9619FF-8B86-D011-B42D-00C04FD430C8"
+    );
     assert_eq!(stored[15], Value::Null);
     assert_eq!(table.row_count(), 2);
     db.check_integrity().unwrap();
@@ -83,22 +117,42 @@ fn bad_input_gets_clear_errors() {
                 .column(ColumnDef::new("Extra", DataType::VarChar(100)))
                 .column(ColumnDef::new("Qty", DataType::Int))
                 .clustered(IndexDef::new("PK_T", &["Id"], Uniqueness::PrimaryKey))
-                .nonclustered(IndexDef::new("UQ_T_Code", &["Code"], Uniqueness::UniqueConstraint)),
+                .nonclustered(IndexDef::new(
+                    "UQ_T_Code",
+                    &["Code"],
+                    Uniqueness::UniqueConstraint,
+                )),
         )
         .unwrap();
     let session = db.session();
     let message = |error: EngineError| error.to_string();
 
     let too_large = table
-        .insert(&session, InsertRow::new().set(1, "a").set(2, "x").set(3, "y".repeat(100)))
+        .insert(
+            &session,
+            InsertRow::new()
+                .set(1, "a")
+                .set(2, "x")
+                .set(3, "y".repeat(100)),
+        )
         .unwrap_err();
-    assert!(matches!(too_large, EngineError::RowTooLarge { .. }), "{too_large}");
+    assert!(
+        matches!(too_large, EngineError::RowTooLarge { .. }),
+        "{too_large}"
+    );
     assert!(message(too_large).contains("maximum row size of 8060"));
 
-    let wrong_type = table.insert(&session, InsertRow::new().set(1, "a").set(4, "abc")).unwrap_err();
+    let wrong_type = table
+        .insert(&session, InsertRow::new().set(1, "a").set(4, "abc"))
+        .unwrap_err();
     assert!(matches!(wrong_type, EngineError::Value(_)), "{wrong_type}");
     let clash = table
-        .insert(&session, InsertRow::new().set(1, "a").set(4, Value::from("2024-01-01").clone()))
+        .insert(
+            &session,
+            InsertRow::new()
+                .set(1, "a")
+                .set(4, Value::from("2024-01-01").clone()),
+        )
         .unwrap_err();
     assert!(matches!(clash, EngineError::Value(_)), "{clash}");
 
@@ -108,25 +162,47 @@ fn bad_input_gets_clear_errors() {
         "Cannot insert the value NULL into column 'Code', table 'T'; column does not allow nulls. INSERT fails."
     );
 
-    let truncated = table.insert(&session, InsertRow::new().set(1, "01234567890")).unwrap_err();
+    let truncated = table
+        .insert(&session, InsertRow::new().set(1, "01234567890"))
+        .unwrap_err();
     assert!(message(truncated).contains("truncated in column 'Code'"));
 
-    let explicit_identity = table.insert(&session, InsertRow::new().set(0, 5).set(1, "a")).unwrap_err();
-    assert!(matches!(explicit_identity, EngineError::ExplicitIdentity { .. }));
+    let explicit_identity = table
+        .insert(&session, InsertRow::new().set(0, 5).set(1, "a"))
+        .unwrap_err();
+    assert!(matches!(
+        explicit_identity,
+        EngineError::ExplicitIdentity { .. }
+    ));
 
-    table.insert(&session, InsertRow::new().set(1, "dup")).unwrap();
-    let duplicate = table.insert(&session, InsertRow::new().set(1, "dup")).unwrap_err();
+    table
+        .insert(&session, InsertRow::new().set(1, "dup"))
+        .unwrap();
+    let duplicate = table
+        .insert(&session, InsertRow::new().set(1, "dup"))
+        .unwrap_err();
     assert!(
         message(duplicate).starts_with("Violation of UNIQUE KEY constraint 'UQ_T_Code'. Cannot insert duplicate key in object 'T'. The duplicate key value is (dup)"),
     );
     // As in SQL Server, every insert that got as far as taking an identity value consumed it,
     // failed or not (1-5 failed on bad values, 6 succeeded, 7 was the duplicate): values are
     // never reused, and the failed inserts left no row behind in any index.
-    assert_eq!(table.insert(&session, InsertRow::new().set(1, "next")).unwrap(), Some(8));
+    assert_eq!(
+        table
+            .insert(&session, InsertRow::new().set(1, "next"))
+            .unwrap(),
+        Some(8)
+    );
     assert_eq!(table.row_count(), 2);
 
-    assert!(matches!(db.table("Nope"), Err(EngineError::UnknownTable(_))));
-    assert!(matches!(table.column_index("Nope"), Err(EngineError::UnknownColumn { .. })));
+    assert!(matches!(
+        db.table("Nope"),
+        Err(EngineError::UnknownTable(_))
+    ));
+    assert!(matches!(
+        table.column_index("Nope"),
+        Err(EngineError::UnknownColumn { .. })
+    ));
     assert!(matches!(
         table.insert(&session, InsertRow::new().set(99, 1)),
         Err(EngineError::UnknownColumn { .. })
@@ -135,9 +211,22 @@ fn bad_input_gets_clear_errors() {
         table.get(&session, &[Value::from("not a number")]),
         Err(EngineError::Value(_))
     ));
-    assert!(matches!(table.get(&session, &[Value::Int(1), Value::Int(2)]), Err(EngineError::KeyArity { .. })));
+    assert!(matches!(
+        table.get(&session, &[Value::Int(1), Value::Int(2)]),
+        Err(EngineError::KeyArity { .. })
+    ));
     // A search value longer than its column matches nothing, as in SQL Server.
-    assert_eq!(table.get_by_index(&session, "UQ_T_Code", &[Value::from("much too long for it")]).unwrap().len(), 0);
+    assert_eq!(
+        table
+            .get_by_index(
+                &session,
+                "UQ_T_Code",
+                &[Value::from("much too long for it")]
+            )
+            .unwrap()
+            .len(),
+        0
+    );
     assert!(matches!(
         db.create_table(TableDef::new("t").column(ColumnDef::new("a", DataType::Int))),
         Err(EngineError::TableExists(_))
@@ -168,25 +257,54 @@ fn defaults_and_computed_columns_fill_in_missing_values() {
         .create_table(
             TableDef::new("InsertContention_100")
                 .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
-                .column(ColumnDef::new("ver", DataType::TinyInt).default_value(DefaultValue::Constant(Value::TinyInt(1))))
-                .column(ColumnDef::new("dt", DataType::DateTime2(7)).not_null().default_value(DefaultValue::CurrentUtcDateTime))
-                .column(ColumnDef::new("ModValue", DataType::TinyInt).not_null().computed(modulo))
-                .clustered(IndexDef::new("PK_Mod", &["ModValue", "InsertID"], Uniqueness::PrimaryKey)),
+                .column(
+                    ColumnDef::new("ver", DataType::TinyInt)
+                        .default_value(DefaultValue::Constant(Value::TinyInt(1))),
+                )
+                .column(
+                    ColumnDef::new("dt", DataType::DateTime2(7))
+                        .not_null()
+                        .default_value(DefaultValue::CurrentUtcDateTime),
+                )
+                .column(
+                    ColumnDef::new("ModValue", DataType::TinyInt)
+                        .not_null()
+                        .computed(modulo),
+                )
+                .clustered(IndexDef::new(
+                    "PK_Mod",
+                    &["ModValue", "InsertID"],
+                    Uniqueness::PrimaryKey,
+                )),
         )
         .unwrap();
     let session = db.session();
     for _ in 0..40 {
         table.insert(&session, InsertRow::new()).unwrap();
     }
-    let rows: Vec<_> = table.scan(&session, &KeyRange::all(), Direction::Forward).unwrap().map(Result::unwrap).collect();
+    let rows: Vec<_> = table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(rows.len(), 40);
     // Clustered on (ModValue, InsertID): 1, 17, 33, 2, 18, 34, ...
     let ids: Vec<String> = rows.iter().take(4).map(|row| row[0].to_string()).collect();
     assert_eq!(ids, ["16", "32", "1", "17"]);
-    assert!(rows.iter().all(|row| row[1] == Value::TinyInt(1) && !row[2].is_null()));
+    assert!(
+        rows.iter()
+            .all(|row| row[1] == Value::TinyInt(1) && !row[2].is_null())
+    );
     // A prefix lookup: every row with ModValue = 3.
-    let prefix = KeyRange { lower: Bound::Included(vec![Value::Int(3)]), upper: Bound::Included(vec![Value::Int(3)]) };
-    let threes: Vec<_> = table.scan(&session, &prefix, Direction::Backward).unwrap().map(Result::unwrap).collect();
+    let prefix = KeyRange {
+        lower: Bound::Included(vec![Value::Int(3)]),
+        upper: Bound::Included(vec![Value::Int(3)]),
+    };
+    let threes: Vec<_> = table
+        .scan(&session, &prefix, Direction::Backward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     let ids: Vec<String> = threes.iter().map(|row| row[0].to_string()).collect();
     assert_eq!(ids, ["35", "19", "3"]);
     assert!(matches!(
@@ -205,36 +323,75 @@ fn a_non_unique_clustered_key_keeps_duplicates_and_nonclustered_indexes_follow_e
                 .column(ColumnDef::new("Price", DataType::Money).not_null())
                 .column(ColumnDef::new("Name", DataType::VarChar(50)))
                 .clustered(IndexDef::new("CX_Price", &["Price"], Uniqueness::NonUnique))
-                .nonclustered(IndexDef::new("IX_InsertID", &["InsertID"], Uniqueness::UniqueIndex))
+                .nonclustered(IndexDef::new(
+                    "IX_InsertID",
+                    &["InsertID"],
+                    Uniqueness::UniqueIndex,
+                ))
                 .nonclustered(IndexDef::new("IX_Name", &["Name"], Uniqueness::NonUnique)),
         )
         .unwrap();
     let session = db.session();
     for i in 0..300 {
         table
-            .insert(&session, InsertRow::new().set(1, Value::Int(i % 7)).set(2, format!("name{}", i % 11)))
+            .insert(
+                &session,
+                InsertRow::new()
+                    .set(1, Value::Int(i % 7))
+                    .set(2, format!("name{}", i % 11)),
+            )
             .unwrap();
     }
     assert_eq!(table.row_count(), 300);
-    let by_id = table.get_by_index(&session, "IX_InsertID", &[Value::Int(42)]).unwrap();
+    let by_id = table
+        .get_by_index(&session, "IX_InsertID", &[Value::Int(42)])
+        .unwrap();
     assert_eq!(by_id.len(), 1);
     assert_eq!(by_id[0][1].to_string(), "6.0000");
-    let named = table.get_by_index(&session, "IX_Name", &[Value::from("name3")]).unwrap();
+    let named = table
+        .get_by_index(&session, "IX_Name", &[Value::from("name3")])
+        .unwrap();
     assert_eq!(named.len(), (0..300).filter(|i| i % 11 == 3).count());
     // Rows with Price = 6: every one of them, through the clustered prefix.
     let six = table
-        .scan(&session, &KeyRange { lower: Bound::Included(vec![Value::Int(6)]), upper: Bound::Included(vec![Value::Int(6)]) }, Direction::Forward)
+        .scan(
+            &session,
+            &KeyRange {
+                lower: Bound::Included(vec![Value::Int(6)]),
+                upper: Bound::Included(vec![Value::Int(6)]),
+            },
+            Direction::Forward,
+        )
         .unwrap()
         .count();
     assert_eq!(six, (0..300).filter(|i| i % 7 == 6).count());
 
     // Update a non-key column: IX_Name follows.
-    assert!(table.update(&session, &[Value::Int(6)], &[(2, Value::from("renamed"))]).unwrap());
-    assert_eq!(table.get_by_index(&session, "IX_Name", &[Value::from("renamed")]).unwrap().len(), 1);
+    assert!(
+        table
+            .update(&session, &[Value::Int(6)], &[(2, Value::from("renamed"))])
+            .unwrap()
+    );
+    assert_eq!(
+        table
+            .get_by_index(&session, "IX_Name", &[Value::from("renamed")])
+            .unwrap()
+            .len(),
+        1
+    );
     // Update the clustered key: the row moves, every index follows.
-    let moved_id = table.get_by_index(&session, "IX_Name", &[Value::from("renamed")]).unwrap()[0][0].clone();
-    assert!(table.update(&session, &[Value::Int(6)], &[(1, Value::Int(100))]).unwrap());
-    let moved = table.get_by_index(&session, "IX_InsertID", &[moved_id]).unwrap();
+    let moved_id = table
+        .get_by_index(&session, "IX_Name", &[Value::from("renamed")])
+        .unwrap()[0][0]
+        .clone();
+    assert!(
+        table
+            .update(&session, &[Value::Int(6)], &[(1, Value::Int(100))])
+            .unwrap()
+    );
+    let moved = table
+        .get_by_index(&session, "IX_InsertID", &[moved_id])
+        .unwrap();
     assert_eq!(moved[0][1].to_string(), "100.0000");
     // Delete: every index follows.
     assert!(table.delete(&session, &[Value::Int(100)]).unwrap());
@@ -257,15 +414,31 @@ fn updates_that_grow_a_row_past_its_page_split_it_and_keep_every_row() {
     let table = insert_contention_table(&db, "Grow", DataType::VarChar(8000));
     let session = db.session();
     for _ in 0..200 {
-        table.insert(&session, InsertRow::new().set(1, "x".repeat(50))).unwrap();
+        table
+            .insert(&session, InsertRow::new().set(1, "x".repeat(50)))
+            .unwrap();
     }
     for id in (1..=200).step_by(3) {
-        assert!(table.update(&session, &[Value::Int(id)], &[(1, Value::from("y".repeat(3000)))]).unwrap());
+        assert!(
+            table
+                .update(
+                    &session,
+                    &[Value::Int(id)],
+                    &[(1, Value::from("y".repeat(3000)))]
+                )
+                .unwrap()
+        );
     }
-    let rows: Vec<_> = table.scan(&session, &KeyRange::all(), Direction::Forward).unwrap().map(Result::unwrap).collect();
+    let rows: Vec<_> = table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(rows.len(), 200);
     for row in &rows {
-        let Value::Int(id) = row[0] else { panic!("id is an int") };
+        let Value::Int(id) = row[0] else {
+            panic!("id is an int")
+        };
         let expected = if (id - 1) % 3 == 0 { 3000 } else { 50 };
         assert_eq!(row[1].to_string().len(), expected, "row {id}");
     }
@@ -287,7 +460,10 @@ fn identity_overflow_is_an_error_not_a_wraparound() {
     table.insert(&session, InsertRow::new()).unwrap();
     table.insert(&session, InsertRow::new()).unwrap();
     let error = table.insert(&session, InsertRow::new()).unwrap_err();
-    assert_eq!(error.to_string(), "Arithmetic overflow error converting IDENTITY to data type tinyint.");
+    assert_eq!(
+        error.to_string(),
+        "Arithmetic overflow error converting IDENTITY to data type tinyint."
+    );
 }
 
 #[test]
@@ -302,9 +478,20 @@ fn variable_length_keys_read_back_as_stored_but_compare_without_trailing_spaces(
         )
         .unwrap();
     let session = db.session();
-    table.insert(&session, InsertRow::new().set(0, "abc  ").set(1, 1)).unwrap();
-    let duplicate = table.insert(&session, InsertRow::new().set(0, "abc").set(1, 2)).unwrap_err();
-    assert!(matches!(duplicate, EngineError::DuplicateKey { .. }), "'abc' equals 'abc  '");
+    table
+        .insert(&session, InsertRow::new().set(0, "abc  ").set(1, 1))
+        .unwrap();
+    let duplicate = table
+        .insert(&session, InsertRow::new().set(0, "abc").set(1, 2))
+        .unwrap_err();
+    assert!(
+        matches!(duplicate, EngineError::DuplicateKey { .. }),
+        "'abc' equals 'abc  '"
+    );
     let row = table.get(&session, &[Value::from("abc")]).unwrap().unwrap();
-    assert_eq!(row[0], Value::from("abc  "), "the stored value comes back, trailing spaces and all");
+    assert_eq!(
+        row[0],
+        Value::from("abc  "),
+        "the stored value comes back, trailing spaces and all"
+    );
 }

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, IndexOptions, InsertRow, KeyRange, LatchPolicy,
-    TableDef, Uniqueness, Value,
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, IndexOptions, InsertRow,
+    KeyRange, LatchPolicy, TableDef, Uniqueness, Value,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -21,7 +21,10 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
     println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
     for latch_policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
         let db = Database::create(DatabaseOptions::default()).unwrap();
-        let options = IndexOptions { latch_policy, ..IndexOptions::default() };
+        let options = IndexOptions {
+            latch_policy,
+            ..IndexOptions::default()
+        };
         let table = db
             .create_table(
                 TableDef::new("Orders")
@@ -29,9 +32,18 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
                     .column(ColumnDef::new("Code", DataType::VarChar(40)).not_null())
                     .column(ColumnDef::new("Amount", DataType::Int).not_null())
                     .column(ColumnDef::new("Note", DataType::VarChar(2000)))
-                    .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey).with_options(options))
-                    .nonclustered(IndexDef::new("UQ_Code", &["Code"], Uniqueness::UniqueConstraint).with_options(options))
-                    .nonclustered(IndexDef::new("IX_Amount", &["Amount"], Uniqueness::NonUnique).with_options(options)),
+                    .clustered(
+                        IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)
+                            .with_options(options),
+                    )
+                    .nonclustered(
+                        IndexDef::new("UQ_Code", &["Code"], Uniqueness::UniqueConstraint)
+                            .with_options(options),
+                    )
+                    .nonclustered(
+                        IndexDef::new("IX_Amount", &["Amount"], Uniqueness::NonUnique)
+                            .with_options(options),
+                    ),
             )
             .unwrap();
         let threads = 12u64;
@@ -51,7 +63,13 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
                                     let amount = rng.random_range(0..50);
                                     let note = "n".repeat(rng.random_range(0..300));
                                     let id = table
-                                        .insert(&session, InsertRow::new().set(1, code.as_str()).set(2, amount).set(3, note.as_str()))
+                                        .insert(
+                                            &session,
+                                            InsertRow::new()
+                                                .set(1, code.as_str())
+                                                .set(2, amount)
+                                                .set(3, note.as_str()),
+                                        )
                                         .unwrap()
                                         .unwrap();
                                     mine.insert(id, (code, amount, note));
@@ -59,41 +77,84 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
                                 5 => {
                                     // A duplicate code must fail and leave nothing behind.
                                     if let Some((_, (code, _, _))) = mine.iter().next() {
-                                        let error = table.insert(&session, InsertRow::new().set(1, code.as_str()).set(2, 1)).unwrap_err();
+                                        let error = table
+                                            .insert(
+                                                &session,
+                                                InsertRow::new().set(1, code.as_str()).set(2, 1),
+                                            )
+                                            .unwrap_err();
                                         assert!(error.to_string().contains("UQ_Code"), "{error}");
                                     }
                                 }
                                 6 => {
-                                    let Some(&id) = mine.keys().nth(rng.random_range(0..mine.len().max(1))) else { continue };
+                                    let Some(&id) =
+                                        mine.keys().nth(rng.random_range(0..mine.len().max(1)))
+                                    else {
+                                        continue;
+                                    };
                                     let amount = rng.random_range(0..50);
                                     let note = "u".repeat(rng.random_range(0..1500));
-                                    assert!(table.update(&session, &[Value::BigInt(id)], &[(2, Value::Int(amount)), (3, Value::from(note.as_str()))]).unwrap());
+                                    assert!(
+                                        table
+                                            .update(
+                                                &session,
+                                                &[Value::BigInt(id)],
+                                                &[
+                                                    (2, Value::Int(amount)),
+                                                    (3, Value::from(note.as_str()))
+                                                ]
+                                            )
+                                            .unwrap()
+                                    );
                                     let entry = mine.get_mut(&id).unwrap();
                                     entry.1 = amount;
                                     entry.2 = note;
                                 }
                                 7 => {
-                                    let Some(&id) = mine.keys().nth(rng.random_range(0..mine.len().max(1))) else { continue };
+                                    let Some(&id) =
+                                        mine.keys().nth(rng.random_range(0..mine.len().max(1)))
+                                    else {
+                                        continue;
+                                    };
                                     assert!(table.delete(&session, &[Value::BigInt(id)]).unwrap());
                                     mine.remove(&id);
                                 }
                                 8 => {
-                                    let Some((&id, expected)) = mine.iter().nth(rng.random_range(0..mine.len().max(1))) else { continue };
-                                    let row = table.get(&session, &[Value::BigInt(id)]).unwrap().unwrap();
+                                    let Some((&id, expected)) =
+                                        mine.iter().nth(rng.random_range(0..mine.len().max(1)))
+                                    else {
+                                        continue;
+                                    };
+                                    let row =
+                                        table.get(&session, &[Value::BigInt(id)]).unwrap().unwrap();
                                     assert_eq!(row[1].to_string(), expected.0);
-                                    let by_code = table.get_by_index(&session, "UQ_Code", &[Value::from(expected.0.as_str())]).unwrap();
+                                    let by_code = table
+                                        .get_by_index(
+                                            &session,
+                                            "UQ_Code",
+                                            &[Value::from(expected.0.as_str())],
+                                        )
+                                        .unwrap();
                                     assert_eq!(by_code.len(), 1);
                                     assert_eq!(by_code[0][0], Value::BigInt(id));
                                 }
                                 _ => {
-                                    let direction = if step % 2 == 0 { Direction::Forward } else { Direction::Backward };
+                                    let direction = if step % 2 == 0 {
+                                        Direction::Forward
+                                    } else {
+                                        Direction::Backward
+                                    };
                                     let ids: Vec<i64> = table
                                         .scan(&session, &KeyRange::all(), direction)
                                         .unwrap()
                                         .take(500)
-                                        .map(|row| match row.unwrap()[0] { Value::BigInt(id) => id, _ => unreachable!() })
+                                        .map(|row| match row.unwrap()[0] {
+                                            Value::BigInt(id) => id,
+                                            _ => unreachable!(),
+                                        })
                                         .collect();
-                                    assert!(ids.windows(2).all(|pair| (pair[0] < pair[1]) == (direction == Direction::Forward)));
+                                    assert!(ids.windows(2).all(|pair| (pair[0] < pair[1])
+                                        == (direction == Direction::Forward)));
                                 }
                             }
                         }
@@ -101,13 +162,18 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap())
+                .collect()
         });
         let mut expected = BTreeMap::new();
         for oracle in oracles {
             expected.extend(oracle);
         }
-        let check = table.check_integrity().unwrap_or_else(|error| panic!("{latch_policy:?}: {error}"));
+        let check = table
+            .check_integrity()
+            .unwrap_or_else(|error| panic!("{latch_policy:?}: {error}"));
         assert_eq!(check.rows, expected.len() as u64);
         let session = db.session();
         let actual: BTreeMap<i64, (String, i32, String)> = table
@@ -115,11 +181,18 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
             .unwrap()
             .map(|row| {
                 let row = row.unwrap();
-                let Value::BigInt(id) = row[0] else { unreachable!() };
-                let Value::Int(amount) = row[2] else { unreachable!() };
+                let Value::BigInt(id) = row[0] else {
+                    unreachable!()
+                };
+                let Value::Int(amount) = row[2] else {
+                    unreachable!()
+                };
                 (id, (row[1].to_string(), amount, row[3].to_string()))
             })
             .collect();
-        assert!(actual == expected, "{latch_policy:?}: table contents differ from the oracles");
+        assert!(
+            actual == expected,
+            "{latch_policy:?}: table contents differ from the oracles"
+        );
     }
 }

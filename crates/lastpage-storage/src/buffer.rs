@@ -91,7 +91,9 @@ impl BufferPool {
         let index = page_id as usize;
         if index >= MAX_PAGES {
             self.next_page_id.fetch_sub(1, Ordering::Relaxed);
-            return Err(PoolFull { max_pages: MAX_PAGES });
+            return Err(PoolFull {
+                max_pages: MAX_PAGES,
+            });
         }
         let chunk = self.chunks[index / PAGE_TABLE_CHUNK_PAGES].get_or_init(|| {
             (0..PAGE_TABLE_CHUNK_PAGES)
@@ -219,7 +221,10 @@ mod tests {
                 let mut guard = pool
                     .allocate(LatchPolicy::Fifo, PageKind::Leaf, 0, 9)
                     .unwrap();
-                guard.page_mut().insert_leaf(0, &u32::to_be_bytes(i), b"v").unwrap();
+                guard
+                    .page_mut()
+                    .insert_leaf(0, &u32::to_be_bytes(i), b"v")
+                    .unwrap();
                 guard.page_id()
             })
             .collect();

@@ -55,8 +55,9 @@ const _: () = assert!(PAGE_HEADER_BYTES + MAX_RECORD_BYTES + SLOT_BYTES <= PAGE_
 const _: () = assert!(PAGE_SIZE_BYTES <= u16::MAX as usize + 1);
 // An inner page must hold at least three maximal separators so that a split always leaves
 // both halves with at least one separator.
-const _: () = assert!(3 * (MAX_KEY_BYTES + INNER_RECORD_HEADER_BYTES + SLOT_BYTES) <= PAGE_BODY_BYTES);
+const _: () =
+    assert!(3 * (MAX_KEY_BYTES + INNER_RECORD_HEADER_BYTES + SLOT_BYTES) <= PAGE_BODY_BYTES);
 const _: () = assert!(MAX_KEY_BYTES + LEAF_RECORD_HEADER_BYTES <= MAX_RECORD_BYTES);
-const _: () = assert!(MAX_PAGES % PAGE_TABLE_CHUNK_PAGES == 0);
+const _: () = assert!(MAX_PAGES.is_multiple_of(PAGE_TABLE_CHUNK_PAGES));
 // A backoff round shifts a `u32` by its round number.
 const _: () = assert!(LATCH_SPIN_PAUSE_ROUNDS < 32 && LATCH_SPIN_PAUSE_ROUNDS <= LATCH_SPIN_LIMIT);

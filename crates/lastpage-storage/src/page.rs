@@ -289,21 +289,28 @@ impl<'a> Page<'a> {
     /// garbage fill the area exactly. Used by the integrity checker before it reads records, so
     /// that a corrupt page is reported rather than read out of bounds.
     pub fn check_layout(&self) -> Result<(), String> {
-        let kind = self.kind().ok_or_else(|| format!("kind byte {} is invalid", self.bytes[OFFSET_KIND]))?;
+        let kind = self
+            .kind()
+            .ok_or_else(|| format!("kind byte {} is invalid", self.bytes[OFFSET_KIND]))?;
         if kind == PageKind::Free {
             return Err("page is marked free but is linked into a tree".into());
         }
         let slot_count = self.slot_count();
         let free_start = self.free_start();
-        if free_start < PAGE_HEADER_BYTES || free_start > PAGE_SIZE_BYTES - SLOT_BYTES * slot_count {
-            return Err(format!("free_start {free_start} overlaps the header or the {slot_count}-slot array"));
+        if free_start < PAGE_HEADER_BYTES || free_start > PAGE_SIZE_BYTES - SLOT_BYTES * slot_count
+        {
+            return Err(format!(
+                "free_start {free_start} overlaps the header or the {slot_count}-slot array"
+            ));
         }
         let header_bytes = self.record_header_bytes();
         let mut extents = Vec::with_capacity(slot_count);
         for index in 0..slot_count {
             let offset = self.slot(index);
             if offset < PAGE_HEADER_BYTES || offset + header_bytes > free_start {
-                return Err(format!("slot {index} points at {offset}, outside the record area 96..{free_start}"));
+                return Err(format!(
+                    "slot {index} points at {offset}, outside the record area 96..{free_start}"
+                ));
             }
             let key_len = read_u16(self.bytes, offset);
             let length = if kind == PageKind::Leaf {
@@ -312,7 +319,9 @@ impl<'a> Page<'a> {
                 header_bytes + key_len
             };
             if offset + length > free_start {
-                return Err(format!("record in slot {index} ({offset}+{length}) runs past free_start {free_start}"));
+                return Err(format!(
+                    "record in slot {index} ({offset}+{length}) runs past free_start {free_start}"
+                ));
             }
             extents.push((offset, offset + length));
         }
@@ -320,7 +329,10 @@ impl<'a> Page<'a> {
         let mut used = 0;
         for pair in extents.windows(2) {
             if pair[0].1 > pair[1].0 {
-                return Err(format!("records at {} and {} overlap", pair[0].0, pair[1].0));
+                return Err(format!(
+                    "records at {} and {} overlap",
+                    pair[0].0, pair[1].0
+                ));
             }
         }
         for (start, end) in &extents {
@@ -422,14 +434,20 @@ impl<'a> PageMut<'a> {
         write_u16(self.bytes, offset + 2, value.len());
         let key_start = offset + LEAF_RECORD_HEADER_BYTES;
         self.bytes[key_start..key_start + key.len()].copy_from_slice(key);
-        self.bytes[key_start + key.len()..key_start + key.len() + value.len()].copy_from_slice(value);
+        self.bytes[key_start + key.len()..key_start + key.len() + value.len()]
+            .copy_from_slice(value);
         write_u16(self.bytes, OFFSET_FREE_START, offset + record_len);
         self.insert_slot(index, offset);
         Ok(())
     }
 
     /// Inserts an inner record (separator `key`, `child`) at slot `index`.
-    pub fn insert_inner(&mut self, index: usize, key: &[u8], child: PageId) -> Result<(), PageFull> {
+    pub fn insert_inner(
+        &mut self,
+        index: usize,
+        key: &[u8],
+        child: PageId,
+    ) -> Result<(), PageFull> {
         let record_len = INNER_RECORD_HEADER_BYTES + key.len();
         let offset = self.reserve(record_len)?;
         write_u16(self.bytes, offset, key.len());
@@ -459,7 +477,9 @@ impl<'a> PageMut<'a> {
     /// Removes records `from..` and returns nothing; used after moving them to a new page.
     pub fn truncate(&mut self, from: usize) {
         let count = self.as_page().slot_count();
-        let removed: usize = (from..count).map(|index| self.as_page().record_bytes(index)).sum();
+        let removed: usize = (from..count)
+            .map(|index| self.as_page().record_bytes(index))
+            .sum();
         let garbage = self.as_page().garbage_bytes() + removed;
         write_u16(self.bytes, OFFSET_SLOT_COUNT, from);
         write_u16(self.bytes, OFFSET_GARBAGE, garbage);
@@ -478,11 +498,13 @@ impl<'a> PageMut<'a> {
         for (index, new_offset) in new_offsets.iter_mut().enumerate().take(count) {
             let offset = page.slot(index);
             let length = page.record_bytes(index);
-            scratch[write_at..write_at + length].copy_from_slice(&self.bytes[offset..offset + length]);
+            scratch[write_at..write_at + length]
+                .copy_from_slice(&self.bytes[offset..offset + length]);
             *new_offset = write_at as u16;
             write_at += length;
         }
-        self.bytes[PAGE_HEADER_BYTES..write_at].copy_from_slice(&scratch[PAGE_HEADER_BYTES..write_at]);
+        self.bytes[PAGE_HEADER_BYTES..write_at]
+            .copy_from_slice(&scratch[PAGE_HEADER_BYTES..write_at]);
         for (index, new_offset) in new_offsets.iter().enumerate().take(count) {
             write_u16(self.bytes, slot_position(index), usize::from(*new_offset));
         }

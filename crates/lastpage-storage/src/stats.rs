@@ -305,7 +305,13 @@ impl WaitAccumulator {
         }
     }
 
-    fn end(&self, wait_type: WaitType, latch_class: Option<LatchClass>, wait_ns: u64, signal_ns: u64) {
+    fn end(
+        &self,
+        wait_type: WaitType,
+        latch_class: Option<LatchClass>,
+        wait_ns: u64,
+        signal_ns: u64,
+    ) {
         self.waits[wait_type as usize].add_end(wait_ns, signal_ns);
         if let Some(class) = latch_class {
             self.latches[class as usize].add_end(wait_ns, signal_ns);
@@ -333,12 +339,16 @@ impl WaitSnapshot {
 
     /// Every wait type with its totals, in display order.
     pub fn waits(&self) -> impl Iterator<Item = (WaitType, WaitStat)> + '_ {
-        WaitType::ALL.into_iter().map(|wait_type| (wait_type, self.wait(wait_type)))
+        WaitType::ALL
+            .into_iter()
+            .map(|wait_type| (wait_type, self.wait(wait_type)))
     }
 
     /// Every latch class with its totals, in display order.
     pub fn latches(&self) -> impl Iterator<Item = (LatchClass, WaitStat)> + '_ {
-        LatchClass::ALL.into_iter().map(|class| (class, self.latch(class)))
+        LatchClass::ALL
+            .into_iter()
+            .map(|class| (class, self.latch(class)))
     }
 
     /// What happened between `earlier` and this snapshot. Maximums cannot be subtracted, so
@@ -346,10 +356,14 @@ impl WaitSnapshot {
     pub fn since(&self, earlier: &WaitSnapshot) -> WaitSnapshot {
         fn minus(later: WaitStat, earlier: WaitStat) -> WaitStat {
             WaitStat {
-                waiting_tasks_count: later.waiting_tasks_count.saturating_sub(earlier.waiting_tasks_count),
+                waiting_tasks_count: later
+                    .waiting_tasks_count
+                    .saturating_sub(earlier.waiting_tasks_count),
                 wait_time_ns: later.wait_time_ns.saturating_sub(earlier.wait_time_ns),
                 max_wait_time_ns: later.max_wait_time_ns,
-                signal_wait_time_ns: later.signal_wait_time_ns.saturating_sub(earlier.signal_wait_time_ns),
+                signal_wait_time_ns: later
+                    .signal_wait_time_ns
+                    .saturating_sub(earlier.signal_wait_time_ns),
             }
         }
         WaitSnapshot {
@@ -394,7 +408,9 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 static CLEAR_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The thread's handle on its shard; on thread exit it folds the shard into the retired totals.
@@ -515,7 +531,9 @@ pub fn clear() {
 /// accumulator installed on the thread; dropping a guard removes its accumulator.
 pub fn attribute_waits_to(accumulator: Arc<WaitAccumulator>) -> AttributionGuard {
     ATTRIBUTION.with(|attribution| attribution.borrow_mut().push(accumulator));
-    AttributionGuard { _not_send: std::marker::PhantomData }
+    AttributionGuard {
+        _not_send: std::marker::PhantomData,
+    }
 }
 
 /// Removes the accumulator its [`attribute_waits_to`] call installed when dropped. It must be
@@ -570,14 +588,22 @@ mod tests {
             wait.end(Some(signalled));
         }
         begin_wait(WaitType::LckMX, None).end(None);
-        assert_eq!(session.snapshot().wait(WaitType::LckMX).waiting_tasks_count, 2);
+        assert_eq!(
+            session.snapshot().wait(WaitType::LckMX).waiting_tasks_count,
+            2
+        );
         let mine = accumulator.snapshot();
         let stat = mine.wait(WaitType::LckMX);
         assert_eq!(stat.waiting_tasks_count, 1);
         assert!(stat.wait_time_ns >= 3_000_000, "{stat:?}");
-        assert!(stat.signal_wait_time_ns >= 1_000_000 && stat.signal_wait_time_ns < stat.wait_time_ns);
+        assert!(
+            stat.signal_wait_time_ns >= 1_000_000 && stat.signal_wait_time_ns < stat.wait_time_ns
+        );
         assert_eq!(stat.max_wait_time_ns, stat.wait_time_ns);
         assert_eq!(mine.latch(LatchClass::Metadata).waiting_tasks_count, 1);
-        assert_eq!(WaitType::from_name("pagelatch_ex"), Some(WaitType::PageLatchEx));
+        assert_eq!(
+            WaitType::from_name("pagelatch_ex"),
+            Some(WaitType::PageLatchEx)
+        );
     }
 }

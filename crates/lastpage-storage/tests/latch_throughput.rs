@@ -33,6 +33,9 @@ fn work(seed: u64, rounds: u32) -> u64 {
 
 struct Outcome {
     operations: u64,
+    /// Fewest and most operations one thread completed: how evenly the latch shares progress.
+    least: u64,
+    most: u64,
     elapsed: Duration,
     waits: u64,
     wait_ns: u64,
@@ -50,13 +53,13 @@ fn run(
     let latch = Arc::new(Latch::new(policy, LatchClass::Buffer));
     let page = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let operations = Arc::new(AtomicU64::new(0));
+    let per_thread: Arc<Vec<AtomicU64>> = Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
     let accumulator = Arc::new(WaitAccumulator::new());
     let barrier = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|index| {
             let (latch, page, stop) = (Arc::clone(&latch), Arc::clone(&page), Arc::clone(&stop));
-            let (operations, accumulator) = (Arc::clone(&operations), Arc::clone(&accumulator));
+            let (per_thread, accumulator) = (Arc::clone(&per_thread), Arc::clone(&accumulator));
             let barrier = Arc::clone(&barrier);
             thread::spawn(move || {
                 let _attribution = stats::attribute_waits_to(accumulator);
@@ -72,7 +75,7 @@ fn run(
                     seed = work(seed, outside);
                     done += 1;
                 }
-                operations.fetch_add(done, Ordering::Relaxed);
+                per_thread[index].store(done, Ordering::Relaxed);
             })
         })
         .collect();
@@ -85,8 +88,11 @@ fn run(
         .for_each(|handle| handle.join().unwrap());
     let elapsed = started.elapsed();
     let ex = accumulator.snapshot().wait(WaitType::PageLatchEx);
+    let counts: Vec<u64> = per_thread.iter().map(|count| count.load(Ordering::Relaxed)).collect();
     Outcome {
-        operations: operations.load(Ordering::Relaxed),
+        operations: counts.iter().sum(),
+        least: counts.iter().copied().min().unwrap_or(0),
+        most: counts.iter().copied().max().unwrap_or(0),
         elapsed,
         waits: ex.waiting_tasks_count,
         wait_ns: ex.wait_time_ns,
@@ -109,15 +115,15 @@ fn last_page_insert_throughput() {
         .unwrap_or(1000);
     let duration = Duration::from_millis(millis);
     println!(
-        "{:>8} {:>7} {:>12} {:>10} {:>12} {:>12} {:>10}",
-        "policy", "threads", "ops/s", "waits/op", "avg wait us", "signal %", "max ms"
+        "{:>8} {:>7} {:>10} {:>9} {:>11} {:>9} {:>8} {:>17}",
+        "policy", "threads", "ops/s", "waits/op", "avg wait us", "signal %", "max ms", "ops/thread min-max"
     );
     for &count in &threads {
         for policy in LatchPolicy::ALL {
             let outcome = run(policy, count, duration, 100, 400);
             let ops = outcome.operations.max(1);
             println!(
-                "{:>8} {:>7} {:>12.0} {:>10.3} {:>12.1} {:>12.1} {:>10.2}",
+                "{:>8} {:>7} {:>10.0} {:>9.3} {:>11.1} {:>9.1} {:>8.2} {:>17}",
                 policy.name(),
                 count,
                 outcome.operations as f64 / outcome.elapsed.as_secs_f64(),
@@ -125,6 +131,7 @@ fn last_page_insert_throughput() {
                 outcome.wait_ns as f64 / outcome.waits.max(1) as f64 / 1e3,
                 100.0 * outcome.signal_ns as f64 / outcome.wait_ns.max(1) as f64,
                 outcome.max_wait_ns as f64 / 1e6,
+                format!("{}-{}", outcome.least, outcome.most),
             );
         }
     }

@@ -9,7 +9,9 @@ use std::time::Instant;
 use lastpage_engine::{LatchPolicy, WaitType};
 use serde::Serialize;
 
-use super::insert::{BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, run_insert_bench};
+use super::insert::{
+    BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, run_insert_bench,
+};
 use super::render::{number, table, thousands};
 
 /// Thread counts compared.
@@ -71,7 +73,9 @@ impl KeySummary {
         KeySummary {
             rows_per_sec: median_of(|run| run.rows_per_sec),
             rows_per_sec_runs: runs.iter().map(|run| run.rows_per_sec).collect(),
-            pagelatch_ex_waits_per_row: median_of(|run| run.waits_per_row_of(WaitType::PageLatchEx)),
+            pagelatch_ex_waits_per_row: median_of(|run| {
+                run.waits_per_row_of(WaitType::PageLatchEx)
+            }),
             context_switches_per_row: median_of(|run| run.context_switches_per_row),
             p99_us: median_of(|run| run.latency_us.p99),
             integrity: runs
@@ -85,9 +89,21 @@ impl KeySummary {
 
     /// `(max - min) / median` of rows per second.
     pub fn spread(&self) -> f64 {
-        let max = self.rows_per_sec_runs.iter().copied().fold(f64::MIN, f64::max);
-        let min = self.rows_per_sec_runs.iter().copied().fold(f64::MAX, f64::min);
-        if self.rows_per_sec > 0.0 { (max - min) / self.rows_per_sec } else { 0.0 }
+        let max = self
+            .rows_per_sec_runs
+            .iter()
+            .copied()
+            .fold(f64::MIN, f64::max);
+        let min = self
+            .rows_per_sec_runs
+            .iter()
+            .copied()
+            .fold(f64::MAX, f64::min);
+        if self.rows_per_sec > 0.0 {
+            (max - min) / self.rows_per_sec
+        } else {
+            0.0
+        }
     }
 }
 
@@ -142,20 +158,33 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
-    if values.len() % 2 == 1 { values[middle] } else { (values[middle - 1] + values[middle]) / 2.0 }
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
 }
 
 /// Runs the comparison, reporting each cell on stderr as it finishes.
 pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> {
     if config.repeat == 0 {
-        return Err(BenchError::InvalidConfig("--repeat must be at least 1".into()));
+        return Err(BenchError::InvalidConfig(
+            "--repeat must be at least 1".into(),
+        ));
     }
     let started = Instant::now();
     let cell_count = ROW_BYTES.len() * LatchPolicy::ALL.len() * THREADS.len();
     // Validate every cell before running any, so a bad --rows-per-thread fails at once.
     for row_bytes in ROW_BYTES {
         for threads in THREADS {
-            cell_config(config, row_bytes, LatchPolicy::Fifo, threads, KeyKind::Random).validate()?;
+            cell_config(
+                config,
+                row_bytes,
+                LatchPolicy::Fifo,
+                threads,
+                KeyKind::Random,
+            )
+            .validate()?;
         }
     }
     let mut cells = Vec::with_capacity(cell_count);
@@ -166,13 +195,29 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
                 let mut ascending = Vec::new();
                 let mut random = Vec::new();
                 for _ in 0..config.repeat {
-                    ascending.push(run_insert_bench(&cell_config(config, row_bytes, latch, threads, KeyKind::Ascending))?);
-                    random.push(run_insert_bench(&cell_config(config, row_bytes, latch, threads, KeyKind::Random))?);
+                    ascending.push(run_insert_bench(&cell_config(
+                        config,
+                        row_bytes,
+                        latch,
+                        threads,
+                        KeyKind::Ascending,
+                    ))?);
+                    random.push(run_insert_bench(&cell_config(
+                        config,
+                        row_bytes,
+                        latch,
+                        threads,
+                        KeyKind::Random,
+                    ))?);
                 }
                 let rows_per_thread = config.rows_per_thread(threads, row_bytes);
                 let ascending = KeySummary::from_runs(&ascending);
                 let random = KeySummary::from_runs(&random);
-                let ratio = if random.rows_per_sec > 0.0 { ascending.rows_per_sec / random.rows_per_sec } else { 0.0 };
+                let ratio = if random.rows_per_sec > 0.0 {
+                    ascending.rows_per_sec / random.rows_per_sec
+                } else {
+                    0.0
+                };
                 eprintln!(
                     "[{:>2}/{cell_count}] {row_bytes:>4} B, {:<8}, {threads:>3} threads: ascending {:>9} rows/s, random {:>9} rows/s, ratio {ratio:.2} ({:.1} s)",
                     cells.len() + 1,
@@ -203,7 +248,13 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
     })
 }
 
-fn cell_config(config: &CompareConfig, row_bytes: u16, latch: LatchPolicy, threads: u32, key: KeyKind) -> InsertConfig {
+fn cell_config(
+    config: &CompareConfig,
+    row_bytes: u16,
+    latch: LatchPolicy,
+    threads: u32,
+    key: KeyKind,
+) -> InsertConfig {
     InsertConfig {
         threads,
         rows_per_thread: config.rows_per_thread(threads, row_bytes),
@@ -250,7 +301,11 @@ pub fn render(report: &CompareReport) -> String {
             number(cell.random.pagelatch_ex_waits_per_row),
             number(cell.ascending.context_switches_per_row),
             number(cell.random.context_switches_per_row),
-            format!("{:.0}% / {:.0}%", cell.ascending.spread() * 100.0, cell.random.spread() * 100.0),
+            format!(
+                "{:.0}% / {:.0}%",
+                cell.ascending.spread() * 100.0,
+                cell.random.spread() * 100.0
+            ),
         ]);
     }
     out.push_str(&format!("{grid}\n"));
@@ -278,11 +333,17 @@ mod tests {
 
     #[test]
     fn cells_stay_within_their_row_budgets() {
-        let defaults = CompareConfig { rows_per_thread: None, repeat: 1 };
+        let defaults = CompareConfig {
+            rows_per_thread: None,
+            repeat: 1,
+        };
         assert_eq!(defaults.rows_per_thread(1, 100), 60_000);
         assert_eq!(defaults.rows_per_thread(300, 100), 200);
         assert_eq!(defaults.rows_per_thread(300, 8000), 100);
-        let explicit = CompareConfig { rows_per_thread: Some(1000), repeat: 1 };
+        let explicit = CompareConfig {
+            rows_per_thread: Some(1000),
+            repeat: 1,
+        };
         assert_eq!(explicit.rows_per_thread(300, 100), 1000);
         assert_eq!(explicit.rows_per_thread(100, 8000), 300);
         assert_eq!(explicit.rows_per_thread(1, 8000), 1000);

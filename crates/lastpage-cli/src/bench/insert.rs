@@ -18,8 +18,8 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, IndexDef, IndexOptions,
-    InsertPath, InsertRow, LatchPolicy, Table, TableDef, Uniqueness, Value,
-    WaitSnapshot, WaitStat, WaitType,
+    InsertPath, InsertRow, LatchPolicy, Table, TableDef, Uniqueness, Value, WaitSnapshot, WaitStat,
+    WaitType,
 };
 use lastpage_storage::limits::PAGE_SIZE_BYTES;
 use serde::Serialize;
@@ -167,7 +167,9 @@ pub enum BenchError {
 impl std::fmt::Display for BenchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            BenchError::InvalidConfig(message) | BenchError::Failed(message) => f.write_str(message),
+            BenchError::InvalidConfig(message) | BenchError::Failed(message) => {
+                f.write_str(message)
+            }
         }
     }
 }
@@ -204,10 +206,13 @@ impl Workload {
         let name = format!("InsertContention_{bytes}");
         let (table, payload_column) = match config.key {
             KeyKind::Ascending => (
-                TableDef::new(&name).column(identity).column(payload).clustered(
-                    IndexDef::new(format!("PK_{name}"), &["InsertID"], Uniqueness::PrimaryKey)
-                        .with_options(options),
-                ),
+                TableDef::new(&name)
+                    .column(identity)
+                    .column(payload)
+                    .clustered(
+                        IndexDef::new(format!("PK_{name}"), &["InsertID"], Uniqueness::PrimaryKey)
+                            .with_options(options),
+                    ),
                 1,
             ),
             KeyKind::Random => (
@@ -431,7 +436,10 @@ pub struct InsertReport {
 impl InsertReport {
     /// Waits of one type per inserted row (0 if none).
     pub fn waits_per_row_of(&self, wait_type: WaitType) -> f64 {
-        self.waits_per_row.get(wait_type.name()).copied().unwrap_or(0.0)
+        self.waits_per_row
+            .get(wait_type.name())
+            .copied()
+            .unwrap_or(0.0)
     }
 }
 
@@ -464,7 +472,9 @@ impl StartGate {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A thread is ready; blocks until released. Returns whether to run.
@@ -476,7 +486,10 @@ impl StartGate {
             if let Some(run) = state.decision {
                 return run;
             }
-            state = self.go.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = self
+                .go
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
@@ -484,7 +497,10 @@ impl StartGate {
     fn wait_ready(&self, count: usize) {
         let mut state = self.lock();
         while state.ready < count {
-            state = self.ready.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = self
+                .ready
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
@@ -509,7 +525,8 @@ struct WorkerResult {
 /// `config.threads` sessions inserting `config.rows_per_thread` single rows each.
 pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchError> {
     config.validate()?;
-    let failed = |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
+    let failed =
+        |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
     let workload = Workload::for_config(config);
     let db = Database::create(DatabaseOptions::default())
         .map_err(|error| failed("cannot create the database", &error))?;
@@ -522,7 +539,10 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         let payload = workload.payload(0, config.row_bytes);
         for _ in 0..config.warmup_rows {
             table
-                .insert(&session, InsertRow::new().set(workload.payload_column, payload.clone()))
+                .insert(
+                    &session,
+                    InsertRow::new().set(workload.payload_column, payload.clone()),
+                )
                 .map_err(|error| failed("warm-up insert failed", &error))?;
         }
     }
@@ -532,7 +552,8 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles: Vec<JoinHandle<WorkerResult>> = Vec::with_capacity(threads);
     for thread in 0..threads {
-        let latency_ns = Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
+        let latency_ns = Histogram::<u64>::new(3)
+            .map_err(|error| failed("cannot create a histogram", &error))?;
         let payload = workload.payload(thread, config.row_bytes);
         let worker = Worker {
             db: db.clone(),
@@ -552,7 +573,10 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
                 for handle in handles {
                     let _ = handle.join();
                 }
-                return Err(failed(&format!("cannot start thread {} of {threads}", thread + 1), &error));
+                return Err(failed(
+                    &format!("cannot start thread {} of {threads}", thread + 1),
+                    &error,
+                ));
             }
         }
     }
@@ -584,9 +608,17 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     }
 
     let rows: u64 = results.iter().map(|result| result.rows).sum();
-    let finished = results.iter().map(|result| result.finished).max().unwrap_or(start);
-    let elapsed_sec = finished.saturating_duration_since(start).as_secs_f64().max(1e-9);
-    let mut latency_ns = Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
+    let finished = results
+        .iter()
+        .map(|result| result.finished)
+        .max()
+        .unwrap_or(start);
+    let elapsed_sec = finished
+        .saturating_duration_since(start)
+        .as_secs_f64()
+        .max(1e-9);
+    let mut latency_ns =
+        Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
     let mut worker_usage = Usage::default();
     let mut worker_usage_known = true;
     let mut session_waits = WaitTotals::default();
@@ -601,7 +633,10 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         session_waits.add(&result.session_waits);
     }
     let (context_switches, source) = if worker_usage_known {
-        (worker_usage, "getrusage(RUSAGE_THREAD) of each inserting thread around its insert loop")
+        (
+            worker_usage,
+            "getrusage(RUSAGE_THREAD) of each inserting thread around its insert loop",
+        )
     } else {
         (process_usage, "getrusage(RUSAGE_SELF) around the whole run")
     };
@@ -610,7 +645,10 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     let mut wait_reports = BTreeMap::new();
     let mut waits_per_row = BTreeMap::new();
     for (wait_type, stat) in waits.waits() {
-        let always = matches!(wait_type, WaitType::PageLatchEx | WaitType::PageLatchSh | WaitType::PageLatchUp);
+        let always = matches!(
+            wait_type,
+            WaitType::PageLatchEx | WaitType::PageLatchSh | WaitType::PageLatchUp
+        );
         if always || stat.waiting_tasks_count > 0 {
             wait_reports.insert(wait_type.name(), WaitReport::from(stat));
             waits_per_row.insert(wait_type.name(), per_row(stat.waiting_tasks_count));
@@ -631,10 +669,17 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         .collect();
     let session_attribution = AttributionReport {
         pagelatch_ex_global: waits.wait(WaitType::PageLatchEx).waiting_tasks_count,
-        pagelatch_ex_sessions: session_waits.wait(WaitType::PageLatchEx).waiting_tasks_count,
+        pagelatch_ex_sessions: session_waits
+            .wait(WaitType::PageLatchEx)
+            .waiting_tasks_count,
         pagelatch_ex_wait_time_ms_global: round3(waits.wait(WaitType::PageLatchEx).wait_time_ms()),
-        pagelatch_ex_wait_time_ms_sessions: round3(session_waits.wait(WaitType::PageLatchEx).wait_time_ms()),
-        all_waits_global: waits.waits().map(|(_, stat)| stat.waiting_tasks_count).sum(),
+        pagelatch_ex_wait_time_ms_sessions: round3(
+            session_waits.wait(WaitType::PageLatchEx).wait_time_ms(),
+        ),
+        all_waits_global: waits
+            .waits()
+            .map(|(_, stat)| stat.waiting_tasks_count)
+            .sum(),
         all_waits_sessions: session_waits.total_count(),
     };
 
@@ -723,7 +768,9 @@ impl Worker {
             }
         }
         let finished = Instant::now();
-        let usage = usage_before.zip(sys::thread_usage()).map(|(before, after)| after.since(&before));
+        let usage = usage_before
+            .zip(sys::thread_usage())
+            .map(|(before, after)| after.since(&before));
         WorkerResult {
             rows,
             latency_ns,
@@ -797,11 +844,20 @@ fn check(db: &Database, table: &Table, config: &InsertConfig) -> (TreeReport, St
                     tree.leaf_fill = Some(round3(shape.leaf_fill));
                     let next_identity = table.next_identity();
                     if shape.rows != expected {
-                        format!("the clustered index holds {} rows, but {expected} were inserted", shape.rows)
+                        format!(
+                            "the clustered index holds {} rows, but {expected} were inserted",
+                            shape.rows
+                        )
                     } else if table.row_count() != expected {
-                        format!("the table counts {} rows, but {expected} were inserted", table.row_count())
+                        format!(
+                            "the table counts {} rows, but {expected} were inserted",
+                            table.row_count()
+                        )
                     } else if next_identity != Some(expected as i64 + 1) {
-                        format!("the next identity value is {next_identity:?}, expected {}", expected + 1)
+                        format!(
+                            "the next identity value is {next_identity:?}, expected {}",
+                            expected + 1
+                        )
                     } else {
                         "ok".to_owned()
                     }

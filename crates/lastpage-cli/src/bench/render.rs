@@ -8,7 +8,9 @@ use super::insert::InsertReport;
 /// A table with the house style; columns after the first `left` are right-aligned.
 pub fn table(header: &[&str], left: usize) -> Table {
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
     for index in left..header.len() {
         if let Some(column) = table.column_mut(index) {
             column.set_cell_alignment(CellAlignment::Right);
@@ -22,7 +24,7 @@ pub fn thousands(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);
@@ -67,7 +69,16 @@ pub fn insert_report(report: &InsertReport) -> String {
     );
 
     let mut throughput = table(
-        &["rows", "elapsed s", "rows/s", "p50 µs", "p99 µs", "max µs", "ctx switches/row", "CPU s"],
+        &[
+            "rows",
+            "elapsed s",
+            "rows/s",
+            "p50 µs",
+            "p99 µs",
+            "max µs",
+            "ctx switches/row",
+            "CPU s",
+        ],
         0,
     );
     throughput.add_row(vec![
@@ -83,7 +94,14 @@ pub fn insert_report(report: &InsertReport) -> String {
     out.push_str(&format!("{throughput}\n"));
 
     let mut waits = table(
-        &["wait type", "waiting_tasks_count", "wait_time_ms", "max_wait_time_ms", "signal_wait_time_ms", "waits/row"],
+        &[
+            "wait type",
+            "waiting_tasks_count",
+            "wait_time_ms",
+            "max_wait_time_ms",
+            "signal_wait_time_ms",
+            "waits/row",
+        ],
         1,
     );
     for (name, wait) in &report.waits {
@@ -106,7 +124,15 @@ pub fn insert_report(report: &InsertReport) -> String {
         number(attribution.pagelatch_ex_wait_time_ms_sessions),
         config.threads,
     ));
-    let mut latches = table(&["latch class", "waiting_requests_count", "wait_time_ms", "max_wait_time_ms"], 1);
+    let mut latches = table(
+        &[
+            "latch class",
+            "waiting_requests_count",
+            "wait_time_ms",
+            "max_wait_time_ms",
+        ],
+        1,
+    );
     let mut any_latch = false;
     for (name, latch) in &report.latch_stats {
         if latch.waiting_requests_count > 0 {
@@ -129,8 +155,17 @@ pub fn insert_report(report: &InsertReport) -> String {
     let optional = |value: Option<u64>| value.map_or_else(|| "-".to_owned(), thousands);
     let mut shape = table(
         &[
-            "index", "rows", "leaf pages", "inner pages", "levels", "leaf fill", "leaf splits", "leaf appends",
-            "inner splits", "split restarts", "integrity",
+            "index",
+            "rows",
+            "leaf pages",
+            "inner pages",
+            "levels",
+            "leaf fill",
+            "leaf splits",
+            "leaf appends",
+            "inner splits",
+            "split restarts",
+            "integrity",
         ],
         1,
     );
@@ -139,8 +174,10 @@ pub fn insert_report(report: &InsertReport) -> String {
         optional(tree.rows),
         optional(tree.leaf_pages),
         optional(tree.inner_pages),
-        tree.levels.map_or_else(|| "-".to_owned(), |levels| levels.to_string()),
-        tree.leaf_fill.map_or_else(|| "-".to_owned(), |fill| format!("{:.1}%", fill * 100.0)),
+        tree.levels
+            .map_or_else(|| "-".to_owned(), |levels| levels.to_string()),
+        tree.leaf_fill
+            .map_or_else(|| "-".to_owned(), |fill| format!("{:.1}%", fill * 100.0)),
         thousands(tree.leaf_splits),
         thousands(tree.leaf_appends),
         thousands(tree.inner_splits),

@@ -68,11 +68,23 @@ impl BTree {
         walk.check.levels = root_level + 1;
         self.check_page(self.root, root_level, None, None, &mut walk)?;
         if walk.previous_leaf_next != NO_PAGE {
-            return Err(self.error(walk.previous_leaf, format!("the last leaf links to page {} as next", walk.previous_leaf_next)));
+            return Err(self.error(
+                walk.previous_leaf,
+                format!(
+                    "the last leaf links to page {} as next",
+                    walk.previous_leaf_next
+                ),
+            ));
         }
         let counted = self.row_count();
         if counted != walk.check.rows {
-            return Err(self.error(self.root, format!("the tree's row counter says {counted} rows but the leaves hold {}", walk.check.rows)));
+            return Err(self.error(
+                self.root,
+                format!(
+                    "the tree's row counter says {counted} rows but the leaves hold {}",
+                    walk.check.rows
+                ),
+            ));
         }
         if walk.check.leaf_pages > 0 {
             let body = (crate::limits::PAGE_BODY_BYTES as u64) * walk.check.leaf_pages;
@@ -98,31 +110,60 @@ impl BTree {
         walk: &mut Walk,
     ) -> Result<(), IntegrityError> {
         if !walk.seen.insert(page_id) {
-            return Err(self.error(page_id, "page is reachable twice (a cycle or a shared child)".into()));
+            return Err(self.error(
+                page_id,
+                "page is reachable twice (a cycle or a shared child)".into(),
+            ));
         }
         let guard = self.pool.latch_shared(page_id);
         let page = guard.page();
-        page.check_layout().map_err(|message| self.error(page_id, message))?;
+        page.check_layout()
+            .map_err(|message| self.error(page_id, message))?;
         self.check_header(&page, page_id, expected_level)?;
         let count = page.slot_count();
         for index in 0..count {
             let key = page.key(index);
             if index > 0 && page.key(index - 1) >= key {
-                return Err(self.error(page_id, format!("keys at slots {} and {index} are not strictly ascending", index - 1)));
+                return Err(self.error(
+                    page_id,
+                    format!(
+                        "keys at slots {} and {index} are not strictly ascending",
+                        index - 1
+                    ),
+                ));
             }
             if low.is_some_and(|low| key < low) || high.is_some_and(|high| key >= high) {
-                return Err(self.error(page_id, format!("key at slot {index} lies outside the fences its parent gives this page")));
+                return Err(self.error(
+                    page_id,
+                    format!(
+                        "key at slot {index} lies outside the fences its parent gives this page"
+                    ),
+                ));
             }
         }
         if page.is_leaf() {
             walk.check.leaf_pages += 1;
             walk.check.rows += count as u64;
-            walk.used_leaf_bytes += (crate::limits::PAGE_BODY_BYTES - page.total_free_bytes()) as u64;
+            walk.used_leaf_bytes +=
+                (crate::limits::PAGE_BODY_BYTES - page.total_free_bytes()) as u64;
             if page.prev() != walk.previous_leaf {
-                return Err(self.error(page_id, format!("prev link is {} but the previous leaf in key order is {}", page.prev(), walk.previous_leaf)));
+                return Err(self.error(
+                    page_id,
+                    format!(
+                        "prev link is {} but the previous leaf in key order is {}",
+                        page.prev(),
+                        walk.previous_leaf
+                    ),
+                ));
             }
             if walk.previous_leaf != NO_PAGE && walk.previous_leaf_next != page_id {
-                return Err(self.error(walk.previous_leaf, format!("next link is {} but the next leaf in key order is {page_id}", walk.previous_leaf_next)));
+                return Err(self.error(
+                    walk.previous_leaf,
+                    format!(
+                        "next link is {} but the next leaf in key order is {page_id}",
+                        walk.previous_leaf_next
+                    ),
+                ));
             }
             walk.previous_leaf = page_id;
             walk.previous_leaf_next = page.next();
@@ -133,25 +174,56 @@ impl BTree {
         let first_high = if count > 0 { Some(page.key(0)) } else { high };
         self.check_page(page.low_child(), child_level, low, first_high, walk)?;
         for index in 0..count {
-            let child_high = if index + 1 < count { Some(page.key(index + 1)) } else { high };
-            self.check_page(page.child(index), child_level, Some(page.key(index)), child_high, walk)?;
+            let child_high = if index + 1 < count {
+                Some(page.key(index + 1))
+            } else {
+                high
+            };
+            self.check_page(
+                page.child(index),
+                child_level,
+                Some(page.key(index)),
+                child_high,
+                walk,
+            )?;
         }
         Ok(())
     }
 
-    fn check_header(&self, page: &Page<'_>, page_id: PageId, expected_level: u8) -> Result<(), IntegrityError> {
+    fn check_header(
+        &self,
+        page: &Page<'_>,
+        page_id: PageId,
+        expected_level: u8,
+    ) -> Result<(), IntegrityError> {
         if page.page_id() != page_id {
             return Err(self.error(page_id, format!("header says page {}", page.page_id())));
         }
         if page.index_id() != self.index_id {
-            return Err(self.error(page_id, format!("page belongs to index {}", page.index_id())));
+            return Err(self.error(
+                page_id,
+                format!("page belongs to index {}", page.index_id()),
+            ));
         }
         if page.level() != expected_level {
-            return Err(self.error(page_id, format!("level {} where {expected_level} was expected", page.level())));
+            return Err(self.error(
+                page_id,
+                format!("level {} where {expected_level} was expected", page.level()),
+            ));
         }
-        let expected_kind = if expected_level == 0 { PageKind::Leaf } else { PageKind::Inner };
+        let expected_kind = if expected_level == 0 {
+            PageKind::Leaf
+        } else {
+            PageKind::Inner
+        };
         if page.kind() != Some(expected_kind) {
-            return Err(self.error(page_id, format!("kind {:?} where {expected_kind:?} was expected", page.kind())));
+            return Err(self.error(
+                page_id,
+                format!(
+                    "kind {:?} where {expected_kind:?} was expected",
+                    page.kind()
+                ),
+            ));
         }
         if expected_level > 0 && (page.low_child() == NO_PAGE) {
             return Err(self.error(page_id, "inner page has no low child".into()));

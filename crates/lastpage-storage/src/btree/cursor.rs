@@ -63,7 +63,10 @@ impl BTree {
 
     /// Descends with shared latch coupling; returns the leaf and its fences (the separators
     /// that bound its key range; `None` at the ends of the index).
-    fn descend_for_scan(&self, seek: Seek<'_>) -> (SharedGuard<'_>, Option<Vec<u8>>, Option<Vec<u8>>) {
+    fn descend_for_scan(
+        &self,
+        seek: Seek<'_>,
+    ) -> (SharedGuard<'_>, Option<Vec<u8>>, Option<Vec<u8>>) {
         let mut node = self.pool.latch_shared(self.root);
         let mut low: Option<Vec<u8>> = None;
         let mut high: Option<Vec<u8>> = None;
@@ -116,7 +119,9 @@ impl RangeIter<'_> {
         let start = match &self.lower {
             Bound::Unbounded => 0,
             Bound::Included(key) => page.search(key).unwrap_or_else(|index| index),
-            Bound::Excluded(key) => page.search(key).map_or_else(|index| index, |index| index + 1),
+            Bound::Excluded(key) => page
+                .search(key)
+                .map_or_else(|index| index, |index| index + 1),
         };
         for index in start..page.slot_count() {
             let key = page.key(index);
@@ -129,7 +134,8 @@ impl RangeIter<'_> {
                 self.exhausted = true;
                 return;
             }
-            self.buffer.push_back((key.to_vec(), page.value(index).to_vec()));
+            self.buffer
+                .push_back((key.to_vec(), page.value(index).to_vec()));
         }
         match high {
             Some(fence) => self.lower = Bound::Included(fence),
@@ -147,7 +153,9 @@ impl RangeIter<'_> {
         let page = leaf.page();
         let end = match &self.upper {
             Bound::Unbounded => page.slot_count(),
-            Bound::Included(key) => page.search(key).map_or_else(|index| index, |index| index + 1),
+            Bound::Included(key) => page
+                .search(key)
+                .map_or_else(|index| index, |index| index + 1),
             Bound::Excluded(key) => page.search(key).unwrap_or_else(|index| index),
         };
         for index in (0..end).rev() {
@@ -161,7 +169,8 @@ impl RangeIter<'_> {
                 self.exhausted = true;
                 return;
             }
-            self.buffer.push_back((key.to_vec(), page.value(index).to_vec()));
+            self.buffer
+                .push_back((key.to_vec(), page.value(index).to_vec()));
         }
         match low {
             Some(fence) => self.upper = Bound::Excluded(fence),

@@ -147,7 +147,11 @@ pub struct BTree {
 
 impl BTree {
     /// Creates an empty tree whose root is a fresh leaf.
-    pub fn create(pool: Arc<BufferPool>, index_id: u32, options: TreeOptions) -> Result<BTree, PoolFull> {
+    pub fn create(
+        pool: Arc<BufferPool>,
+        index_id: u32,
+        options: TreeOptions,
+    ) -> Result<BTree, PoolFull> {
         let root = pool
             .allocate(options.latch_policy, PageKind::Leaf, 0, index_id)?
             .page_id();

@@ -80,7 +80,9 @@ impl SplitCounters {
 enum WriteMode<'e> {
     Insert,
     /// Replace the value; if `expected` is given, only if the current value equals it.
-    Replace { expected: Option<&'e [u8]> },
+    Replace {
+        expected: Option<&'e [u8]>,
+    },
 }
 
 /// What a write did.
@@ -180,7 +182,9 @@ impl BTree {
         loop {
             let mut path = self.descend_exclusive(key, exclusive_from_level);
             let leaf_index = path.len() - 1;
-            if let Attempt::Done(applied) = self.try_apply(&mut path[leaf_index], key, value, mode)? {
+            if let Attempt::Done(applied) =
+                self.try_apply(&mut path[leaf_index], key, value, mode)?
+            {
                 return Ok(applied);
             }
             let plan = plan_leaf_split(&path[leaf_index], key, mode);
@@ -195,7 +199,12 @@ impl BTree {
             }
             let leaf_index = path.len() - 1;
             let mut right = self.split_leaf(&mut path[leaf_index], &plan)?;
-            self.push_separator(&mut path, plan.separator.clone(), right.page_id(), plan.append)?;
+            self.push_separator(
+                &mut path,
+                plan.separator.clone(),
+                right.page_id(),
+                plan.append,
+            )?;
             let leaf_index = path.len() - 1;
             let target = if key < plan.separator.as_slice() {
                 &mut path[leaf_index]
@@ -222,7 +231,8 @@ impl BTree {
         match (page.search(key), mode) {
             (Ok(_), WriteMode::Insert) => Err(BTreeError::DuplicateKey),
             (Err(_), WriteMode::Replace { .. }) => Ok(Attempt::Done(Applied::NotFound)),
-            (Err(index), WriteMode::Insert) => match leaf.page_mut().insert_leaf(index, key, value) {
+            (Err(index), WriteMode::Insert) => match leaf.page_mut().insert_leaf(index, key, value)
+            {
                 Ok(()) => {
                     self.rows.add(1);
                     Ok(Attempt::Done(Applied::Inserted))
@@ -287,7 +297,9 @@ impl BTree {
             }
             let (child, _) = top.page().child_for(key);
             let child = self.pool.latch_exclusive(child);
-            if !child.page().is_leaf() && child.page().total_free_bytes() >= inner_entry_bytes(MAX_KEY_BYTES) {
+            if !child.page().is_leaf()
+                && child.page().total_free_bytes() >= inner_entry_bytes(MAX_KEY_BYTES)
+            {
                 // This child absorbs any split from below: the ancestors cannot change.
                 path.clear();
             }
@@ -339,7 +351,10 @@ impl BTree {
         }
         if old_next != NO_PAGE {
             // Left to right at the same level, as the latch order requires.
-            self.pool.latch_exclusive(old_next).page_mut().set_prev(right_id);
+            self.pool
+                .latch_exclusive(old_next)
+                .page_mut()
+                .set_prev(right_id);
         }
         let mut left_page = leaf.page_mut();
         left_page.truncate(plan.split_at);
@@ -373,10 +388,15 @@ impl BTree {
                 Err(index) => index,
                 Ok(_) => unreachable!("a separator lies strictly inside its child's key range"),
             };
-            if parent.page_mut().insert_inner(index, &separator, new_child).is_ok() {
+            if parent
+                .page_mut()
+                .insert_inner(index, &separator, new_child)
+                .is_ok()
+            {
                 return Ok(());
             }
-            let (up_separator, right) = self.split_inner(parent, index, &separator, new_child, append)?;
+            let (up_separator, right) =
+                self.split_inner(parent, index, &separator, new_child, append)?;
             separator = up_separator;
             new_child = right.page_id();
             // Nobody can reach the new page until its separator is in the grandparent, which
@@ -399,9 +419,12 @@ impl BTree {
         let page = node.page();
         let level = page.level();
         let count = page.slot_count();
-        let mut right =
-            self.pool
-                .allocate(self.options.latch_policy, PageKind::Inner, level, self.index_id)?;
+        let mut right = self.pool.allocate(
+            self.options.latch_policy,
+            PageKind::Inner,
+            level,
+            self.index_id,
+        )?;
         self.stats.inner_splits.add(1);
         if append && index == count {
             // The rightmost page of its level, filled by an ascending load: keep it full and
@@ -440,10 +463,14 @@ impl BTree {
     fn grow_root<'a>(&'a self, path: &mut Vec<ExclusiveGuard<'a>>) -> Result<(), BTreeError> {
         let root = &mut path[0];
         let level = root.page().level();
-        let kind = if root.page().is_leaf() { PageKind::Leaf } else { PageKind::Inner };
-        let mut child = self
-            .pool
-            .allocate(self.options.latch_policy, kind, level, self.index_id)?;
+        let kind = if root.page().is_leaf() {
+            PageKind::Leaf
+        } else {
+            PageKind::Inner
+        };
+        let mut child =
+            self.pool
+                .allocate(self.options.latch_policy, kind, level, self.index_id)?;
         let child_id = child.page_id();
         child.page_mut().copy_contents_from(&root.page());
         let root_id = root.page_id();
@@ -498,4 +525,3 @@ fn balanced_split_point(count: usize, record_bytes: impl Fn(usize) -> usize) -> 
     }
     count
 }
-
