@@ -301,3 +301,47 @@ fn concurrent_writers_and_scanners_match_their_oracles() {
         );
     }
 }
+
+#[test]
+fn batches_insert_like_single_rows_and_report_each_failure() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
+        let tree = tree(policy);
+        let mut oracle = BTreeMap::new();
+        for _ in 0..200 {
+            let size = rng.random_range(1..150);
+            let batch: Vec<(Vec<u8>, Vec<u8>)> = (0..size)
+                .map(|_| {
+                    let key = random_key(&mut rng, 20_000);
+                    let value = random_value(&mut rng, key.len());
+                    (key, value)
+                })
+                .collect();
+            let entries: Vec<(&[u8], &[u8])> = batch
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .collect();
+            let results = tree.insert_batch(&entries);
+            for ((key, value), result) in batch.iter().zip(results) {
+                match oracle.entry(key.clone()) {
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert_eq!(result, Err(BTreeError::DuplicateKey))
+                    }
+                    std::collections::btree_map::Entry::Vacant(entry) => {
+                        result.unwrap();
+                        entry.insert(value.clone());
+                    }
+                }
+            }
+        }
+        tree.check_integrity().unwrap();
+        let actual: BTreeMap<_, _> = tree
+            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+            .collect();
+        assert!(
+            actual == oracle,
+            "{policy:?}: batch inserts differ from the oracle"
+        );
+    }
+}

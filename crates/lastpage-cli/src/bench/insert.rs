@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -449,65 +449,68 @@ fn round3(value: f64) -> f64 {
 
 /// Lets every thread get ready, then releases them at once (like a barrier, but it can also
 /// call the run off if a thread cannot be started).
+///
+/// The release is the coordinator dropping a write lock that the threads wait to read: unlike
+/// a condition variable, whose woken waiters must re-take its mutex one by one (so the threads
+/// would start staggered, each able to finish a short run before the next one begins), every
+/// reader is woken at once and none waits for another.
 struct StartGate {
-    state: Mutex<GateState>,
-    ready: Condvar,
-    go: Condvar,
-}
-
-#[derive(Default)]
-struct GateState {
-    ready: usize,
-    /// `None` until released; then whether to run.
-    decision: Option<bool>,
+    ready: Mutex<usize>,
+    all_ready: Condvar,
+    go: RwLock<()>,
+    run: AtomicBool,
 }
 
 impl StartGate {
     fn new() -> StartGate {
         StartGate {
-            state: Mutex::new(GateState::default()),
-            ready: Condvar::new(),
-            go: Condvar::new(),
+            ready: Mutex::new(0),
+            all_ready: Condvar::new(),
+            go: RwLock::new(()),
+            run: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        self.state
-            .lock()
+    /// Closes the gate: threads that arrive wait until the returned guard drops.
+    fn close(&self) -> RwLockWriteGuard<'_, ()> {
+        self.go
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A thread is ready; blocks until released. Returns whether to run.
+    /// A thread is ready; blocks until the gate opens. Returns whether to run.
     fn arrive_and_wait(&self) -> bool {
-        let mut state = self.lock();
-        state.ready += 1;
-        self.ready.notify_one();
-        loop {
-            if let Some(run) = state.decision {
-                return run;
-            }
-            state = self
-                .go
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
+        *self
+            .ready
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
+        self.all_ready.notify_one();
+        drop(
+            self.go
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        self.run.load(Ordering::Acquire)
     }
 
     /// Blocks until `count` threads are ready.
     fn wait_ready(&self, count: usize) {
-        let mut state = self.lock();
-        while state.ready < count {
-            state = self
-                .ready
-                .wait(state)
+        let mut ready = self
+            .ready
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while *ready < count {
+            ready = self
+                .all_ready
+                .wait(ready)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
-    /// Releases every waiting thread, telling it whether to run.
-    fn release(&self, run: bool) {
-        self.lock().decision = Some(run);
-        self.go.notify_all();
+    /// Opens the gate (by dropping `closed`), telling every thread whether to run.
+    fn open(&self, closed: RwLockWriteGuard<'_, ()>, run: bool) {
+        self.run.store(run, Ordering::Release);
+        drop(closed);
     }
 }
 
@@ -549,6 +552,9 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
 
     let threads = config.threads as usize;
     let gate = Arc::new(StartGate::new());
+    // Threads that arrive before the gate opens wait on it; an early return opens it (the guard
+    // drops) with `run` still false, so no thread is left waiting.
+    let closed = gate.close();
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles: Vec<JoinHandle<WorkerResult>> = Vec::with_capacity(threads);
     for thread in 0..threads {
@@ -569,7 +575,7 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         match spawned {
             Ok(handle) => handles.push(handle),
             Err(error) => {
-                gate.release(false);
+                gate.open(closed, false);
                 for handle in handles {
                     let _ = handle.join();
                 }
@@ -585,7 +591,7 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     db.clear_wait_stats();
     let process_before = sys::process_usage();
     let start = Instant::now();
-    gate.release(true);
+    gate.open(closed, true);
 
     let mut results = Vec::with_capacity(threads);
     let mut panics = Vec::new();

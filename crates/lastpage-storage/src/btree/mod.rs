@@ -33,7 +33,7 @@ pub use cursor::{Direction, RangeIter};
 use crate::buffer::{BufferPool, ExclusiveGuard, PoolFull, SharedGuard};
 use crate::latch::LatchPolicy;
 use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
-use crate::page::{PageId, PageKind};
+use crate::page::{Page, PageId, PageKind};
 use crate::sync::{AtomicU8, Ordering};
 
 pub use write::{CompareAndUpdate, StripedCounter};
@@ -209,6 +209,30 @@ impl BTree {
     /// Latches the leaf that covers `key` exclusively: shared latches down to its parent, then
     /// the leaf exclusively.
     fn leaf_exclusive(&self, key: &[u8]) -> ExclusiveGuard<'_> {
+        self.leaf_exclusive_observing(key, |_, _| {})
+    }
+
+    /// Like [`BTree::leaf_exclusive`], and also returns the leaf's high fence: the separator
+    /// above which keys belong to the next leaf (`None` for the last leaf).
+    fn leaf_exclusive_with_high_fence(&self, key: &[u8]) -> (ExclusiveGuard<'_>, Option<Vec<u8>>) {
+        let mut high: Option<Vec<u8>> = None;
+        let leaf = self.leaf_exclusive_observing(key, |page, chosen| {
+            let next_separator = chosen.map_or(0, |index| index + 1);
+            if next_separator < page.slot_count() {
+                high = Some(page.key(next_separator).to_vec());
+            }
+        });
+        (leaf, high)
+    }
+
+    /// The descent of [`BTree::leaf_exclusive`]; `observe` sees every inner page on the way and
+    /// the separator index taken there (`None` for the low child). It may be called for pages
+    /// of an abandoned attempt, so it must overwrite rather than accumulate.
+    fn leaf_exclusive_observing(
+        &self,
+        key: &[u8],
+        mut observe: impl FnMut(&Page<'_>, Option<usize>),
+    ) -> ExclusiveGuard<'_> {
         loop {
             if self.root_level_hint.load(Ordering::Relaxed) == 0 {
                 let root = self.pool.latch_exclusive(self.root);
@@ -227,8 +251,10 @@ impl BTree {
                 continue;
             }
             loop {
-                let (child, _) = node.page().child_for(key);
-                if node.page().level() == 1 {
+                let page = node.page();
+                let (child, chosen) = page.child_for(key);
+                observe(&page, chosen);
+                if page.level() == 1 {
                     return self.pool.latch_exclusive(child);
                 }
                 node = self.pool.latch_shared(child);
