@@ -121,9 +121,11 @@ impl InsertArgs {
 /// `lastpage bench insert-compare`
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Rows per thread in every cell. Default: about 60,000 rows per cell for 100-byte rows and
-    /// 30,000 for 8000-byte rows, split across the threads. 8000-byte cells are capped at
-    /// 30,000 rows either way (each row takes a whole 8 KiB page).
+    /// Rows per thread in every cell. Default for 100-byte rows: 60,000 rows per cell split
+    /// across the threads, but at least 1,000 per thread (shorter runs often end before a
+    /// convoy forms), so 100 and 300 threads insert 100,000 and 300,000 rows. 8000-byte cells:
+    /// 30,000 rows split across the threads, a cap that also applies to an explicit value
+    /// (each row takes a whole 8 KiB page).
     #[arg(long, value_name = "R", value_parser = positive)]
     pub rows_per_thread: Option<u64>,
     /// Runs of each key per cell (interleaved ascending, random, ascending, ...); the table

@@ -75,6 +75,54 @@ pub fn thread_usage() -> Option<Usage> {
     }
 }
 
+/// CPU time the whole machine spent busy (every process, every CPU), from the first line of
+/// `/proc/stat`: user, nice, system, irq, softirq and steal (time the hypervisor gave to other
+/// guests, so this machine could not use it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineCpu {
+    busy_sec: f64,
+    at: std::time::Instant,
+}
+
+impl MachineCpu {
+    /// Reads `/proc/stat` now; `None` if it is missing or unreadable.
+    pub fn now() -> Option<MachineCpu> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|line| line.starts_with("cpu "))?;
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|field| field.parse().unwrap_or(0))
+            .collect();
+        let field = |index: usize| fields.get(index).copied().unwrap_or(0);
+        // user nice system idle iowait irq softirq steal ...
+        let busy_ticks = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+        Some(MachineCpu {
+            busy_sec: busy_ticks as f64 / clock_ticks_per_second(),
+            at: std::time::Instant::now(),
+        })
+    }
+
+    /// The share of the machine's CPU capacity (0..=100) that was busy between `earlier` and
+    /// `self` with work other than `ours` (our own CPU seconds over the same interval).
+    pub fn other_load_percent(&self, earlier: &MachineCpu, ours_sec: f64) -> Option<f64> {
+        let cpus = std::thread::available_parallelism().ok()?.get() as f64;
+        let wall = self.at.saturating_duration_since(earlier.at).as_secs_f64();
+        // /proc/stat counts in clock ticks (10 ms at 100 Hz): too coarse for short intervals.
+        if wall < 0.2 {
+            return None;
+        }
+        let other = (self.busy_sec - earlier.busy_sec - ours_sec).max(0.0);
+        Some((other / (wall * cpus) * 100.0).clamp(0.0, 100.0))
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions; it only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
 /// `MemAvailable` from `/proc/meminfo`, in bytes, if the system reports it.
 pub fn available_memory_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -153,34 +153,44 @@ fn bad_flags_fail_cleanly() {
 
 #[test]
 fn fair_latches_convoy_on_the_last_page() {
-    let report = insert_json(&[
-        "--latch",
-        "fifo",
-        "--threads",
-        "64",
-        "--key",
-        "ascending",
-        "--rows-per-thread",
-        "300",
-    ]);
-    assert_eq!(report["rows"], 64 * 300);
-    assert_eq!(report["integrity"], "ok");
-    let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(global > 0, "no PAGELATCH_EX waits: {report}");
-    // Every wait happens inside some session's insert, so attribution adds up exactly.
-    assert_eq!(
-        report["session_attribution"]["pagelatch_ex_sessions"].as_u64(),
-        Some(global),
-        "{report}"
-    );
-    assert!(
-        report["context_switches_per_row"]
-            .as_f64()
-            .is_some_and(|switches| switches > 0.0),
-        "{report}"
-    );
+    // Whether a convoy forms depends on the scheduler: if the threads happen to run one after
+    // another (a short loop never preempted), nobody waits. 64 threads x 1000 rows convoyed in
+    // every trial on 2 cores; up to three attempts keep a rare unlucky schedule from failing.
+    let mut last = Value::Null;
+    for _attempt in 0..3 {
+        let report = insert_json(&[
+            "--latch",
+            "fifo",
+            "--threads",
+            "64",
+            "--key",
+            "ascending",
+            "--rows-per-thread",
+            "1000",
+        ]);
+        assert_eq!(report["rows"], 64 * 1000);
+        assert_eq!(report["integrity"], "ok");
+        let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
+            .as_u64()
+            .unwrap_or(0);
+        // Every wait happens inside some session's insert, so attribution adds up exactly.
+        assert_eq!(
+            report["session_attribution"]["pagelatch_ex_sessions"].as_u64(),
+            Some(global),
+            "{report}"
+        );
+        if global > 0 {
+            assert!(
+                report["context_switches_per_row"]
+                    .as_f64()
+                    .is_some_and(|switches| switches > 0.0),
+                "{report}"
+            );
+            return;
+        }
+        last = report;
+    }
+    panic!("no PAGELATCH_EX waits in three runs: {last}");
 }
 
 #[test]

@@ -12,7 +12,8 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use lastpage_storage::btree::{
-    BTree, BTreeError, CompareAndUpdate, Direction, RangeIter, TreeCheck, TreeOptions,
+    BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, RangeIter, TreeCheck,
+    TreeOptions,
 };
 use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
@@ -148,6 +149,10 @@ pub struct Table {
     value_columns: Vec<usize>,
     value_types: Vec<DataType>,
     computed_columns: Vec<usize>,
+    /// Whether the clustered key is the identity column alone, ascending, with no computed
+    /// column (which could depend on the identity value): then the clustered tree makes the
+    /// identity key itself, under its last leaf's latch.
+    identity_keyed: bool,
 }
 
 impl Table {
@@ -285,7 +290,14 @@ impl Table {
                 increment: identity.increment,
             }
         });
+        let identity_keyed = identity.as_ref().is_some_and(|identity| {
+            identity.increment > 0
+                && clustered.column_ids == [identity.column]
+                && clustered.def.uniqueness.is_unique()
+                && def.columns.iter().all(|column| column.computed.is_none())
+        });
         Ok(Table {
+            identity_keyed,
             id,
             value_types: value_columns
                 .iter()
@@ -356,9 +368,7 @@ impl Table {
     /// Inserts one row; returns its identity value, if the table has an identity column.
     pub fn insert(&self, session: &Session, row: InsertRow) -> Result<Option<i64>> {
         let _attribution = session.attribute();
-        let (values, identity) = self.complete_row(row)?;
-        self.insert_complete(values)?;
-        Ok(identity)
+        self.insert_row(row)
     }
 
     /// Inserts one row, naming its columns.
@@ -378,18 +388,25 @@ impl Table {
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
         let _attribution = session.attribute();
-        let mut identities = Vec::with_capacity(rows.len());
-        for row in rows {
-            let (values, identity) = self.complete_row(row)?;
-            self.insert_complete(values)?;
-            identities.push(identity);
-        }
-        Ok(identities)
+        rows.into_iter().map(|row| self.insert_row(row)).collect()
     }
 
-    /// Fills in identity, defaults and computed columns, converts every value to its column's
-    /// type and checks nullability.
-    fn complete_row(&self, row: InsertRow) -> Result<(Row, Option<i64>)> {
+    /// Inserts one row: completes it, then either lets the clustered tree make the identity key
+    /// under its last leaf's latch (see [`Table::identity_keyed`]) or inserts the finished row.
+    fn insert_row(&self, row: InsertRow) -> Result<Option<i64>> {
+        if self.identity_keyed {
+            let (values, _) = self.complete_row(row, true)?;
+            return self.insert_with_identity_key(values).map(Some);
+        }
+        let (values, identity) = self.complete_row(row, false)?;
+        self.insert_complete(values)?;
+        Ok(identity)
+    }
+
+    /// Fills in identity (unless `defer_identity`, when the identity column stays NULL for the
+    /// clustered tree to fill in), defaults and computed columns, converts every value to its
+    /// column's type and checks nullability.
+    fn complete_row(&self, row: InsertRow, defer_identity: bool) -> Result<(Row, Option<i64>)> {
         let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
         for (column, value) in row.values {
             let Some(definition) = self.columns.get(column) else {
@@ -416,6 +433,9 @@ impl Table {
             let value = match supplied {
                 Some(value) => value,
                 None => match (&self.identity, &definition.default) {
+                    (Some(identity), _) if identity.column == position && defer_identity => {
+                        Value::Null
+                    }
                     (Some(identity), _) if identity.column == position => {
                         let value = identity
                             .next
@@ -429,12 +449,18 @@ impl Table {
             };
             values.push(value);
         }
-        self.finish_row(&mut values)?;
+        let deferred = self
+            .identity
+            .as_ref()
+            .filter(|_| defer_identity)
+            .map(|identity| identity.column);
+        self.finish_row(&mut values, deferred)?;
         Ok((values, identity_value))
     }
 
-    /// Evaluates computed columns, converts values to their column types and checks NULLs.
-    fn finish_row(&self, values: &mut [Value]) -> Result<()> {
+    /// Evaluates computed columns, converts values to their column types and checks NULLs
+    /// (except in `deferred_identity`, which is filled in later).
+    fn finish_row(&self, values: &mut [Value], deferred_identity: Option<usize>) -> Result<()> {
         for &column in &self.computed_columns {
             values[column] = Value::Null;
         }
@@ -445,7 +471,12 @@ impl Table {
                 .expect("computed column");
             values[column] = expression(values)?;
         }
-        for (definition, value) in self.columns.iter().zip(values.iter_mut()) {
+        for (position, (definition, value)) in
+            self.columns.iter().zip(values.iter_mut()).enumerate()
+        {
+            if deferred_identity == Some(position) {
+                continue;
+            }
             let converted = definition
                 .data_type
                 .coerce(std::mem::replace(value, Value::Null))
@@ -559,27 +590,89 @@ impl Table {
         let key = self.clustered_key(&values)?;
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
-        let mut entries = Vec::with_capacity(self.nonclustered.len());
-        for index in &self.nonclustered {
-            let (nc_key, nc_value) = self.nonclustered_entry(index, &values, &key)?;
-            self.check_sizes(index, &nc_key, &nc_value)?;
-            entries.push((nc_key, nc_value));
-        }
+        let entries = self.nonclustered_entries(&values, &key)?;
         self.clustered
             .tree
             .insert(&key, &value)
             .map_err(|error| self.storage_error(&self.clustered, error, &values))?;
+        self.insert_nonclustered(&values, &key, &entries)
+    }
+
+    /// Inserts a row whose clustered key is its identity column alone: the clustered tree calls
+    /// back for the key while it holds its last leaf, so identity values reach the index in the
+    /// order they are handed out and every insert is an append. Returns the identity value.
+    fn insert_with_identity_key(&self, mut values: Row) -> Result<i64> {
+        let identity = self
+            .identity
+            .as_ref()
+            .expect("identity_keyed implies an identity column");
+        let data_type = self.columns[identity.column].data_type;
+        let value = self.clustered_value(&values)?;
+        let mut assigned = None;
+        let key = self
+            .clustered
+            .tree
+            .insert_with_generated_key(&value, |key| {
+                let id = identity
+                    .next
+                    .fetch_add(identity.increment, Ordering::Relaxed);
+                assigned = Some(id);
+                encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
+                Ok::<(), EngineError>(())
+            })
+            .map_err(|error| match error {
+                GeneratedKeyError::Key(error) => error,
+                GeneratedKeyError::Tree(error) => {
+                    self.storage_error(&self.clustered, error, &values)
+                }
+            })?;
+        let id = assigned.expect("the tree made the key");
+        values[identity.column] = identity_as_value(id, data_type)?;
+        let entries = match self.nonclustered_entries(&values, &key) {
+            Ok(entries) => entries,
+            Err(error) => {
+                self.clustered.tree.delete(&key);
+                return Err(error);
+            }
+        };
+        self.insert_nonclustered(&values, &key, &entries)?;
+        Ok(id)
+    }
+
+    /// The nonclustered entries of a row whose clustered key is `key`, size-checked.
+    fn nonclustered_entries(
+        &self,
+        values: &[Value],
+        key: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut entries = Vec::with_capacity(self.nonclustered.len());
+        for index in &self.nonclustered {
+            let (nc_key, nc_value) = self.nonclustered_entry(index, values, key)?;
+            self.check_sizes(index, &nc_key, &nc_value)?;
+            entries.push((nc_key, nc_value));
+        }
+        Ok(entries)
+    }
+
+    /// Inserts a row's nonclustered entries after its clustered record `key`; if an index
+    /// rejects its entry, removes what was inserted, the clustered record included.
+    fn insert_nonclustered(
+        &self,
+        values: &[Value],
+        key: &[u8],
+        entries: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<()> {
         for (position, (index, (nc_key, nc_value))) in
-            self.nonclustered.iter().zip(&entries).enumerate()
+            self.nonclustered.iter().zip(entries).enumerate()
         {
             if let Err(error) = index.tree.insert(nc_key, nc_value) {
                 for (earlier, (earlier_key, _)) in
-                    self.nonclustered.iter().zip(&entries).take(position)
+                    self.nonclustered.iter().zip(entries).take(position)
                 {
                     earlier.tree.delete(earlier_key);
                 }
-                self.clustered.tree.delete(&key);
-                return Err(self.storage_error(index, error, &values));
+                self.clustered.tree.delete(key);
+                return Err(self.storage_error(index, error, values));
             }
         }
         Ok(())
@@ -797,7 +890,7 @@ impl Table {
             for (column, value) in changes {
                 new_row[*column] = value.clone();
             }
-            self.finish_row(&mut new_row)?;
+            self.finish_row(&mut new_row, None)?;
             let mut new_key = Vec::with_capacity(record_key.len());
             self.clustered.encode_columns(&new_row, &mut new_key)?;
             let old_key_columns = &record_key[..record_key.len()

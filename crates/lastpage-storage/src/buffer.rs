@@ -128,10 +128,12 @@ impl BufferPool {
     /// Latches a page exclusively if that is possible without waiting.
     pub fn try_latch_exclusive(&self, page_id: PageId) -> Option<ExclusiveGuard<'_>> {
         let frame = self.frame(page_id);
+        // `then`, not `then_some`: a guard built eagerly would be dropped, releasing a latch
+        // this thread does not hold, whenever the attempt fails.
         frame
             .latch
             .try_acquire(LatchMode::Exclusive)
-            .then_some(ExclusiveGuard { frame, page_id })
+            .then(|| ExclusiveGuard { frame, page_id })
     }
 
     /// The latch flavour of a page.

@@ -42,14 +42,18 @@ pub const MAX_INDEX_LEVELS: usize = 32;
 
 /// How many times a latch spins on a held latch before it parks the thread (the unfair latch
 /// only; the fair latch queues at once, as a hand-off latch must). Each round is one attempt
-/// followed by a backoff: see `LATCH_SPIN_PAUSE_ROUNDS`.
-pub const LATCH_SPIN_LIMIT: u32 = 64;
+/// followed by a backoff: see `LATCH_SPIN_PAUSE_ROUNDS`. Measured with
+/// `tests/latch_throughput.rs` on 2 cores: rounds that yield the processor cost a whole time
+/// slice of a CPU-bound competitor each (milliseconds, not microseconds) and starved parked
+/// threads, so every round is a busy spin; ten rounds (about 1000 spin-loop hints, tens of
+/// microseconds) spin for roughly what a park and wake-up would cost.
+pub const LATCH_SPIN_LIMIT: u32 = 10;
 
 /// How many of the `LATCH_SPIN_LIMIT` rounds back off by busy-waiting (round `r` issues `2^r`
-/// spin-loop hints, so these rounds wait about `2^LATCH_SPIN_PAUSE_ROUNDS` hints in all); the
-/// remaining rounds yield the processor instead, because on a machine with few cores the holder
-/// is more often runnable-but-preempted than running on another core.
-pub const LATCH_SPIN_PAUSE_ROUNDS: u32 = 6;
+/// spin-loop hints); any remaining rounds yield the processor instead. Equal to
+/// `LATCH_SPIN_LIMIT`: on 2 cores with hundreds of threads a yield hands the core to another
+/// CPU-bound thread for a full time slice, which measured worse than parking.
+pub const LATCH_SPIN_PAUSE_ROUNDS: u32 = 10;
 
 const _: () = assert!(PAGE_HEADER_BYTES + MAX_RECORD_BYTES + SLOT_BYTES <= PAGE_SIZE_BYTES);
 const _: () = assert!(PAGE_SIZE_BYTES <= u16::MAX as usize + 1);
@@ -61,3 +65,9 @@ const _: () = assert!(MAX_KEY_BYTES + LEAF_RECORD_HEADER_BYTES <= MAX_RECORD_BYT
 const _: () = assert!(MAX_PAGES.is_multiple_of(PAGE_TABLE_CHUNK_PAGES));
 // A backoff round shifts a `u32` by its round number.
 const _: () = assert!(LATCH_SPIN_PAUSE_ROUNDS < 32 && LATCH_SPIN_PAUSE_ROUNDS <= LATCH_SPIN_LIMIT);
+
+/// Rounds the default insert path retries a busy tail leaf without queueing for it.
+pub const TAIL_LATCH_ROUNDS: u32 = 64;
+
+/// Of those rounds, how many spin (with exponential backoff) before the rest yield.
+pub const TAIL_LATCH_SPIN_ROUNDS: u32 = 8;

@@ -53,7 +53,8 @@ fn run(
     let latch = Arc::new(Latch::new(policy, LatchClass::Buffer));
     let page = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let per_thread: Arc<Vec<AtomicU64>> = Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
+    let per_thread: Arc<Vec<AtomicU64>> =
+        Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
     let accumulator = Arc::new(WaitAccumulator::new());
     let barrier = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
@@ -88,7 +89,10 @@ fn run(
         .for_each(|handle| handle.join().unwrap());
     let elapsed = started.elapsed();
     let ex = accumulator.snapshot().wait(WaitType::PageLatchEx);
-    let counts: Vec<u64> = per_thread.iter().map(|count| count.load(Ordering::Relaxed)).collect();
+    let counts: Vec<u64> = per_thread
+        .iter()
+        .map(|count| count.load(Ordering::Relaxed))
+        .collect();
     Outcome {
         operations: counts.iter().sum(),
         least: counts.iter().copied().min().unwrap_or(0),
@@ -116,7 +120,14 @@ fn last_page_insert_throughput() {
     let duration = Duration::from_millis(millis);
     println!(
         "{:>8} {:>7} {:>10} {:>9} {:>11} {:>9} {:>8} {:>17}",
-        "policy", "threads", "ops/s", "waits/op", "avg wait us", "signal %", "max ms", "ops/thread min-max"
+        "policy",
+        "threads",
+        "ops/s",
+        "waits/op",
+        "avg wait us",
+        "signal %",
+        "max ms",
+        "ops/thread min-max"
     );
     for &count in &threads {
         for policy in LatchPolicy::ALL {

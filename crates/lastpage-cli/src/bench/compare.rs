@@ -13,6 +13,7 @@ use super::insert::{
     BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, run_insert_bench,
 };
 use super::render::{number, table, thousands};
+use crate::sys;
 
 /// Thread counts compared.
 pub const THREADS: [u32; 4] = [1, 2, 100, 300];
@@ -22,6 +23,13 @@ pub const ROW_BYTES: [u16; 2] = [100, 8000];
 
 /// Default rows per cell (per run) for small rows.
 pub const DEFAULT_SMALL_ROWS_PER_CELL: u64 = 60_000;
+
+/// Default floor of rows per thread for small rows. A convoy only forms if the threads run at
+/// the same time; a thread that inserts a few hundred 100-byte rows finishes inside one
+/// scheduler time slice, so with 300 threads x 200 rows on 2 cores 2 of 5 runs had no
+/// PAGELATCH_EX wait at all (about 1.2M rows/s) and 3 of 5 convoyed (about 20k-45k rows/s).
+/// From 600 rows per thread up every run convoyed.
+pub const MIN_SMALL_ROWS_PER_THREAD: u64 = 1_000;
 
 /// Default, and cap, of rows per cell (per run) for page-sized rows: each takes an 8 KiB page.
 pub const MAX_LARGE_ROWS_PER_CELL: u64 = 30_000;
@@ -44,7 +52,7 @@ impl CompareConfig {
             Some(rows) if large => rows.min(MAX_LARGE_ROWS_PER_CELL / threads),
             Some(rows) => rows,
             None if large => MAX_LARGE_ROWS_PER_CELL / threads,
-            None => DEFAULT_SMALL_ROWS_PER_CELL / threads,
+            None => (DEFAULT_SMALL_ROWS_PER_CELL / threads).max(MIN_SMALL_ROWS_PER_THREAD),
         };
         per_thread.max(1)
     }
@@ -59,6 +67,10 @@ pub struct KeySummary {
     pub rows_per_sec_runs: Vec<f64>,
     /// Median PAGELATCH_EX waits per row.
     pub pagelatch_ex_waits_per_row: f64,
+    /// Median PAGELATCH_SH waits per row.
+    pub pagelatch_sh_waits_per_row: f64,
+    /// Runs without a single PAGELATCH_EX wait (no convoy formed).
+    pub runs_without_pagelatch_ex: usize,
     /// Median context switches (of the inserting threads) per row.
     pub context_switches_per_row: f64,
     /// Median of the runs' p99 insert latency, microseconds.
@@ -76,6 +88,13 @@ impl KeySummary {
             pagelatch_ex_waits_per_row: median_of(|run| {
                 run.waits_per_row_of(WaitType::PageLatchEx)
             }),
+            pagelatch_sh_waits_per_row: median_of(|run| {
+                run.waits_per_row_of(WaitType::PageLatchSh)
+            }),
+            runs_without_pagelatch_ex: runs
+                .iter()
+                .filter(|run| run.waits_per_row_of(WaitType::PageLatchEx) == 0.0)
+                .count(),
             context_switches_per_row: median_of(|run| run.context_switches_per_row),
             p99_us: median_of(|run| run.latency_us.p99),
             integrity: runs
@@ -139,6 +158,8 @@ pub struct CompareReport {
     pub cpus: usize,
     /// Wall time of the whole comparison.
     pub elapsed_sec: f64,
+    /// Share of the machine's CPU capacity other processes used during the comparison.
+    pub other_cpu_load_percent: Option<f64>,
     /// Every cell, in run order.
     pub cells: Vec<CompareCell>,
 }
@@ -173,6 +194,8 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
         ));
     }
     let started = Instant::now();
+    let machine_before = sys::MachineCpu::now();
+    let process_before = sys::process_usage();
     let cell_count = ROW_BYTES.len() * LatchPolicy::ALL.len() * THREADS.len();
     // Validate every cell before running any, so a bad --rows-per-thread fails at once.
     for row_bytes in ROW_BYTES {
@@ -239,7 +262,13 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
             }
         }
     }
+    let ours_sec = sys::process_usage().since(&process_before).cpu_us as f64 / 1e6;
+    let other_cpu_load_percent = machine_before
+        .zip(sys::MachineCpu::now())
+        .and_then(|(before, after)| after.other_load_percent(&before, ours_sec))
+        .map(|percent| percent.round());
     Ok(CompareReport {
+        other_cpu_load_percent,
         repeat: config.repeat,
         rows_per_thread: config.rows_per_thread,
         cpus: std::thread::available_parallelism().map_or(0, usize::from),
@@ -280,8 +309,8 @@ pub fn render(report: &CompareReport) -> String {
             "asc rows/s",
             "rand rows/s",
             "asc ÷ rand",
-            "asc EX waits/row",
-            "rand EX waits/row",
+            "asc waits/row EX / SH",
+            "rand waits/row EX / SH",
             "asc cs/row",
             "rand cs/row",
             "spread asc / rand",
@@ -297,8 +326,16 @@ pub fn render(report: &CompareReport) -> String {
             thousands(cell.ascending.rows_per_sec as u64),
             thousands(cell.random.rows_per_sec as u64),
             format!("{:.2}", cell.ratio_ascending_to_random),
-            number(cell.ascending.pagelatch_ex_waits_per_row),
-            number(cell.random.pagelatch_ex_waits_per_row),
+            format!(
+                "{} / {}",
+                number(cell.ascending.pagelatch_ex_waits_per_row),
+                number(cell.ascending.pagelatch_sh_waits_per_row)
+            ),
+            format!(
+                "{} / {}",
+                number(cell.random.pagelatch_ex_waits_per_row),
+                number(cell.random.pagelatch_sh_waits_per_row)
+            ),
             number(cell.ascending.context_switches_per_row),
             number(cell.random.context_switches_per_row),
             format!(
@@ -310,9 +347,30 @@ pub fn render(report: &CompareReport) -> String {
     }
     out.push_str(&format!("{grid}\n"));
     out.push_str(
-        "EX waits = PAGELATCH_EX waiting_tasks_count; cs = voluntary + involuntary context switches of the inserting \
-         threads (getrusage RUSAGE_THREAD); spread = (max - min) / median rows/s over the runs.\n",
+        "asc ÷ rand below 1: the ascending key is slower. waits/row = PAGELATCH_EX / PAGELATCH_SH waiting_tasks_count \
+         per row; cs = voluntary + involuntary context switches of the inserting threads (getrusage RUSAGE_THREAD); \
+         spread = (max - min) / median rows/s over the runs. All columns except spread are medians.\n",
     );
+    for cell in &report.cells {
+        let summary = &cell.ascending;
+        if cell.threads >= 100 && summary.runs_without_pagelatch_ex > 0 {
+            out.push_str(&format!(
+                "note: {} B, {}, {} threads: {} of {} ascending run(s) had no PAGELATCH_EX wait at all \
+                 (the threads ran one after another; no convoy formed); runs: {} rows/s\n",
+                cell.row_bytes,
+                cell.latch,
+                cell.threads,
+                summary.runs_without_pagelatch_ex,
+                summary.rows_per_sec_runs.len(),
+                summary
+                    .rows_per_sec_runs
+                    .iter()
+                    .map(|rate| thousands(*rate as u64))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
     for cell in &report.cells {
         for (key, summary) in [("ascending", &cell.ascending), ("random", &cell.random)] {
             if summary.integrity != "ok" {
@@ -323,7 +381,18 @@ pub fn render(report: &CompareReport) -> String {
             }
         }
     }
-    out.push_str(&format!("total time {:.1} s\n", report.elapsed_sec));
+    out.push_str(&format!("total time {:.1} s", report.elapsed_sec));
+    if let Some(load) = report.other_cpu_load_percent {
+        out.push_str(&format!(
+            "; other processes used about {load:.0}% of the machine's CPU meanwhile{}",
+            if load >= 10.0 {
+                " (a busy machine: wall-clock rates are noisy)"
+            } else {
+                ""
+            }
+        ));
+    }
+    out.push('\n');
     out
 }
 
@@ -338,7 +407,9 @@ mod tests {
             repeat: 1,
         };
         assert_eq!(defaults.rows_per_thread(1, 100), 60_000);
-        assert_eq!(defaults.rows_per_thread(300, 100), 200);
+        assert_eq!(defaults.rows_per_thread(2, 100), 30_000);
+        assert_eq!(defaults.rows_per_thread(100, 100), 1000);
+        assert_eq!(defaults.rows_per_thread(300, 100), 1000);
         assert_eq!(defaults.rows_per_thread(300, 8000), 100);
         let explicit = CompareConfig {
             rows_per_thread: Some(1000),

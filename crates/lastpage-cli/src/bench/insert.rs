@@ -427,6 +427,10 @@ pub struct InsertReport {
     pub process_context_switches_per_row: f64,
     /// CPU time (user + system) of the whole process during the run, in seconds.
     pub cpu_sec: f64,
+    /// Share of the machine's CPU capacity other processes (or the hypervisor: steal time) used
+    /// during the run, from `/proc/stat`; absent for runs under 0.2 s. Wall-clock numbers of a
+    /// run with a high value are not comparable with those of a quiet run.
+    pub other_cpu_load_percent: Option<f64>,
     /// The clustered index's shape and split counters.
     pub tree: TreeReport,
     /// `"ok"`, or what the integrity check found.
@@ -590,6 +594,7 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     gate.wait_ready(threads);
     db.clear_wait_stats();
     let process_before = sys::process_usage();
+    let machine_before = sys::MachineCpu::now();
     let start = Instant::now();
     gate.open(closed, true);
 
@@ -603,6 +608,12 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
     }
     let waits = db.wait_stats();
     let process_usage = sys::process_usage().since(&process_before);
+    let other_cpu_load_percent = machine_before
+        .zip(sys::MachineCpu::now())
+        .and_then(|(before, after)| {
+            after.other_load_percent(&before, process_usage.cpu_us as f64 / 1e6)
+        })
+        .map(|percent| percent.round());
     if let Some(message) = panics.first() {
         return Err(BenchError::Failed(format!(
             "{} inserting thread(s) panicked; the first said: {message}",
@@ -725,6 +736,7 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         },
         process_context_switches_per_row: round6(per_row(process_usage.context_switches())),
         cpu_sec: round6(process_usage.cpu_us as f64 / 1e6),
+        other_cpu_load_percent,
         tree,
         integrity,
     })

@@ -68,6 +68,12 @@ pub fn insert_report(report: &InsertReport) -> String {
         }
     );
 
+    if let Some(load) = report.other_cpu_load_percent.filter(|load| *load >= 10.0) {
+        out.push_str(&format!(
+            "warning: other processes used about {load:.0}% of the machine's CPU during the run; \
+             wall-clock numbers are inflated\n"
+        ));
+    }
     let mut throughput = table(
         &[
             "rows",

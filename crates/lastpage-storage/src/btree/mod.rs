@@ -21,20 +21,22 @@
 //! - Splits are SQL Server's: an insert past the last key of the last leaf starts a new, empty
 //!   page instead of moving half the rows, so ascending loads leave every page full.
 
+mod append;
 mod check;
 mod cursor;
 mod write;
 
 use std::sync::Arc;
 
+pub use append::GeneratedKeyError;
 pub use check::{IntegrityError, TreeCheck};
 pub use cursor::{Direction, RangeIter};
 
 use crate::buffer::{BufferPool, ExclusiveGuard, PoolFull, SharedGuard};
-use crate::latch::LatchPolicy;
+use crate::latch::{Latch, LatchClass, LatchPolicy};
 use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
-use crate::page::{Page, PageId, PageKind};
-use crate::sync::{AtomicU8, Ordering};
+use crate::page::{NO_PAGE, Page, PageId, PageKind};
+use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 pub use write::{CompareAndUpdate, StripedCounter};
 
@@ -44,23 +46,44 @@ pub use write::{CompareAndUpdate, StripedCounter};
 pub enum InsertPath {
     /// Latch coupling from the root for every insert: SH on inner pages, EX on the leaf, EX on
     /// the parent for a split. Reproduces last-page contention.
-    #[default]
     Classic,
+    /// Ours: an insert past the last key goes straight to the cached last leaf, which it takes
+    /// without queueing behind other appenders; everything else takes the classic path.
+    #[default]
+    Default,
 }
 
 impl InsertPath {
+    /// Every path, in display order.
+    pub const ALL: [InsertPath; 2] = [InsertPath::Classic, InsertPath::Default];
+
     /// The name used on command lines.
     pub fn name(self) -> &'static str {
         match self {
             InsertPath::Classic => "classic",
+            InsertPath::Default => "default",
         }
     }
 
-    /// Looks a path up by its command-line name.
+    /// Looks a path up by its command-line name (case-insensitive).
     pub fn from_name(name: &str) -> Option<InsertPath> {
-        match name.to_ascii_lowercase().as_str() {
-            "classic" => Some(InsertPath::Classic),
-            _ => None,
+        Self::ALL
+            .into_iter()
+            .find(|path| path.name().eq_ignore_ascii_case(name.trim()))
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            InsertPath::Classic => 0,
+            InsertPath::Default => 1,
+        }
+    }
+
+    fn from_code(code: u8) -> InsertPath {
+        if code == 0 {
+            InsertPath::Classic
+        } else {
+            InsertPath::Default
         }
     }
 }
@@ -137,7 +160,20 @@ pub struct BTree {
     pool: Arc<BufferPool>,
     root: PageId,
     index_id: u32,
-    options: TreeOptions,
+    latch_policy: LatchPolicy,
+    /// The current [`InsertPath`], switchable at run time.
+    insert_path: AtomicU8,
+    /// The last leaf as last seen by the default insert path (see `append.rs`). A hint only:
+    /// it is checked under the leaf's latch before it is trusted.
+    tail_hint: AtomicU32,
+    /// The parent of the last leaf as last seen, so that an append that fills the last leaf
+    /// can split it without a descent. Also only a hint.
+    tail_parent_hint: AtomicU32,
+    /// [`append::key_prefix`] of the last leaf's first key as last seen: keys below it cannot
+    /// be appends.
+    tail_first_key_prefix: AtomicU64,
+    /// Serialises the default path's appenders (see `append.rs`).
+    tail_gate: Latch,
     /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
     /// it saves a shared-then-exclusive double latch while the root is still a leaf.
     root_level_hint: AtomicU8,
@@ -159,7 +195,12 @@ impl BTree {
             pool,
             root,
             index_id,
-            options,
+            latch_policy: options.latch_policy,
+            insert_path: AtomicU8::new(options.insert_path.code()),
+            tail_hint: AtomicU32::new(root),
+            tail_parent_hint: AtomicU32::new(NO_PAGE),
+            tail_first_key_prefix: AtomicU64::new(0),
+            tail_gate: Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer),
             root_level_hint: AtomicU8::new(0),
             rows: StripedCounter::default(),
             stats: write::SplitCounters::default(),
@@ -176,9 +217,23 @@ impl BTree {
         self.index_id
     }
 
-    /// How the tree was built.
+    /// The tree's latch flavour and current insert path.
     pub fn options(&self) -> TreeOptions {
-        self.options
+        TreeOptions {
+            latch_policy: self.latch_policy,
+            insert_path: self.insert_path(),
+        }
+    }
+
+    /// The current insert path.
+    pub fn insert_path(&self) -> InsertPath {
+        InsertPath::from_code(self.insert_path.load(Ordering::Relaxed))
+    }
+
+    /// Switches the insert path. Both paths keep the same layout, so this takes effect for the
+    /// next insert without any rebuild.
+    pub fn set_insert_path(&self, path: InsertPath) {
+        self.insert_path.store(path.code(), Ordering::Relaxed);
     }
 
     /// The buffer pool the tree lives in.

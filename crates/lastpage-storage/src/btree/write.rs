@@ -4,7 +4,7 @@ use std::cmp::Ordering as KeyOrdering;
 
 use crossbeam_utils::CachePadded;
 
-use super::{BTree, BTreeError, TreeStats, check_record_size};
+use super::{BTree, BTreeError, InsertPath, TreeStats, check_record_size};
 use crate::buffer::ExclusiveGuard;
 use crate::limits::{MAX_KEY_BYTES, SLOT_BYTES};
 use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes};
@@ -57,8 +57,8 @@ fn stripe_of_this_thread() -> usize {
 /// The split counters of one tree.
 #[derive(Default)]
 pub(super) struct SplitCounters {
-    leaf_splits: StripedCounter,
-    leaf_appends: StripedCounter,
+    pub(super) leaf_splits: StripedCounter,
+    pub(super) leaf_appends: StripedCounter,
     inner_splits: StripedCounter,
     split_restarts: StripedCounter,
 }
@@ -126,6 +126,11 @@ impl BTree {
     /// Inserts `key` with `value`; fails with [`BTreeError::DuplicateKey`] if it is present.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
         check_record_size(key, value)?;
+        if self.insert_path() == InsertPath::Default
+            && let Some(result) = self.try_append_at_tail(key, value)
+        {
+            return result;
+        }
         match self.write(key, value, WriteMode::Insert)? {
             Applied::Inserted => Ok(()),
             Applied::Replaced(_) | Applied::NotFound | Applied::Changed => {
@@ -243,12 +248,15 @@ impl BTree {
             }
             let leaf_index = path.len() - 1;
             let mut right = self.split_leaf(&mut path[leaf_index], &plan)?;
-            self.push_separator(
+            let parent = self.push_separator(
                 &mut path,
                 plan.separator.clone(),
                 right.page_id(),
                 plan.append,
             )?;
+            if plan.append {
+                self.tail_parent_hint.store(parent, Ordering::Relaxed);
+            }
             let leaf_index = path.len() - 1;
             let target = if key < plan.separator.as_slice() {
                 &mut path[leaf_index]
@@ -372,9 +380,9 @@ impl BTree {
         leaf: &mut ExclusiveGuard<'a>,
         plan: &LeafSplitPlan,
     ) -> Result<ExclusiveGuard<'a>, BTreeError> {
-        let mut right =
-            self.pool
-                .allocate(self.options.latch_policy, PageKind::Leaf, 0, self.index_id)?;
+        let mut right = self
+            .pool
+            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?;
         let page = leaf.page();
         let count = page.slot_count();
         {
@@ -404,6 +412,7 @@ impl BTree {
         left_page.truncate(plan.split_at);
         left_page.set_next(right_id);
         if plan.append {
+            self.set_tail(right_id, &plan.separator);
             self.stats.leaf_appends.add(1);
         } else {
             self.stats.leaf_splits.add(1);
@@ -412,15 +421,17 @@ impl BTree {
     }
 
     /// Inserts `separator` → `new_child` into the parent of the last page of `path`, splitting
-    /// inner pages up the path as needed and growing the root if the split reaches it.
+    /// inner pages up the path as needed and growing the root if the split reaches it. Returns
+    /// the page that became `new_child`'s parent.
     fn push_separator<'a>(
         &'a self,
         path: &mut Vec<ExclusiveGuard<'a>>,
         mut separator: Vec<u8>,
         mut new_child: PageId,
         append: bool,
-    ) -> Result<(), BTreeError> {
+    ) -> Result<PageId, BTreeError> {
         let mut child_index = path.len() - 1;
+        let mut first_parent = None;
         loop {
             if child_index == 0 {
                 debug_assert_eq!(path[0].page_id(), self.root, "cascade_fits guarantees this");
@@ -437,10 +448,17 @@ impl BTree {
                 .insert_inner(index, &separator, new_child)
                 .is_ok()
             {
-                return Ok(());
+                return Ok(first_parent.unwrap_or(parent.page_id()));
             }
             let (up_separator, right) =
                 self.split_inner(parent, index, &separator, new_child, append)?;
+            if first_parent.is_none() {
+                first_parent = Some(if separator.as_slice() < up_separator.as_slice() {
+                    parent.page_id()
+                } else {
+                    right.page_id()
+                });
+            }
             separator = up_separator;
             new_child = right.page_id();
             // Nobody can reach the new page until its separator is in the grandparent, which
@@ -463,12 +481,9 @@ impl BTree {
         let page = node.page();
         let level = page.level();
         let count = page.slot_count();
-        let mut right = self.pool.allocate(
-            self.options.latch_policy,
-            PageKind::Inner,
-            level,
-            self.index_id,
-        )?;
+        let mut right =
+            self.pool
+                .allocate(self.latch_policy, PageKind::Inner, level, self.index_id)?;
         self.stats.inner_splits.add(1);
         if append && index == count {
             // The rightmost page of its level, filled by an ascending load: keep it full and
@@ -512,9 +527,9 @@ impl BTree {
         } else {
             PageKind::Inner
         };
-        let mut child =
-            self.pool
-                .allocate(self.options.latch_policy, kind, level, self.index_id)?;
+        let mut child = self
+            .pool
+            .allocate(self.latch_policy, kind, level, self.index_id)?;
         let child_id = child.page_id();
         child.page_mut().copy_contents_from(&root.page());
         let root_id = root.page_id();

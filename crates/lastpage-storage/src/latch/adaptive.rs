@@ -73,10 +73,10 @@ fn available(state: u64, mode: LatchMode) -> bool {
 /// but another attempt of the same CAS, so the model loses nothing by skipping it.)
 const SPIN_LIMIT: u32 = if cfg!(loom) { 0 } else { LATCH_SPIN_LIMIT };
 
-/// Waits a little before the next attempt: exponentially longer busy spins for the first
-/// rounds (the holder may be running on the other core and about to release), then a yield of
-/// the processor (the holder may be runnable but not running, and on two cores the yield is what
-/// lets it run).
+/// Waits a little before the next attempt: exponentially longer busy spins (the holder may be
+/// running on the other core and about to release). Rounds past `LATCH_SPIN_PAUSE_ROUNDS` would
+/// yield the processor instead; the limits make every round a spin, because on two cores a yield
+/// gives a CPU-bound competitor a whole time slice (see `limits.rs`).
 fn backoff(round: u32) {
     if round < LATCH_SPIN_PAUSE_ROUNDS {
         for _ in 0..(1u32 << round) {

@@ -3,12 +3,12 @@
 //!
 //! Two flavours exist, chosen per index when its pages are allocated ([`LatchPolicy`]):
 //!
-//! - [`LatchPolicy::Fifo`] ([`fifo`]) is a fair hand-off latch like SQL Server's: waiters are
+//! - [`LatchPolicy::Fifo`] (`fifo.rs`) is a fair hand-off latch like SQL Server's: waiters are
 //!   granted strictly in arrival order, and a releaser hands ownership to the next waiter before
 //!   that waiter has even been scheduled. With many more threads than cores, every hand-off costs
 //!   a context switch while nobody holds the latch *and runs*: that is the PAGELATCH_EX convoy of
 //!   last-page inserts.
-//! - [`LatchPolicy::Adaptive`] ([`adaptive`]) is unfair: a release only clears bits and wakes a
+//! - [`LatchPolicy::Adaptive`] (`adaptive.rs`) is unfair: a release only clears bits and wakes a
 //!   waiter that must compete again, so a running thread can take the latch at once and the latch
 //!   is never owned by a thread that is not running.
 //!
@@ -16,7 +16,7 @@
 //! and how the latches are model-checked with loom.
 //!
 //! Both flavours park blocked threads on a per-latch queue protected by a mutex that is only
-//! touched on the slow path. Every blocked thread is represented by a [`Waiter`]; outside loom,
+//! touched on the slow path. Every blocked thread is represented by a `Waiter`; outside loom,
 //! each thread reuses one cached `Arc<Waiter>`, so waiting allocates nothing after the first time
 //! (except the queue growing).
 

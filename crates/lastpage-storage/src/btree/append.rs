@@ -1,0 +1,307 @@
+//! The default insert path's fast path for appends.
+//!
+//! Ascending keys (IDENTITY, sequences, timestamps) all land past the last key of the last
+//! leaf. The classic path finds that leaf by latch coupling from the root on every insert, so
+//! every insert takes shared latches on the root and the inner pages above the hot leaf and then
+//! queues for the leaf; every page split descends again and queues for the parent. The fast
+//! path:
+//!
+//! 1. goes straight to the leaf the tree last saw at the end of the index (`tail_hint`, kept up
+//!    to date by end-of-index splits), with no descent and therefore no latches above it;
+//! 2. lines appenders up on the tree's *tail gate*, an unfair spin-then-park latch, before any of
+//!    them touches the leaf: the leaf's own latch then sees one appender at a time and never
+//!    builds a queue of them, so even a fair hand-off page latch cannot convoy. Keys that are
+//!    certainly below the last leaf (by an 8-byte prefix compare) skip the gate altogether;
+//! 3. checks, under the latch, that the hint is still right: the page is a leaf of this tree, it
+//!    is the last leaf (`next` is none, so its key range is unbounded above), and the key sorts
+//!    after its last key. Anything else (an empty leaf, a key that is not an append) falls back
+//!    to the classic path;
+//! 4. if the last leaf is full, splits it SQL Server's way (a new, empty last page) without a
+//!    descent either: it tries to latch the last leaf's parent (`tail_parent_hint`) — only
+//!    *tries*, because it already holds the leaf and latches are otherwise taken top-down, so
+//!    waiting here could deadlock with a descent — checks that the parent's last child is this
+//!    leaf and that it has room for one more separator, and links the new page in. If any of
+//!    that fails, it lets go and the classic path splits.
+//!
+//! The checks make the hints safe to be stale: pages are never freed, a page's lower bound
+//! never changes, a last leaf with key `k` at its end covers every key above `k`, and a level-1
+//! page whose last child is the last leaf covers every key above its own last separator.
+
+use super::{BTree, BTreeError, InsertPath, check_record_size};
+use crate::buffer::ExclusiveGuard;
+use crate::latch::{Latch, LatchMode};
+use crate::limits::{TAIL_LATCH_ROUNDS, TAIL_LATCH_SPIN_ROUNDS};
+use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes};
+use crate::stats::{self, LatchClass, WaitType};
+use crate::sync::{self, Ordering};
+
+impl BTree {
+    /// Inserts `key` on the last leaf if it belongs there (it sorts after the leaf's first
+    /// key), splitting the last leaf without a descent if it is full. `None` means the fast path
+    /// does not apply and nothing was changed. The caller has checked the record's size.
+    pub(super) fn try_append_at_tail(
+        &self,
+        key: &[u8],
+        value: &[u8],
+    ) -> Option<Result<(), BTreeError>> {
+        if key_prefix(key) < self.tail_first_key_prefix.load(Ordering::Relaxed) {
+            // Certainly below the last leaf: not an append, and no reason to touch the gate.
+            return None;
+        }
+        let _gate = self.enter_tail_gate();
+        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
+        if !self.is_tail(&leaf) || key <= leaf.page().key(0) {
+            return None;
+        }
+        Some(
+            self.insert_into_tail(&mut leaf, key, value)?
+                .inspect(|()| self.rows.add(1)),
+        )
+    }
+
+    /// Inserts a row whose key only the caller can make, and makes it under the last leaf's
+    /// latch: `make_key` (which typically takes the next IDENTITY value and encodes it) runs
+    /// while the latch is held, so keys from it reach the leaf in exactly the order they were
+    /// made, every one lands past the last key, and no two appenders ever race to the end
+    /// of the index out of order (which would split the last page in half). Returns the key.
+    ///
+    /// If the last leaf cannot be latched at once (after spinning), or the key that was made
+    /// does not sort last, the key is made (or kept) anyway and inserted by the classic path.
+    pub fn insert_with_generated_key<E>(
+        &self,
+        value: &[u8],
+        mut make_key: impl FnMut(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<Vec<u8>, GeneratedKeyError<E>> {
+        let mut key = Vec::with_capacity(16);
+        if self.insert_path() == InsertPath::Default {
+            let gate = self.enter_tail_gate();
+            let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
+            if self.is_tail(&leaf) {
+                make_key(&mut key).map_err(GeneratedKeyError::Key)?;
+                check_record_size(&key, value)?;
+                if key.as_slice() > leaf.page().key(leaf.page().slot_count() - 1)
+                    && let Some(result) = self.insert_into_tail(&mut leaf, &key, value)
+                {
+                    result?;
+                    drop(leaf);
+                    drop(gate);
+                    self.rows.add(1);
+                    return Ok(key);
+                }
+                drop(leaf);
+                drop(gate);
+                self.insert(&key, value)?;
+                return Ok(key);
+            }
+        }
+        make_key(&mut key).map_err(GeneratedKeyError::Key)?;
+        self.insert(&key, value)?;
+        Ok(key)
+    }
+
+    /// Serialises the default path's appenders on the tree's tail gate (an unfair,
+    /// spin-then-park latch) before any of them touches the last leaf, so the leaf's own latch
+    /// sees at most one appender and never builds a queue of them: even when the pages use the
+    /// fair hand-off latch, appenders do not convoy. Waits on the gate are PAGELATCH_EX waits
+    /// (the gate guards the last page).
+    fn enter_tail_gate(&self) -> TailGateGuard<'_> {
+        self.tail_gate.acquire(LatchMode::Exclusive);
+        TailGateGuard {
+            gate: &self.tail_gate,
+        }
+    }
+
+    /// Remembers `page` as the last leaf, whose first key is `first_key`.
+    pub(super) fn set_tail(&self, page: PageId, first_key: &[u8]) {
+        self.tail_hint.store(page, Ordering::Relaxed);
+        self.tail_first_key_prefix
+            .store(key_prefix(first_key), Ordering::Relaxed);
+    }
+
+    /// Whether a latched page is still this tree's non-empty last leaf.
+    fn is_tail(&self, leaf: &ExclusiveGuard<'_>) -> bool {
+        let page = leaf.page();
+        page.is_leaf()
+            && page.index_id() == self.index_id
+            && page.next() == NO_PAGE
+            && page.slot_count() > 0
+    }
+
+    /// Inserts into the latched last leaf a key that sorts after its first key, splitting the
+    /// leaf without a descent if it is full. `None` means the split could not be done here
+    /// and nothing was changed.
+    fn insert_into_tail<'a>(
+        &'a self,
+        leaf: &mut ExclusiveGuard<'a>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Option<Result<(), BTreeError>> {
+        let position = match leaf.page().search(key) {
+            Ok(_) => return Some(Err(BTreeError::DuplicateKey)),
+            Err(position) => position,
+        };
+        if leaf.page_mut().insert_leaf(position, key, value).is_ok() {
+            return Some(Ok(()));
+        }
+        self.split_tail(leaf, position, key, value)
+    }
+
+    /// Splits the full last leaf at `position` (where `key` goes): the records from there on
+    /// move to a new last leaf, and `key` goes on whichever side keeps order. For an append
+    /// (`position` at the end) nothing moves and the new page starts with `key` alone: SQL
+    /// Server's end-of-index split, which leaves the old page full. The last leaf's parent is
+    /// only *tried*; `None` means it could not be latched at once or had no room, and nothing
+    /// was changed.
+    fn split_tail<'a>(
+        &'a self,
+        leaf: &mut ExclusiveGuard<'a>,
+        position: usize,
+        key: &[u8],
+        value: &[u8],
+    ) -> Option<Result<(), BTreeError>> {
+        let parent_id = self.tail_parent_hint.load(Ordering::Relaxed);
+        if parent_id == NO_PAGE || position == 0 {
+            return None;
+        }
+        let mut parent = self.try_latch_eagerly(parent_id)?;
+        let page = parent.page();
+        let count = page.slot_count();
+        let last_child = if count == 0 {
+            page.low_child()
+        } else {
+            page.child(count - 1)
+        };
+        let leaf_page = leaf.page();
+        let leaf_count = leaf_page.slot_count();
+        // The separator is the first key of the new page.
+        let separator = if position < leaf_count {
+            leaf_page.key(position)
+        } else {
+            key
+        };
+        if page.is_leaf()
+            || page.index_id() != self.index_id
+            || page.level() != 1
+            || last_child != leaf.page_id()
+            || page.total_free_bytes() < inner_entry_bytes(separator.len())
+        {
+            return None;
+        }
+        let separator = separator.to_vec();
+        let mut right =
+            match self
+                .pool
+                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)
+            {
+                Ok(right) => right,
+                Err(full) => return Some(Err(full.into())),
+            };
+        let right_id = right.page_id();
+        {
+            let mut right_page = right.page_mut();
+            for (target, moved) in (position..leaf_count).enumerate() {
+                right_page
+                    .insert_leaf(target, leaf_page.key(moved), leaf_page.value(moved))
+                    .expect("records from one page fit on an empty page");
+            }
+            right_page.set_prev(leaf.page_id());
+        }
+        let mut left = leaf.page_mut();
+        left.truncate(position);
+        left.set_next(right_id);
+        parent
+            .page_mut()
+            .insert_inner(count, &separator, right_id)
+            .expect("the free space was checked above");
+        self.set_tail(right_id, &separator);
+        if position == leaf_count {
+            self.stats.leaf_appends.add(1);
+        } else {
+            self.stats.leaf_splits.add(1);
+        }
+        // The new key goes left if it sorts before the separator, else at the start of the
+        // new page. Either side may still be too full for a very large record; then the whole
+        // insert is handed to the classic path, which splits again (the split already done
+        // stays: it is a valid split on its own).
+        let target = if key < separator.as_slice() {
+            leaf
+        } else {
+            &mut right
+        };
+        let target_position = target.page().search(key).unwrap_or_else(|p| p);
+        match target.page_mut().insert_leaf(target_position, key, value) {
+            Ok(()) => Some(Ok(())),
+            Err(_) => None,
+        }
+    }
+
+    /// Latches the last leaf for the gate holder. Other appenders are held at the gate, so the
+    /// latch is normally free; a reader or a classic writer may hold it briefly.
+    fn latch_tail(&self, page: PageId) -> ExclusiveGuard<'_> {
+        match self.pool.try_latch_exclusive(page) {
+            Some(guard) => guard,
+            None => self.pool.latch_exclusive(page),
+        }
+    }
+
+    /// Tries to latch `page` exclusively for `TAIL_LATCH_ROUNDS` rounds of spinning and then
+    /// yielding, never queueing (the caller holds a page below it, so it must not wait). The
+    /// retries count as one PAGELATCH_EX wait.
+    fn try_latch_eagerly(&self, page: PageId) -> Option<ExclusiveGuard<'_>> {
+        if let Some(guard) = self.pool.try_latch_exclusive(page) {
+            return Some(guard);
+        }
+        let wait = stats::begin_wait(WaitType::PageLatchEx, Some(LatchClass::Buffer));
+        for round in 0..TAIL_LATCH_ROUNDS {
+            if round < TAIL_LATCH_SPIN_ROUNDS {
+                for _ in 0..(1u32 << round.min(6)) {
+                    sync::spin_loop_hint();
+                }
+            } else {
+                sync::yield_now();
+            }
+            if let Some(guard) = self.pool.try_latch_exclusive(page) {
+                wait.end(None);
+                return Some(guard);
+            }
+        }
+        wait.end(None);
+        None
+    }
+}
+
+/// Why [`BTree::insert_with_generated_key`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GeneratedKeyError<E> {
+    /// The key maker failed (an identity overflow, say).
+    Key(E),
+    /// The tree refused the row.
+    Tree(BTreeError),
+}
+
+impl<E> From<BTreeError> for GeneratedKeyError<E> {
+    fn from(error: BTreeError) -> Self {
+        GeneratedKeyError::Tree(error)
+    }
+}
+
+/// Holds the tail gate; releases it when dropped.
+struct TailGateGuard<'a> {
+    gate: &'a Latch,
+}
+
+impl Drop for TailGateGuard<'_> {
+    fn drop(&mut self) {
+        self.gate.release(LatchMode::Exclusive);
+    }
+}
+
+/// The first eight bytes of `key` as a big-endian number, zero-padded. If
+/// `key_prefix(a) < key_prefix(b)` then `a < b`, so comparing prefixes can rule keys out
+/// without reading the keys themselves.
+pub(super) fn key_prefix(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let len = key.len().min(8);
+    bytes[..len].copy_from_slice(&key[..len]);
+    u64::from_be_bytes(bytes)
+}
