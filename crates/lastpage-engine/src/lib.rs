@@ -33,6 +33,8 @@ pub use error::{EngineError, Result};
 pub use lastpage_storage::btree::{Direction, InsertPath};
 pub use lastpage_storage::latch::LatchPolicy;
 pub use lastpage_storage::stats::{LatchClass, WaitSnapshot, WaitStat, WaitType};
-pub use schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
+pub use schema::{
+    ColumnDef, DefaultValue, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
+};
 pub use table::{InsertRow, KeyRange, Row, Table, TableCheck};
 pub use types::{DataType, Value};

@@ -143,6 +143,8 @@ pub struct IndexOptions {
     pub latch_policy: LatchPolicy,
     /// How inserts reach the leaf.
     pub insert_path: InsertPath,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY: flow control at the entrance of the index's insert path.
+    pub optimize_for_sequential_key: bool,
 }
 
 /// One index: the clustered index (which holds the rows) or a nonclustered one (which holds
@@ -189,6 +191,19 @@ pub struct TableDef {
     pub clustered: Option<IndexDef>,
     /// Nonclustered indexes.
     pub nonclustered: Vec<IndexDef>,
+    /// Hash partitioning, if any.
+    pub partition: Option<PartitionDef>,
+}
+
+/// Hash partitioning: rows go to partition `value % partitions` of an integer column, and every
+/// index is split the same way (N separate B-trees per index). The seeds build this with a
+/// persisted `InsertID % 16` column and a partition function with one partition per value.
+#[derive(Clone, Debug)]
+pub struct PartitionDef {
+    /// The partitioning column; it must be part of the clustered key.
+    pub column: String,
+    /// Number of partitions.
+    pub partitions: u16,
 }
 
 impl TableDef {
@@ -199,6 +214,7 @@ impl TableDef {
             columns: Vec::new(),
             clustered: None,
             nonclustered: Vec::new(),
+            partition: None,
         }
     }
 
@@ -211,6 +227,15 @@ impl TableDef {
     /// Sets the clustered index.
     pub fn clustered(mut self, index: IndexDef) -> Self {
         self.clustered = Some(index);
+        self
+    }
+
+    /// Partitions the table on `column` into `partitions` partitions.
+    pub fn partitioned(mut self, column: impl Into<String>, partitions: u16) -> Self {
+        self.partition = Some(PartitionDef {
+            column: column.into(),
+            partitions,
+        });
         self
     }
 

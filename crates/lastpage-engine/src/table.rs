@@ -88,10 +88,16 @@ pub(crate) struct Index {
     types: Vec<DataType>,
     /// Whether the key ends in a hidden 8-byte uniquifier (a non-unique clustered index).
     uniquifier: bool,
-    pub(crate) tree: BTree,
+    /// One tree per partition (one for an unpartitioned table).
+    pub(crate) trees: Vec<BTree>,
 }
 
 impl Index {
+    /// The tree of partition `partition`.
+    fn tree(&self, partition: usize) -> &BTree {
+        &self.trees[partition]
+    }
+
     /// Encodes the index's columns of `row` into `out`.
     fn encode_columns(&self, row: &[Value], out: &mut Vec<u8>) -> Result<()> {
         for (&column, data_type) in self.column_ids.iter().zip(&self.types) {
@@ -153,6 +159,48 @@ pub struct Table {
     /// column (which could depend on the identity value): then the clustered tree makes the
     /// identity key itself, under its last leaf's latch.
     identity_keyed: bool,
+    /// Hash partitioning, if the table is partitioned.
+    partitioning: Option<Partitioning>,
+}
+
+/// How a partitioned table spreads its rows: by the value of an integer column modulo the
+/// number of partitions (what the seeds build with `InsertID % 16` and a partition function
+/// with one partition per value). Every index is aligned: a row's entries all live in the
+/// same partition's trees.
+#[derive(Clone, Copy, Debug)]
+struct Partitioning {
+    /// The partitioning column.
+    column: usize,
+    /// Its position in the clustered key.
+    key_position: usize,
+    /// Number of partitions.
+    count: usize,
+}
+
+/// Most partitions a table may have.
+pub const MAX_PARTITIONS: u16 = 1024;
+
+/// The partition of an integer value: its remainder modulo `count`, made non-negative.
+fn partition_of_value(value: &Value, count: usize) -> usize {
+    let number = match value {
+        Value::TinyInt(v) => i64::from(*v),
+        Value::SmallInt(v) => i64::from(*v),
+        Value::Int(v) => i64::from(*v),
+        Value::BigInt(v) => *v,
+        _ => 0,
+    };
+    usize::try_from(number.rem_euclid(count as i64)).unwrap_or(0)
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("columns", &self.columns.len())
+            .field("partitions", &self.partition_count())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Table {
@@ -223,7 +271,11 @@ impl Table {
                     column: name.to_owned(),
                 })
         };
-        let build_index = |index: &IndexDef, clustered: bool, index_id: u32| -> Result<Index> {
+        let partition_count = def
+            .partition
+            .as_ref()
+            .map_or(1, |partition| usize::from(partition.partitions));
+        let mut build_index = |index: &IndexDef, clustered: bool| -> Result<Index> {
             let column_ids = index
                 .columns
                 .iter()
@@ -232,14 +284,14 @@ impl Table {
             if column_ids.is_empty() && !clustered {
                 return Err(invalid(format!("index '{}' has no columns", index.name)));
             }
-            let tree = BTree::create(
-                Arc::clone(pool),
-                index_id,
-                TreeOptions {
-                    latch_policy: index.options.latch_policy,
-                    insert_path: index.options.insert_path,
-                },
-            )?;
+            let options = TreeOptions {
+                latch_policy: index.options.latch_policy,
+                insert_path: index.options.insert_path,
+                optimize_for_sequential_key: index.options.optimize_for_sequential_key,
+            };
+            let trees = (0..partition_count)
+                .map(|_| BTree::create(Arc::clone(pool), next_index_id(), options))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             Ok(Index {
                 types: column_ids
                     .iter()
@@ -248,13 +300,13 @@ impl Table {
                 column_ids,
                 uniquifier: clustered && !index.uniqueness.is_unique(),
                 def: index.clone(),
-                tree,
+                trees,
             })
         };
         let clustered_def = def.clustered.clone().unwrap_or_else(|| {
             IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique)
         });
-        let clustered = build_index(&clustered_def, true, next_index_id())?;
+        let clustered = build_index(&clustered_def, true)?;
         let mut nonclustered = Vec::with_capacity(def.nonclustered.len());
         for index in &def.nonclustered {
             if std::iter::once(&clustered_def)
@@ -268,8 +320,46 @@ impl Table {
                     index.name
                 )));
             }
-            nonclustered.push(build_index(index, false, next_index_id())?);
+            nonclustered.push(build_index(index, false)?);
         }
+        let partitioning = match &def.partition {
+            None => None,
+            Some(partition) => {
+                let column = find_column(&partition.column)?;
+                if !matches!(
+                    def.columns[column].data_type,
+                    DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
+                ) {
+                    return Err(invalid(format!(
+                        "partitioning column '{}' must be an integer column",
+                        partition.column
+                    )));
+                }
+                if !(1..=MAX_PARTITIONS).contains(&partition.partitions) {
+                    return Err(invalid(format!(
+                        "a table has 1 to {MAX_PARTITIONS} partitions, not {}",
+                        partition.partitions
+                    )));
+                }
+                // As SQL Server requires of a unique index, the partitioning column must be
+                // part of the clustered key, so a row's partition follows from its key.
+                if !clustered.column_ids.contains(&column) {
+                    return Err(invalid(format!(
+                        "partitioning column '{}' must be part of the clustered key",
+                        partition.column
+                    )));
+                }
+                Some(Partitioning {
+                    column,
+                    key_position: clustered
+                        .column_ids
+                        .iter()
+                        .position(|&key_column| key_column == column)
+                        .expect("checked above"),
+                    count: usize::from(partition.partitions),
+                })
+            }
+        };
         // Columns outside the clustered key live in the record's value. So do variable-length
         // text and binary key columns: their key encoding drops trailing spaces (and zero
         // bytes), as SQL Server's comparison does, but a read must return the stored value.
@@ -295,8 +385,10 @@ impl Table {
                 && clustered.column_ids == [identity.column]
                 && clustered.def.uniqueness.is_unique()
                 && def.columns.iter().all(|column| column.computed.is_none())
+                && partitioning.is_none()
         });
         Ok(Table {
+            partitioning,
             identity_keyed,
             id,
             value_types: value_columns
@@ -343,19 +435,70 @@ impl Table {
 
     /// Rows in the table. Exact when no write is in flight.
     pub fn row_count(&self) -> u64 {
-        self.clustered.tree.row_count()
+        self.clustered.trees.iter().map(BTree::row_count).sum()
     }
 
-    /// The clustered index's tree (for statistics and checks).
-    pub fn clustered_tree(&self) -> &BTree {
-        &self.clustered.tree
+    /// The clustered index's trees, one per partition (for statistics and checks).
+    pub fn clustered_trees(&self) -> &[BTree] {
+        &self.clustered.trees
     }
 
-    /// Every index's name and tree, clustered first.
-    pub fn trees(&self) -> impl Iterator<Item = (&str, &BTree)> {
+    /// The number of partitions (1 if the table is not partitioned).
+    pub fn partition_count(&self) -> usize {
+        self.partitioning
+            .map_or(1, |partitioning| partitioning.count)
+    }
+
+    /// The partition a complete row belongs to.
+    fn partition_of_row(&self, row: &[Value]) -> usize {
+        self.partitioning.map_or(0, |partitioning| {
+            partition_of_value(&row[partitioning.column], partitioning.count)
+        })
+    }
+
+    /// The partition a clustered search key falls in, if the key includes the partitioning
+    /// column; `None` means every partition must be searched.
+    fn partition_of_key(&self, key: &[Value]) -> Result<Option<usize>> {
+        let Some(partitioning) = self.partitioning else {
+            return Ok(Some(0));
+        };
+        let Some(value) = key.get(partitioning.key_position) else {
+            return Ok(None);
+        };
+        let converted = self.columns[partitioning.column]
+            .data_type
+            .coerce(value.clone())?;
+        Ok(Some(partition_of_value(&converted, partitioning.count)))
+    }
+
+    /// Switches an index's insert path at run time (every partition's tree).
+    pub fn set_insert_path(
+        &self,
+        index_name: &str,
+        path: lastpage_storage::btree::InsertPath,
+    ) -> Result<()> {
+        self.index(index_name)?
+            .trees
+            .iter()
+            .for_each(|tree| tree.set_insert_path(path));
+        Ok(())
+    }
+
+    /// Switches OPTIMIZE_FOR_SEQUENTIAL_KEY of an index at run time, without a rebuild, as
+    /// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)` does.
+    pub fn set_optimize_for_sequential_key(&self, index_name: &str, enabled: bool) -> Result<()> {
+        self.index(index_name)?
+            .trees
+            .iter()
+            .for_each(|tree| tree.set_optimize_for_sequential_key(enabled));
+        Ok(())
+    }
+
+    /// Every index's name and trees (one per partition), clustered first.
+    pub fn trees(&self) -> impl Iterator<Item = (&str, &[BTree])> {
         std::iter::once(&self.clustered)
             .chain(&self.nonclustered)
-            .map(|index| (index.def.name.as_str(), &index.tree))
+            .map(|index| (index.def.name.as_str(), index.trees.as_slice()))
     }
 
     /// The identity value the next insert would get (SQL Server's IDENT_CURRENT + increment).
@@ -380,15 +523,102 @@ impl Table {
         self.insert(session, row)
     }
 
-    /// Inserts rows in order, stopping at the first error. Each row is atomic; rows inserted
-    /// before an error stay (statement atomicity across rows comes with transactions).
+    /// Inserts many rows as one statement (the batching remedy): each leaf is latched once per
+    /// run of rows that land on it, not once per row, and an identity table hands the batch a
+    /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
+    /// the batch already inserted are removed again and the first error (in row order) is
+    /// returned. Until transactions arrive, a concurrent reader may see the batch's rows before
+    /// such a removal.
     pub fn insert_batch(
         &self,
         session: &Session,
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
         let _attribution = session.attribute();
-        rows.into_iter().map(|row| self.insert_row(row)).collect()
+        let mut next_identity = self.identity.as_ref().map(|identity| {
+            let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+            identity
+                .next
+                .fetch_add(identity.increment.saturating_mul(count), Ordering::Relaxed)
+        });
+        let mut completed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let preassigned = next_identity;
+            if let (Some(next), Some(identity)) = (next_identity.as_mut(), self.identity.as_ref()) {
+                *next += identity.increment;
+            }
+            completed.push(self.complete_row_with_identity(row, preassigned)?);
+        }
+        let mut records = Vec::with_capacity(completed.len());
+        for (values, _) in &completed {
+            let key = self.clustered_key(values)?;
+            let value = self.clustered_value(values)?;
+            self.check_sizes(&self.clustered, &key, &value)?;
+            let entries = self.nonclustered_entries(values, &key)?;
+            records.push((self.partition_of_row(values), key, value, entries));
+        }
+        // Clustered index first, then each nonclustered index, each as one batch per
+        // partition; `done` remembers what went in, for the undo.
+        let mut done: Vec<(&Index, usize, Vec<u8>)> = Vec::new();
+        let mut failure: Option<(usize, EngineError)> = None;
+        for (position, index) in std::iter::once(&self.clustered)
+            .chain(&self.nonclustered)
+            .enumerate()
+        {
+            for partition in 0..self.partition_count() {
+                let members: Vec<usize> = (0..records.len())
+                    .filter(|&row| records[row].0 == partition)
+                    .collect();
+                let entries: Vec<(&[u8], &[u8])> = members
+                    .iter()
+                    .map(|&row| {
+                        let (_, key, value, nonclustered) = &records[row];
+                        if position == 0 {
+                            (key.as_slice(), value.as_slice())
+                        } else {
+                            let (entry_key, entry_value) = &nonclustered[position - 1];
+                            (entry_key.as_slice(), entry_value.as_slice())
+                        }
+                    })
+                    .collect();
+                for (&row, result) in members
+                    .iter()
+                    .zip(index.tree(partition).insert_batch(&entries))
+                {
+                    match result {
+                        Ok(()) => {
+                            let inserted_key = if position == 0 {
+                                records[row].1.clone()
+                            } else {
+                                records[row].3[position - 1].0.clone()
+                            };
+                            done.push((index, partition, inserted_key));
+                        }
+                        Err(error) => {
+                            if failure.as_ref().is_none_or(|(first, _)| row < *first) {
+                                failure = Some((
+                                    row,
+                                    self.storage_error(index, error, &completed[row].0),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            if failure.is_some() {
+                break;
+            }
+        }
+        if let Some((_, error)) = failure {
+            for (index, partition, key) in done.iter().rev() {
+                index.tree(*partition).delete(key);
+            }
+            return Err(error);
+        }
+        Ok(completed
+            .into_iter()
+            .map(|(_, identity)| identity)
+            .collect())
     }
 
     /// Inserts one row: completes it, then either lets the clustered tree make the identity key
@@ -407,6 +637,25 @@ impl Table {
     /// clustered tree to fill in), defaults and computed columns, converts every value to its
     /// column's type and checks nullability.
     fn complete_row(&self, row: InsertRow, defer_identity: bool) -> Result<(Row, Option<i64>)> {
+        self.complete_row_inner(row, defer_identity, None)
+    }
+
+    /// [`Table::complete_row`] with the identity value already taken (`Some`), or to be taken
+    /// now (`None`).
+    fn complete_row_with_identity(
+        &self,
+        row: InsertRow,
+        identity: Option<i64>,
+    ) -> Result<(Row, Option<i64>)> {
+        self.complete_row_inner(row, false, identity)
+    }
+
+    fn complete_row_inner(
+        &self,
+        row: InsertRow,
+        defer_identity: bool,
+        preassigned_identity: Option<i64>,
+    ) -> Result<(Row, Option<i64>)> {
         let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
         for (column, value) in row.values {
             let Some(definition) = self.columns.get(column) else {
@@ -437,9 +686,11 @@ impl Table {
                         Value::Null
                     }
                     (Some(identity), _) if identity.column == position => {
-                        let value = identity
-                            .next
-                            .fetch_add(identity.increment, Ordering::Relaxed);
+                        let value = preassigned_identity.unwrap_or_else(|| {
+                            identity
+                                .next
+                                .fetch_add(identity.increment, Ordering::Relaxed)
+                        });
                         identity_value = Some(value);
                         identity_as_value(value, definition.data_type)?
                     }
@@ -591,11 +842,12 @@ impl Table {
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
         let entries = self.nonclustered_entries(&values, &key)?;
+        let partition = self.partition_of_row(&values);
         self.clustered
-            .tree
+            .tree(partition)
             .insert(&key, &value)
             .map_err(|error| self.storage_error(&self.clustered, error, &values))?;
-        self.insert_nonclustered(&values, &key, &entries)
+        self.insert_nonclustered(partition, &values, &key, &entries)
     }
 
     /// Inserts a row whose clustered key is its identity column alone: the clustered tree calls
@@ -611,7 +863,7 @@ impl Table {
         let mut assigned = None;
         let key = self
             .clustered
-            .tree
+            .tree(0)
             .insert_with_generated_key(&value, |key| {
                 let id = identity
                     .next
@@ -631,11 +883,11 @@ impl Table {
         let entries = match self.nonclustered_entries(&values, &key) {
             Ok(entries) => entries,
             Err(error) => {
-                self.clustered.tree.delete(&key);
+                self.clustered.tree(0).delete(&key);
                 return Err(error);
             }
         };
-        self.insert_nonclustered(&values, &key, &entries)?;
+        self.insert_nonclustered(0, &values, &key, &entries)?;
         Ok(id)
     }
 
@@ -658,6 +910,7 @@ impl Table {
     /// rejects its entry, removes what was inserted, the clustered record included.
     fn insert_nonclustered(
         &self,
+        partition: usize,
         values: &[Value],
         key: &[u8],
         entries: &[(Vec<u8>, Vec<u8>)],
@@ -665,13 +918,13 @@ impl Table {
         for (position, (index, (nc_key, nc_value))) in
             self.nonclustered.iter().zip(entries).enumerate()
         {
-            if let Err(error) = index.tree.insert(nc_key, nc_value) {
+            if let Err(error) = index.tree(partition).insert(nc_key, nc_value) {
                 for (earlier, (earlier_key, _)) in
                     self.nonclustered.iter().zip(entries).take(position)
                 {
-                    earlier.tree.delete(earlier_key);
+                    earlier.tree(partition).delete(earlier_key);
                 }
-                self.clustered.tree.delete(key);
+                self.clustered.tree(partition).delete(key);
                 return Err(self.storage_error(index, error, values));
             }
         }
@@ -730,32 +983,40 @@ impl Table {
     }
 
     /// Finds the clustered record for a search key: exact for a unique key, the first match
-    /// for a prefix or a non-unique key.
-    fn find_record(&self, key: &[Value]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    /// for a prefix or a non-unique key. Returns the record's partition, key and value.
+    fn find_record(&self, key: &[Value]) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>> {
         let Some(encoded) = self.encode_lookup_key(&self.clustered, key)? else {
             return Ok(None);
         };
-        if self.is_exact_clustered_key(key) {
-            return Ok(self
-                .clustered
-                .tree
-                .get(&encoded)
-                .map(|value| (encoded, value)));
-        }
+        let partitions = match self.partition_of_key(key)? {
+            Some(partition) => partition..partition + 1,
+            None => 0..self.partition_count(),
+        };
         let upper = prefix_end(&encoded);
-        let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        Ok(self
-            .clustered
-            .tree
-            .range(Bound::Included(&encoded), upper, Direction::Forward)
-            .next())
+        let mut first: Option<(usize, Vec<u8>, Vec<u8>)> = None;
+        for partition in partitions {
+            let tree = self.clustered.tree(partition);
+            let found = if self.is_exact_clustered_key(key) {
+                tree.get(&encoded).map(|value| (encoded.clone(), value))
+            } else {
+                let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                tree.range(Bound::Included(&encoded), upper, Direction::Forward)
+                    .next()
+            };
+            if let Some((found_key, value)) = found
+                && first.as_ref().is_none_or(|(_, best, _)| found_key < *best)
+            {
+                first = Some((partition, found_key, value));
+            }
+        }
+        Ok(first)
     }
 
     /// Looks up a row by its clustered key.
     pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
         let _attribution = session.attribute();
         match self.find_record(key)? {
-            Some((key, value)) => Ok(Some(self.decode_record(&key, &value)?)),
+            Some((_, key, value)) => Ok(Some(self.decode_record(&key, &value)?)),
             None => Ok(None),
         }
     }
@@ -785,16 +1046,20 @@ impl Table {
         let upper = prefix_end(&encoded);
         let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut rows = Vec::new();
-        for (index_key, index_value) in
-            index
-                .tree
-                .range(Bound::Included(&encoded), upper, Direction::Forward)
-        {
-            let locator = self.locator(index, &index_key, &index_value)?;
-            if std::ptr::eq(index, &self.clustered) {
-                rows.push(self.decode_record(&index_key, &index_value)?);
-            } else if let Some(value) = self.clustered.tree.get(&locator) {
-                rows.push(self.decode_record(&locator, &value)?);
+        for partition in 0..self.partition_count() {
+            for (index_key, index_value) in
+                index
+                    .tree(partition)
+                    .range(Bound::Included(&encoded), upper, Direction::Forward)
+            {
+                if std::ptr::eq(index, &self.clustered) {
+                    rows.push(self.decode_record(&index_key, &index_value)?);
+                    continue;
+                }
+                let locator = self.locator(index, &index_key, &index_value)?;
+                if let Some(value) = self.clustered.tree(partition).get(&locator) {
+                    rows.push(self.decode_record(&locator, &value)?);
+                }
             }
         }
         Ok(rows)
@@ -845,15 +1110,19 @@ impl Table {
                 }
             }
         };
-        let inner = self.clustered.tree.range(
-            lower.as_ref().map(Vec::as_slice),
-            upper.as_ref().map(Vec::as_slice),
-            direction,
-        );
-        Ok(RowIter {
-            table: self,
-            inner: Some(inner),
-        })
+        let partitions = self
+            .clustered
+            .trees
+            .iter()
+            .map(|tree| {
+                tree.range(
+                    lower.as_ref().map(Vec::as_slice),
+                    upper.as_ref().map(Vec::as_slice),
+                    direction,
+                )
+            })
+            .collect();
+        Ok(RowIter::new(self, partitions, direction))
     }
 
     /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
@@ -882,7 +1151,7 @@ impl Table {
             }
         }
         loop {
-            let Some((record_key, old_value)) = self.find_record(key)? else {
+            let Some((partition, record_key, old_value)) = self.find_record(key)? else {
                 return Ok(false);
             };
             let old_row = self.decode_record(&record_key, &old_value)?;
@@ -900,7 +1169,9 @@ impl Table {
                     0
                 }];
             if new_key != old_key_columns {
-                return self.move_row(&record_key, &old_row, new_row).map(|()| true);
+                return self
+                    .move_row(partition, &record_key, &old_row, new_row)
+                    .map(|()| true);
             }
             let new_value = self.clustered_value(&new_row)?;
             self.check_sizes(&self.clustered, &record_key, &new_value)?;
@@ -920,7 +1191,7 @@ impl Table {
                     failure = Some(error);
                     break;
                 }
-                match index.tree.insert(&new_key, &new_entry_value) {
+                match index.tree(partition).insert(&new_key, &new_entry_value) {
                     Ok(()) => {
                         added.push((index, new_key));
                         removed.push((index, old_key));
@@ -933,7 +1204,7 @@ impl Table {
             }
             let undo = |added: &[(&Index, Vec<u8>)]| {
                 for (index, key) in added {
-                    index.tree.delete(key);
+                    index.tree(partition).delete(key);
                 }
             };
             if let Some(error) = failure {
@@ -942,13 +1213,13 @@ impl Table {
             }
             match self
                 .clustered
-                .tree
+                .tree(partition)
                 .compare_and_update(&record_key, &old_value, &new_value)
                 .map_err(|error| self.storage_error(&self.clustered, error, &new_row))?
             {
                 CompareAndUpdate::Updated => {
                     for (index, key) in removed {
-                        index.tree.delete(&key);
+                        index.tree(partition).delete(&key);
                     }
                     return Ok(true);
                 }
@@ -964,8 +1235,14 @@ impl Table {
     /// Moves a row whose clustered key changed: removes the old row, inserts the new one, and
     /// puts the old one back if the new one is rejected (a duplicate key, say). Until
     /// transactions arrive, a concurrent reader can miss the row while it moves.
-    fn move_row(&self, old_key: &[u8], old_row: &[Value], new_row: Row) -> Result<()> {
-        if !self.delete_record(old_key, old_row) {
+    fn move_row(
+        &self,
+        partition: usize,
+        old_key: &[u8],
+        old_row: &[Value],
+        new_row: Row,
+    ) -> Result<()> {
+        if !self.delete_record(partition, old_key, old_row) {
             // Deleted meanwhile by someone else: nothing to move.
             return Ok(());
         }
@@ -977,13 +1254,13 @@ impl Table {
     }
 
     /// Removes a record and its nonclustered entries.
-    fn delete_record(&self, key: &[u8], row: &[Value]) -> bool {
-        if self.clustered.tree.delete(key).is_none() {
+    fn delete_record(&self, partition: usize, key: &[u8], row: &[Value]) -> bool {
+        if self.clustered.tree(partition).delete(key).is_none() {
             return false;
         }
         for index in &self.nonclustered {
             if let Ok((entry_key, _)) = self.nonclustered_entry(index, row, key) {
-                index.tree.delete(&entry_key);
+                index.tree(partition).delete(&entry_key);
             }
         }
         true
@@ -994,42 +1271,59 @@ impl Table {
     pub fn delete(&self, session: &Session, key: &[Value]) -> Result<bool> {
         let _attribution = session.attribute();
         loop {
-            let Some((record_key, value)) = self.find_record(key)? else {
+            let Some((partition, record_key, value)) = self.find_record(key)? else {
                 return Ok(false);
             };
             let row = self.decode_record(&record_key, &value)?;
-            if self.delete_record(&record_key, &row) {
+            if self.delete_record(partition, &record_key, &row) {
                 return Ok(true);
             }
             // Someone deleted it between the lookup and the delete; look again.
         }
     }
 
-    /// Checks every index's tree, that every index holds one entry per row, and that every
+    /// Checks every index's trees; that in every partition every index holds one entry per
+    /// row; that every row lives in the partition its partitioning value names; and that every
     /// row's nonclustered entries are present and point back at it.
     pub fn check_integrity(&self) -> Result<TableCheck> {
-        let clustered = self.clustered.tree.check_integrity()?;
-        let mut indexes = vec![(self.clustered.def.name.clone(), clustered)];
-        for index in &self.nonclustered {
-            let check = index.tree.check_integrity()?;
-            if check.rows != clustered.rows {
-                return Err(EngineError::Integrity(format!(
-                    "table '{}': index '{}' has {} entries but the clustered index has {} rows",
-                    self.name, index.def.name, check.rows, clustered.rows
-                )));
+        let mut indexes = Vec::new();
+        let mut rows = 0;
+        for partition in 0..self.partition_count() {
+            let clustered = self.clustered.tree(partition).check_integrity()?;
+            rows += clustered.rows;
+            indexes.push((self.clustered.def.name.clone(), clustered));
+            for index in &self.nonclustered {
+                let check = index.tree(partition).check_integrity()?;
+                if check.rows != clustered.rows {
+                    return Err(EngineError::Integrity(format!(
+                        "table '{}', partition {partition}: index '{}' has {} entries but the clustered index has {} rows",
+                        self.name, index.def.name, check.rows, clustered.rows
+                    )));
+                }
+                indexes.push((index.def.name.clone(), check));
             }
-            indexes.push((index.def.name.clone(), check));
-        }
-        if !self.nonclustered.is_empty() {
-            for (key, value) in
-                self.clustered
-                    .tree
-                    .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-            {
+            if self.nonclustered.is_empty() && self.partitioning.is_none() {
+                continue;
+            }
+            for (key, value) in self.clustered.tree(partition).range(
+                Bound::Unbounded,
+                Bound::Unbounded,
+                Direction::Forward,
+            ) {
                 let row = self.decode_record(&key, &value)?;
+                if self.partition_of_row(&row) != partition {
+                    return Err(EngineError::Integrity(format!(
+                        "table '{}': the row with key ({}) is in partition {partition} but belongs in partition {}",
+                        self.name,
+                        self.clustered.describe_key(&row),
+                        self.partition_of_row(&row)
+                    )));
+                }
                 for index in &self.nonclustered {
                     let (entry_key, entry_value) = self.nonclustered_entry(index, &row, &key)?;
-                    if index.tree.get(&entry_key).as_deref() != Some(entry_value.as_slice()) {
+                    if index.tree(partition).get(&entry_key).as_deref()
+                        != Some(entry_value.as_slice())
+                    {
                         return Err(EngineError::Integrity(format!(
                             "table '{}': index '{}' has no entry for the row with key ({})",
                             self.name,
@@ -1042,7 +1336,7 @@ impl Table {
         }
         Ok(TableCheck {
             table: self.name.clone(),
-            rows: clustered.rows,
+            rows,
             indexes,
         })
     }
@@ -1083,15 +1377,30 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-/// Rows of a scan, in key order.
+/// Rows of a scan, in key order. For a partitioned table it merges the partitions' scans,
+/// which are each in key order, by always taking the smallest (or, backwards, the largest)
+/// next key.
 pub struct RowIter<'a> {
     table: &'a Table,
-    inner: Option<RangeIter<'a>>,
+    partitions: Vec<RangeIter<'a>>,
+    /// The next record of each partition's scan, read ahead; `None` once that scan is done.
+    heads: Vec<Option<(Vec<u8>, Vec<u8>)>>,
+    direction: Direction,
 }
 
 impl<'a> RowIter<'a> {
+    fn new(table: &'a Table, mut partitions: Vec<RangeIter<'a>>, direction: Direction) -> Self {
+        let heads = partitions.iter_mut().map(Iterator::next).collect();
+        RowIter {
+            table,
+            partitions,
+            heads,
+            direction,
+        }
+    }
+
     fn empty(table: &'a Table) -> Self {
-        RowIter { table, inner: None }
+        RowIter::new(table, Vec::new(), Direction::Forward)
     }
 }
 
@@ -1099,7 +1408,28 @@ impl Iterator for RowIter<'_> {
     type Item = Result<Row>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (key, value) = self.inner.as_mut()?.next()?;
+        let mut best: Option<usize> = None;
+        for (position, head) in self.heads.iter().enumerate() {
+            let Some((key, _)) = head else {
+                continue;
+            };
+            let better = best.is_none_or(|best| {
+                let best_key = &self.heads[best]
+                    .as_ref()
+                    .expect("only heads that exist are chosen")
+                    .0;
+                match self.direction {
+                    Direction::Forward => key < best_key,
+                    Direction::Backward => key > best_key,
+                }
+            });
+            if better {
+                best = Some(position);
+            }
+        }
+        let best = best?;
+        let next = self.partitions[best].next();
+        let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
         Some(self.table.decode_record(&key, &value))
     }
 }

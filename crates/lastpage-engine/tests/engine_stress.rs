@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, IndexOptions, InsertRow,
-    KeyRange, LatchPolicy, TableDef, Uniqueness, Value,
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, IndexOptions, InsertPath,
+    InsertRow, KeyRange, LatchPolicy, TableDef, Uniqueness, Value,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -19,10 +19,14 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
         .and_then(|text| text.parse().ok())
         .unwrap_or_else(rand::random::<u64>);
     println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    for latch_policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
+    for (latch_policy, insert_path) in LatchPolicy::ALL
+        .into_iter()
+        .flat_map(|latch| InsertPath::ALL.into_iter().map(move |path| (latch, path)))
+    {
         let db = Database::create(DatabaseOptions::default()).unwrap();
         let options = IndexOptions {
             latch_policy,
+            insert_path,
             ..IndexOptions::default()
         };
         let table = db
@@ -173,7 +177,7 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
         }
         let check = table
             .check_integrity()
-            .unwrap_or_else(|error| panic!("{latch_policy:?}: {error}"));
+            .unwrap_or_else(|error| panic!("{latch_policy:?} {insert_path:?}: {error}"));
         assert_eq!(check.rows, expected.len() as u64);
         let session = db.session();
         let actual: BTreeMap<i64, (String, i32, String)> = table

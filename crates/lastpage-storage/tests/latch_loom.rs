@@ -405,3 +405,36 @@ fn contended_mixed_modes_never_lose_a_wake_up() {
         guarded.latch.release(Exclusive);
     });
 }
+
+/// Flow control (OPTIMIZE_FOR_SEQUENTIAL_KEY) with one place and three workers: never two
+/// inside at once, and no worker is left parked (loom reports a deadlock if one is).
+#[test]
+fn flow_control_admits_one_at_a_time_and_loses_no_wake_up() {
+    use lastpage_storage::btree::flow_control::FlowControl;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let flow = loom::sync::Arc::new(FlowControl::new(1, true));
+        let inside = loom::sync::Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        let workers: Vec<_> = (0..2)
+            .map(|worker| {
+                let flow = flow.clone();
+                let inside = inside.clone();
+                loom::thread::spawn(move || {
+                    let ticket = flow.enter(worker == 0);
+                    assert_eq!(inside.fetch_add(1, loom::sync::atomic::Ordering::SeqCst), 0);
+                    inside.fetch_sub(1, loom::sync::atomic::Ordering::SeqCst);
+                    drop(ticket);
+                })
+            })
+            .collect();
+        let ticket = flow.enter(true);
+        assert_eq!(inside.fetch_add(1, loom::sync::atomic::Ordering::SeqCst), 0);
+        inside.fetch_sub(1, loom::sync::atomic::Ordering::SeqCst);
+        drop(ticket);
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        assert_eq!(flow.admitted(), 0);
+    });
+}

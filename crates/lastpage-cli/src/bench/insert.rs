@@ -200,6 +200,7 @@ impl Workload {
         let options = IndexOptions {
             latch_policy: config.latch,
             insert_path: InsertPath::Classic,
+            optimize_for_sequential_key: false,
         };
         let identity = ColumnDef::new("InsertID", DataType::Int).identity(1, 1);
         let payload = ColumnDef::new(payload_name, payload_type).not_null();
@@ -833,7 +834,10 @@ impl WaitTotals {
 
 /// The integrity check and the clustered tree's shape.
 fn check(db: &Database, table: &Table, config: &InsertConfig) -> (TreeReport, String) {
-    let stats = table.clustered_tree().stats();
+    let mut stats = lastpage_storage::btree::TreeStats::default();
+    for tree in table.clustered_trees() {
+        stats += tree.stats();
+    }
     let mut tree = TreeReport {
         index: format!("PK_{}", table.name()),
         leaf_splits: stats.leaf_splits,

@@ -73,29 +73,37 @@ impl BTree {
         mut make_key: impl FnMut(&mut Vec<u8>) -> Result<(), E>,
     ) -> Result<Vec<u8>, GeneratedKeyError<E>> {
         let mut key = Vec::with_capacity(16);
-        if self.insert_path() == InsertPath::Default {
-            let gate = self.enter_tail_gate();
-            let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
-            if self.is_tail(&leaf) {
-                make_key(&mut key).map_err(GeneratedKeyError::Key)?;
-                check_record_size(&key, value)?;
-                if key.as_slice() > leaf.page().key(leaf.page().slot_count() - 1)
-                    && let Some(result) = self.insert_into_tail(&mut leaf, &key, value)
-                {
+        let _admission = self.enter_insert_path();
+        if self.insert_path() != InsertPath::Default {
+            make_key(&mut key).map_err(GeneratedKeyError::Key)?;
+            check_record_size(&key, value)?;
+            self.insert_admitted(&key, value)?;
+            return Ok(key);
+        }
+        // The gate is held until the row is in, whichever way it goes in, so generated keys
+        // reach the tree in the order they were made.
+        let _gate = self.enter_tail_gate();
+        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
+        make_key(&mut key).map_err(GeneratedKeyError::Key)?;
+        check_record_size(&key, value)?;
+        if self.is_last_leaf(&leaf) {
+            let page = leaf.page();
+            let count = page.slot_count();
+            if count == 0 || key.as_slice() > page.key(count - 1) {
+                let applied = if count == 0 {
+                    leaf.page_mut().insert_leaf(0, &key, value).ok().map(Ok)
+                } else {
+                    self.insert_into_tail(&mut leaf, &key, value)
+                };
+                if let Some(result) = applied {
                     result?;
-                    drop(leaf);
-                    drop(gate);
                     self.rows.add(1);
                     return Ok(key);
                 }
-                drop(leaf);
-                drop(gate);
-                self.insert(&key, value)?;
-                return Ok(key);
             }
         }
-        make_key(&mut key).map_err(GeneratedKeyError::Key)?;
-        self.insert(&key, value)?;
+        drop(leaf);
+        self.insert_classic(&key, value)?;
         Ok(key)
     }
 
@@ -120,11 +128,13 @@ impl BTree {
 
     /// Whether a latched page is still this tree's non-empty last leaf.
     fn is_tail(&self, leaf: &ExclusiveGuard<'_>) -> bool {
+        self.is_last_leaf(leaf) && leaf.page().slot_count() > 0
+    }
+
+    /// Whether a latched page is still this tree's last leaf (possibly empty).
+    fn is_last_leaf(&self, leaf: &ExclusiveGuard<'_>) -> bool {
         let page = leaf.page();
-        page.is_leaf()
-            && page.index_id() == self.index_id
-            && page.next() == NO_PAGE
-            && page.slot_count() > 0
+        page.is_leaf() && page.index_id() == self.index_id && page.next() == NO_PAGE
     }
 
     /// Inserts into the latched last leaf a key that sorts after its first key, splitting the
@@ -155,14 +165,22 @@ impl BTree {
     fn split_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
-        position: usize,
+        insert_position: usize,
         key: &[u8],
         value: &[u8],
     ) -> Option<Result<(), BTreeError>> {
         let parent_id = self.tail_parent_hint.load(Ordering::Relaxed);
-        if parent_id == NO_PAGE || position == 0 {
+        if parent_id == NO_PAGE || insert_position == 0 {
             return None;
         }
+        let leaf_count = leaf.page().slot_count();
+        // An append moves nothing; an insert that lands just before the end leaves the left
+        // page some room for stragglers (see `ascending_split_point`).
+        let position = if insert_position == leaf_count {
+            leaf_count
+        } else {
+            super::write::ascending_split_point(leaf_count, insert_position)
+        };
         let mut parent = self.try_latch_eagerly(parent_id)?;
         let page = parent.page();
         let count = page.slot_count();
@@ -172,7 +190,6 @@ impl BTree {
             page.child(count - 1)
         };
         let leaf_page = leaf.page();
-        let leaf_count = leaf_page.slot_count();
         // The separator is the first key of the new page.
         let separator = if position < leaf_count {
             leaf_page.key(position)
@@ -214,6 +231,7 @@ impl BTree {
             .insert_inner(count, &separator, right_id)
             .expect("the free space was checked above");
         self.set_tail(right_id, &separator);
+        super::write::LAST_INSERT_SPLIT.set(true);
         if position == leaf_count {
             self.stats.leaf_appends.add(1);
         } else {

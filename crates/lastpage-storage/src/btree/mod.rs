@@ -24,6 +24,7 @@
 mod append;
 mod check;
 mod cursor;
+pub mod flow_control;
 mod write;
 
 use std::sync::Arc;
@@ -39,6 +40,8 @@ use crate::page::{NO_PAGE, Page, PageId, PageKind};
 use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 pub use write::{CompareAndUpdate, StripedCounter};
+
+use flow_control::FlowControl;
 
 /// How an index inserts rows. Every path keeps the same tree layout, so an index can change
 /// path at run time.
@@ -95,6 +98,8 @@ pub struct TreeOptions {
     pub latch_policy: LatchPolicy,
     /// How inserts reach the leaf.
     pub insert_path: InsertPath,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY: flow control at the entrance of the insert path.
+    pub optimize_for_sequential_key: bool,
 }
 
 /// Errors of tree operations that callers can cause.
@@ -155,6 +160,15 @@ pub struct TreeStats {
     pub split_restarts: u64,
 }
 
+impl std::ops::AddAssign for TreeStats {
+    fn add_assign(&mut self, other: TreeStats) {
+        self.leaf_splits += other.leaf_splits;
+        self.leaf_appends += other.leaf_appends;
+        self.inner_splits += other.inner_splits;
+        self.split_restarts += other.split_restarts;
+    }
+}
+
 /// One B+tree.
 pub struct BTree {
     pool: Arc<BufferPool>,
@@ -174,6 +188,8 @@ pub struct BTree {
     tail_first_key_prefix: AtomicU64,
     /// Serialises the default path's appenders (see `append.rs`).
     tail_gate: Latch,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY (see `flow_control.rs`).
+    flow_control: FlowControl,
     /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
     /// it saves a shared-then-exclusive double latch while the root is still a leaf.
     root_level_hint: AtomicU8,
@@ -201,6 +217,10 @@ impl BTree {
             tail_parent_hint: AtomicU32::new(NO_PAGE),
             tail_first_key_prefix: AtomicU64::new(0),
             tail_gate: Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer),
+            flow_control: FlowControl::new(
+                std::thread::available_parallelism().map_or(1, usize::from),
+                options.optimize_for_sequential_key,
+            ),
             root_level_hint: AtomicU8::new(0),
             rows: StripedCounter::default(),
             stats: write::SplitCounters::default(),
@@ -217,12 +237,18 @@ impl BTree {
         self.index_id
     }
 
-    /// The tree's latch flavour and current insert path.
+    /// The tree's latch flavour, current insert path and flow control setting.
     pub fn options(&self) -> TreeOptions {
         TreeOptions {
             latch_policy: self.latch_policy,
             insert_path: self.insert_path(),
+            optimize_for_sequential_key: self.flow_control.is_enabled(),
         }
+    }
+
+    /// Switches OPTIMIZE_FOR_SEQUENTIAL_KEY on or off, without a rebuild.
+    pub fn set_optimize_for_sequential_key(&self, enabled: bool) {
+        self.flow_control.set_enabled(enabled);
     }
 
     /// The current insert path.

@@ -4,11 +4,17 @@ use std::cmp::Ordering as KeyOrdering;
 
 use crossbeam_utils::CachePadded;
 
-use super::{BTree, BTreeError, InsertPath, TreeStats, check_record_size};
+use super::{BTree, BTreeError, InsertPath, TreeStats, check_record_size, flow_control};
 use crate::buffer::ExclusiveGuard;
 use crate::limits::{MAX_KEY_BYTES, SLOT_BYTES};
 use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes};
 use crate::sync::{AtomicI64, Ordering};
+
+std::thread_local! {
+    /// Whether this thread's last insert split a page: flow control's guess at who will not
+    /// finish quickly.
+    pub(super) static LAST_INSERT_SPLIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Number of stripes of a [`StripedCounter`].
 const COUNTER_STRIPES: usize = 16;
@@ -126,11 +132,28 @@ impl BTree {
     /// Inserts `key` with `value`; fails with [`BTreeError::DuplicateKey`] if it is present.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
         check_record_size(key, value)?;
+        let _admission = self.enter_insert_path();
+        self.insert_admitted(key, value)
+    }
+
+    /// Passes OPTIMIZE_FOR_SEQUENTIAL_KEY flow control, if it is on. A worker whose previous
+    /// insert split a page is not likely to finish quickly, so it waits in the slow queue.
+    pub(super) fn enter_insert_path(&self) -> Option<flow_control::FlowTicket<'_>> {
+        self.flow_control.enter(!LAST_INSERT_SPLIT.replace(false))
+    }
+
+    /// [`BTree::insert`] once past flow control.
+    pub(super) fn insert_admitted(&self, key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
         if self.insert_path() == InsertPath::Default
             && let Some(result) = self.try_append_at_tail(key, value)
         {
             return result;
         }
+        self.insert_classic(key, value)
+    }
+
+    /// The classic insert: latch coupling from the root.
+    pub(super) fn insert_classic(&self, key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
         match self.write(key, value, WriteMode::Insert)? {
             Applied::Inserted => Ok(()),
             Applied::Replaced(_) | Applied::NotFound | Applied::Changed => {
@@ -236,7 +259,7 @@ impl BTree {
             {
                 return Ok(applied);
             }
-            let plan = plan_leaf_split(&path[leaf_index], key, mode);
+            let plan = plan_leaf_split(&path[leaf_index], key, mode, self.insert_path());
             if !self.cascade_fits(&path, plan.separator.len()) {
                 exclusive_from_level = u8::MAX;
                 continue;
@@ -411,6 +434,7 @@ impl BTree {
         let mut left_page = leaf.page_mut();
         left_page.truncate(plan.split_at);
         left_page.set_next(right_id);
+        LAST_INSERT_SPLIT.set(true);
         if plan.append {
             self.set_tail(right_id, &plan.separator);
             self.stats.leaf_appends.add(1);
@@ -544,15 +568,33 @@ impl BTree {
 }
 
 /// Decides where a full leaf splits for a write of `key`.
-fn plan_leaf_split(leaf: &ExclusiveGuard<'_>, key: &[u8], mode: WriteMode<'_>) -> LeafSplitPlan {
+///
+/// The classic path splits SQL Server's way: a new empty page for an insert past the end of
+/// the index, half the bytes otherwise. The default path also recognises a *nearly* ascending
+/// insert (one that lands within the last eighth of a page's records, as identity values taken
+/// before the insert do when sessions race) and splits at the insert point, so the left page
+/// stays nearly full instead of half empty.
+fn plan_leaf_split(
+    leaf: &ExclusiveGuard<'_>,
+    key: &[u8],
+    mode: WriteMode<'_>,
+    path: InsertPath,
+) -> LeafSplitPlan {
     let page = leaf.page();
     let count = page.slot_count();
     let position = match page.search(key) {
         Ok(index) | Err(index) => index,
     };
     let append = mode == WriteMode::Insert && position == count && page.next() == NO_PAGE;
+    let nearly_ascending = path == InsertPath::Default
+        && mode == WriteMode::Insert
+        && position >= 1
+        && position < count
+        && position >= count - (count / 8).max(1);
     let split_at = if append {
         count
+    } else if nearly_ascending {
+        ascending_split_point(count, position)
     } else if count == 1 {
         // One huge record: the new one goes on a page of its own, on the side its key
         // belongs to.
@@ -570,6 +612,13 @@ fn plan_leaf_split(leaf: &ExclusiveGuard<'_>, key: &[u8], mode: WriteMode<'_>) -
         separator,
         append,
     }
+}
+
+/// Where a page split by a nearly ascending insert at `position` divides: a little before the
+/// insert point, so the left page keeps room for the stragglers (keys taken earlier but
+/// arriving later) that still belong there, instead of splitting again for each of them.
+pub(super) fn ascending_split_point(count: usize, position: usize) -> usize {
+    position.saturating_sub(count / 16).max(1)
 }
 
 /// The first index at which the records before it hold at least half of the bytes.

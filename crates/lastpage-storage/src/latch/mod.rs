@@ -225,13 +225,13 @@ impl Waiter {
 
     /// Arms the waiter before it is queued. The store is ordered before any signal by the queue
     /// mutex, which the waiter holds while it queues itself and the signaller while it dequeues.
-    fn prepare(&self) {
+    pub(crate) fn prepare(&self) {
         self.state.store(WAITING, Ordering::Relaxed);
     }
 
     /// Lets the waiter go: `signalled_ns` first, then the flag that publishes it, then the
     /// wake-up. Only a thread that has removed the waiter from its queue may call this.
-    fn signal(&self, now_ns: u64) {
+    pub(crate) fn signal(&self, now_ns: u64) {
         self.signalled_ns.store(now_ns, Ordering::Relaxed);
         self.state.store(SIGNALLED, Ordering::Release);
         self.thread.unpark();
@@ -240,7 +240,7 @@ impl Waiter {
     /// Parks the calling thread (which must be the waiter's thread) until it is signalled and
     /// returns when the signal was sent. `park` may return spuriously, or because of a token left
     /// by an earlier wait's late `unpark`, so the flag is re-checked every time.
-    fn wait(&self) -> u64 {
+    pub(crate) fn wait(&self) -> u64 {
         while self.state.load(Ordering::Acquire) != SIGNALLED {
             sync::thread::park();
         }
@@ -258,7 +258,7 @@ std::thread_local! {
 /// is out of every queue by the time its wait returns, so one per thread is enough. Under loom
 /// (whose `Arc` belongs to one model execution) and while the thread-local is being destroyed, a
 /// fresh one is allocated instead.
-fn current_waiter() -> Arc<Waiter> {
+pub(crate) fn current_waiter() -> Arc<Waiter> {
     #[cfg(not(loom))]
     if let Ok(waiter) = CURRENT_WAITER.try_with(Arc::clone) {
         return waiter;

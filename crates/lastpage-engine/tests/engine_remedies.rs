@@ -1,0 +1,276 @@
+//! The seeds' remedies as engine options: hash partitioning (N trees behind one table, merged
+//! scans), batched multi-row inserts (atomic per statement), OPTIMIZE_FOR_SEQUENTIAL_KEY and
+//! the insert path switched at run time.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use lastpage_engine::schema::ComputeFn;
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, IndexDef, IndexOptions,
+    InsertPath, InsertRow, KeyRange, TableDef, Uniqueness, Value,
+};
+
+fn modulo_16() -> ComputeFn {
+    Arc::new(|row: &[Value]| match &row[0] {
+        Value::Int(id) => Ok(Value::TinyInt(id.rem_euclid(16) as u8)),
+        _ => Ok(Value::Null),
+    })
+}
+
+fn partitioned_table(db: &Database) -> Arc<lastpage_engine::Table> {
+    db.create_table(
+        TableDef::new("InsertContention_Part")
+            .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
+            .column(ColumnDef::new("Name", DataType::VarChar(100)).not_null())
+            .column(
+                ColumnDef::new("ModValue", DataType::TinyInt)
+                    .not_null()
+                    .computed(modulo_16()),
+            )
+            .clustered(IndexDef::new(
+                "PK_Part",
+                &["ModValue", "InsertID"],
+                Uniqueness::PrimaryKey,
+            ))
+            .nonclustered(IndexDef::new("IX_Name", &["Name"], Uniqueness::NonUnique))
+            .partitioned("ModValue", 16),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_partitioned_table_spreads_rows_and_reads_them_back_in_key_order() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = partitioned_table(&db);
+    assert_eq!(table.partition_count(), 16);
+    let session = db.session();
+    std::thread::scope(|scope| {
+        for thread in 0..8 {
+            let (table, db) = (&table, &db);
+            scope.spawn(move || {
+                let session = db.session();
+                for i in 0..250 {
+                    table
+                        .insert(
+                            &session,
+                            InsertRow::new().set(1, format!("t{thread}-{}", i % 5)),
+                        )
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(table.row_count(), 2000);
+    for tree in table.clustered_trees() {
+        assert_eq!(
+            tree.row_count(),
+            125,
+            "identity % 16 spreads 2000 rows evenly"
+        );
+    }
+    // A merged scan over all partitions comes back in clustered key order (ModValue, InsertID).
+    let rows: Vec<_> = table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), 2000);
+    let keys: Vec<(u8, i32)> = rows
+        .iter()
+        .map(|row| match (&row[2], &row[0]) {
+            (Value::TinyInt(m), Value::Int(id)) => (*m, *id),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
+    let backward: Vec<_> = table
+        .scan(&session, &KeyRange::all(), Direction::Backward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(backward.first(), rows.last());
+    // A key that names the partition reads one partition; a prefix reads one ModValue.
+    let row = table
+        .get(&session, &[Value::Int(5), Value::Int(37)])
+        .unwrap()
+        .unwrap();
+    assert_eq!(row[0], Value::Int(37));
+    let fives = table
+        .scan(
+            &session,
+            &KeyRange {
+                lower: Bound::Included(vec![Value::Int(5)]),
+                upper: Bound::Included(vec![Value::Int(5)]),
+            },
+            Direction::Forward,
+        )
+        .unwrap()
+        .count();
+    assert_eq!(fives, 125);
+    assert_eq!(
+        table
+            .get_by_index(&session, "IX_Name", &[Value::from("t3-4")])
+            .unwrap()
+            .len(),
+        50
+    );
+    // Update and delete find the row's partition.
+    assert!(
+        table
+            .update(
+                &session,
+                &[Value::Int(5), Value::Int(37)],
+                &[(1, Value::from("renamed"))]
+            )
+            .unwrap()
+    );
+    assert_eq!(
+        table
+            .get_by_index(&session, "IX_Name", &[Value::from("renamed")])
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        table
+            .delete(&session, &[Value::Int(5), Value::Int(37)])
+            .unwrap()
+    );
+    assert_eq!(table.row_count(), 1999);
+    let check = table.check_integrity().unwrap();
+    assert_eq!(check.rows, 1999);
+}
+
+#[test]
+fn partitioning_must_be_on_an_integer_clustered_key_column() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let error = db
+        .create_table(
+            TableDef::new("Bad")
+                .column(ColumnDef::new("Id", DataType::Int))
+                .column(ColumnDef::new("Part", DataType::Int))
+                .clustered(IndexDef::new("PK", &["Id"], Uniqueness::PrimaryKey))
+                .partitioned("Part", 4),
+        )
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("must be part of the clustered key"),
+        "{error}"
+    );
+    let error = db
+        .create_table(
+            TableDef::new("Bad2")
+                .column(ColumnDef::new("Id", DataType::VarChar(5)))
+                .clustered(IndexDef::new("PK", &["Id"], Uniqueness::PrimaryKey))
+                .partitioned("Id", 4),
+        )
+        .unwrap_err();
+    assert!(error.to_string().contains("integer"), "{error}");
+}
+
+#[test]
+fn a_batch_takes_a_block_of_identities_and_is_all_or_nothing() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Batched")
+                .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
+                .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+                .clustered(IndexDef::new(
+                    "PK_Batched",
+                    &["InsertID"],
+                    Uniqueness::PrimaryKey,
+                ))
+                .nonclustered(IndexDef::new(
+                    "UQ_Code",
+                    &["Code"],
+                    Uniqueness::UniqueConstraint,
+                )),
+        )
+        .unwrap();
+    let session = db.session();
+    let rows = (0..100)
+        .map(|i| InsertRow::new().set(1, format!("c{i}")))
+        .collect();
+    let identities = table.insert_batch(&session, rows).unwrap();
+    assert_eq!(identities, (1..=100).map(Some).collect::<Vec<_>>());
+    // Row 50 of the next batch duplicates a code: nothing of that batch stays.
+    let rows = (0..100)
+        .map(|i| {
+            InsertRow::new().set(
+                1,
+                if i == 50 {
+                    "c7".to_owned()
+                } else {
+                    format!("d{i}")
+                },
+            )
+        })
+        .collect();
+    let error = table.insert_batch(&session, rows).unwrap_err();
+    assert!(matches!(error, EngineError::DuplicateKey { .. }), "{error}");
+    assert_eq!(table.row_count(), 100);
+    table.check_integrity().unwrap();
+    // A duplicate inside one batch is caught too.
+    let rows = vec![InsertRow::new().set(1, "x"), InsertRow::new().set(1, "x")];
+    assert!(table.insert_batch(&session, rows).is_err());
+    assert_eq!(table.row_count(), 100);
+}
+
+#[test]
+fn index_options_switch_at_run_time_without_a_rebuild() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let options = IndexOptions {
+        optimize_for_sequential_key: true,
+        insert_path: InsertPath::Classic,
+        ..IndexOptions::default()
+    };
+    let table = db
+        .create_table(
+            TableDef::new("HotSpotTable")
+                .column(ColumnDef::new("HotSpotID", DataType::Int).identity(1, 1))
+                .column(ColumnDef::new("ver", DataType::TinyInt))
+                .clustered(
+                    IndexDef::new("PK_HotSpot", &["HotSpotID"], Uniqueness::PrimaryKey)
+                        .with_options(options),
+                ),
+        )
+        .unwrap();
+    let insert_some = || {
+        std::thread::scope(|scope| {
+            for _ in 0..16 {
+                scope.spawn(|| {
+                    let session = db.session();
+                    for _ in 0..300 {
+                        table.insert(&session, InsertRow::new().set(1, 1)).unwrap();
+                    }
+                });
+            }
+        });
+    };
+    insert_some();
+    assert!(
+        table.clustered_trees()[0]
+            .options()
+            .optimize_for_sequential_key
+    );
+    table
+        .set_optimize_for_sequential_key("PK_HotSpot", false)
+        .unwrap();
+    table
+        .set_insert_path("PK_HotSpot", InsertPath::Default)
+        .unwrap();
+    insert_some();
+    let options = table.clustered_trees()[0].options();
+    assert!(!options.optimize_for_sequential_key);
+    assert_eq!(options.insert_path, InsertPath::Default);
+    assert_eq!(table.row_count(), 2 * 16 * 300);
+    table.check_integrity().unwrap();
+    assert!(matches!(
+        table.set_insert_path("nope", InsertPath::Classic),
+        Err(EngineError::UnknownIndex { .. })
+    ));
+}
