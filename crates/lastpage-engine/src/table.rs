@@ -154,6 +154,8 @@ pub struct Table {
     /// Columns stored in the clustered record's value (those not in the clustered key).
     value_columns: Vec<usize>,
     value_types: Vec<DataType>,
+    /// `value_columns` as a range, when they are consecutive (so no copy is needed to encode).
+    value_columns_range: Option<std::ops::Range<usize>>,
     computed_columns: Vec<usize>,
     /// Whether the clustered key is the identity column alone, ascending, with no computed
     /// column (which could depend on the identity value): then the clustered tree makes the
@@ -387,7 +389,14 @@ impl Table {
                 && def.columns.iter().all(|column| column.computed.is_none())
                 && partitioning.is_none()
         });
+        let value_columns_range = match (value_columns.first(), value_columns.last()) {
+            (Some(&first), Some(&last)) if last - first + 1 == value_columns.len() => {
+                Some(first..last + 1)
+            }
+            _ => None,
+        };
         Ok(Table {
+            value_columns_range,
             partitioning,
             identity_keyed,
             id,
@@ -756,13 +765,19 @@ impl Table {
 
     /// Encodes the clustered record's value: the columns outside the clustered key.
     fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
-        let stored: Vec<Value> = self
-            .value_columns
-            .iter()
-            .map(|&column| values[column].clone())
-            .collect();
         let mut value = Vec::with_capacity(64);
-        encode_row(&self.value_types, &stored, &mut value)?;
+        if let Some(stored) = self.value_columns_range.clone() {
+            // The usual shape (key columns first): the stored columns are one slice of the row,
+            // encoded where they are.
+            encode_row(&self.value_types, &values[stored], &mut value)?;
+        } else {
+            let stored: Vec<Value> = self
+                .value_columns
+                .iter()
+                .map(|&column| values[column].clone())
+                .collect();
+            encode_row(&self.value_types, &stored, &mut value)?;
+        }
         Ok(value)
     }
 

@@ -59,14 +59,15 @@ impl BTree {
         )
     }
 
-    /// Inserts a row whose key only the caller can make, and makes it under the last leaf's
-    /// latch: `make_key` (which typically takes the next IDENTITY value and encodes it) runs
-    /// while the latch is held, so keys from it reach the leaf in exactly the order they were
-    /// made, every one lands past the last key, and no two appenders ever race to the end
-    /// of the index out of order (which would split the last page in half). Returns the key.
+    /// Inserts a row whose key only the caller can make, and makes it under the tail gate and
+    /// the last leaf's latch: `make_key` (which typically takes the next IDENTITY value and
+    /// encodes it) runs while both are held, so keys from it reach the leaf in exactly the order
+    /// they were made, every one lands past the last key, and no two appenders ever race to the
+    /// end of the index out of order (which would split the last page in half). Returns the key.
     ///
-    /// If the last leaf cannot be latched at once (after spinning), or the key that was made
-    /// does not sort last, the key is made (or kept) anyway and inserted by the classic path.
+    /// If the hinted page is no longer the last leaf, or the key that was made does not sort
+    /// last, the row goes in by the classic path, still under the gate so the order holds. On
+    /// the classic path the key is made first and inserted as any other.
     pub fn insert_with_generated_key<E>(
         &self,
         value: &[u8],
