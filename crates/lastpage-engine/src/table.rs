@@ -140,8 +140,11 @@ fn next_uniquifier() -> u64 {
     })
 }
 
-/// Ordinal of the key columns and the locator inside a decoded nonclustered key.
+/// Bytes of the hidden uniquifier at the end of a non-unique clustered key.
 const UNIQUIFIER_BYTES: usize = 8;
+
+/// A clustered record found by a lookup: its partition, key and value.
+type FoundRecord = (usize, Vec<u8>, Vec<u8>);
 
 /// A table.
 pub struct Table {
@@ -999,7 +1002,7 @@ impl Table {
 
     /// Finds the clustered record for a search key: exact for a unique key, the first match
     /// for a prefix or a non-unique key. Returns the record's partition, key and value.
-    fn find_record(&self, key: &[Value]) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>> {
+    fn find_record(&self, key: &[Value]) -> Result<Option<FoundRecord>> {
         let Some(encoded) = self.encode_lookup_key(&self.clustered, key)? else {
             return Ok(None);
         };
@@ -1008,7 +1011,7 @@ impl Table {
             None => 0..self.partition_count(),
         };
         let upper = prefix_end(&encoded);
-        let mut first: Option<(usize, Vec<u8>, Vec<u8>)> = None;
+        let mut first: Option<FoundRecord> = None;
         for partition in partitions {
             let tree = self.clustered.tree(partition);
             let found = if self.is_exact_clustered_key(key) {

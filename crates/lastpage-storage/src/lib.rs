@@ -12,3 +12,4 @@ pub mod limits;
 pub mod page;
 pub mod stats;
 pub mod sync;
+pub mod wal;

@@ -71,3 +71,44 @@ pub const TAIL_LATCH_ROUNDS: u32 = 64;
 
 /// Of those rounds, how many spin (with exponential backoff) before the rest yield.
 pub const TAIL_LATCH_SPIN_ROUNDS: u32 = 8;
+
+/// Bytes of the header in front of every write-ahead log record's payload: CRC32C (4), total
+/// length (4), LSN (8), payload length (4), record type (1), flags (1), reserved (2). See
+/// `docs/wal-format.md`.
+pub const WAL_RECORD_HEADER_BYTES: usize = 24;
+
+/// Every log record starts at a multiple of this many bytes of the logical log (its LSN is a
+/// multiple of it), padding the previous record with zeros. Eight lets the in-memory log buffer
+/// be an array of 64-bit words that no two records share, so appenders copy in parallel with
+/// plain word stores and publish a record by storing its first word last.
+pub const WAL_RECORD_ALIGN_BYTES: usize = 8;
+
+/// Largest log record, header and payload, that the log accepts or a reader believes: a length
+/// field above it marks garbage (a torn tail). One megabyte holds any row change (key plus old
+/// and new values, each limited by a page) with room for large checkpoint records.
+pub const MAX_WAL_RECORD_BYTES: usize = 1 << 20;
+
+/// Default size of the in-memory log buffer (a ring that appenders copy into and the group
+/// commit leader writes out from). Appenders wait (LOGBUFFER) when it is full. It must hold the
+/// largest record.
+pub const WAL_BUFFER_BYTES: usize = 4 << 20;
+
+/// Default number of bytes of the logical log in one log segment file (after the segment
+/// header). Segments let checkpoints drop old log by deleting whole files.
+pub const WAL_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Bytes of the header at the start of every log segment file; the segment's log bytes follow
+/// it. A whole page, so that the log bytes start page-aligned in the file.
+pub const WAL_SEGMENT_HEADER_BYTES: usize = 4096;
+
+/// How many bytes a log reader asks the file system for at a time.
+pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
+
+const _: () = assert!(WAL_RECORD_HEADER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
+const _: () = assert!(MAX_WAL_RECORD_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
+const _: () = assert!(MAX_WAL_RECORD_BYTES <= u32::MAX as usize);
+const _: () = assert!(MAX_WAL_RECORD_BYTES <= WAL_BUFFER_BYTES);
+const _: () = assert!(WAL_BUFFER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
+const _: () = assert!(WAL_SEGMENT_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES as u64));
+// A row change (key, old value and new value, each at most a page's record) fits in a record.
+const _: () = assert!(WAL_RECORD_HEADER_BYTES + 64 + 3 * MAX_RECORD_BYTES <= MAX_WAL_RECORD_BYTES);

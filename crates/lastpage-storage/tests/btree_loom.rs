@@ -46,6 +46,7 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
     for policy in LatchPolicy::ALL {
         let mut builder = loom::model::Builder::new();
         builder.preemption_bound = Some(2);
+        builder.max_branches = 100_000;
         builder.check(move || {
             let tree = tree(policy);
             let counter = Arc::new(AtomicU64::new(2));
@@ -54,7 +55,9 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
                     let (tree, counter) = (tree.clone(), counter.clone());
                     loom::thread::spawn(move || {
                         tree.insert_with_generated_key(&[1; BIG], |key| {
-                            key.extend_from_slice(&counter.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+                            key.extend_from_slice(
+                                &counter.fetch_add(1, Ordering::Relaxed).to_be_bytes(),
+                            );
                             Ok::<(), ()>(())
                         })
                         .unwrap();
@@ -62,10 +65,14 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
                 })
                 .collect();
             // A reader scanning meanwhile sees keys in order and never a torn row.
-            let seen: Vec<(Vec<u8>, Vec<u8>)> =
-                tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward).collect();
+            let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
+                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+                .collect();
             assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
-            assert!(seen.iter().all(|(_, value)| value.len() == BIG && value.iter().all(|&b| b == value[0])));
+            assert!(
+                seen.iter()
+                    .all(|(_, value)| value.len() == BIG && value.iter().all(|&b| b == value[0]))
+            );
             for appender in appenders {
                 appender.join().unwrap();
             }
@@ -88,7 +95,8 @@ fn an_appender_and_a_classic_inserter_keep_the_tree_valid() {
             loom::thread::spawn(move || tree.insert(&10u64.to_be_bytes(), &[2; BIG]).unwrap())
         };
         // A key below the tail takes the classic path and splits the first leaf.
-        tree.insert(&[0, 0, 0, 0, 0, 0, 0, 0, 5], &[3; BIG]).unwrap();
+        tree.insert(&[0, 0, 0, 0, 0, 0, 0, 0, 5], &[3; BIG])
+            .unwrap();
         appender.join().unwrap();
         let check = tree.check_integrity().unwrap();
         assert_eq!(check.rows, 4);

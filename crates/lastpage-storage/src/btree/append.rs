@@ -35,6 +35,11 @@ use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes};
 use crate::stats::{self, LatchClass, WaitType};
 use crate::sync::{self, Ordering};
 
+/// Rounds of retrying a busy parent. Under loom every spin is a yield to the model checker,
+/// which would explore each of 64 rounds separately; two keep the same paths (success after a
+/// retry, giving up) reachable at a fraction of the cost.
+const TRY_ROUNDS: u32 = if cfg!(loom) { 2 } else { TAIL_LATCH_ROUNDS };
+
 impl BTree {
     /// Inserts `key` on the last leaf if it belongs there (it sorts after the leaf's first
     /// key), splitting the last leaf without a descent if it is full. `None` means the fast path
@@ -271,7 +276,7 @@ impl BTree {
             return Some(guard);
         }
         let wait = stats::begin_wait(WaitType::PageLatchEx, Some(LatchClass::Buffer));
-        for round in 0..TAIL_LATCH_ROUNDS {
+        for round in 0..TRY_ROUNDS {
             if round < TAIL_LATCH_SPIN_ROUNDS {
                 for _ in 0..(1u32 << round.min(6)) {
                     sync::spin_loop_hint();

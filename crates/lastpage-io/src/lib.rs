@@ -1,0 +1,149 @@
+//! The one layer of lastpage that touches files.
+//!
+//! Everything above this crate (the write-ahead log now; the data file, checkpoints and the
+//! control file later) reaches the disk only through the [`FileSystem`] and [`File`] traits. That
+//! is what makes durability testable: [`StdFileSystem`] is the real thing (std's file APIs,
+//! `pwrite`/`pread`/`fdatasync`), and [`FaultyFileSystem`] is an in-memory file system that knows
+//! which bytes a power loss would keep, can simulate that crash deterministically from a seed, and
+//! can inject the failures real disks produce (a failed `fdatasync`, `ENOSPC`, failing reads).
+//!
+//! The interface is deliberately small and positional: every read and write names its offset
+//! (`pread`/`pwrite`), and every method takes `&self`, so one open file can be written from many
+//! threads without a cursor or a lock in this layer.
+//!
+//! Durability contract, which both implementations follow and the layers above rely on:
+//! - A write is durable only after a later [`File::sync_data`] on the same file returned `Ok`.
+//! - The size a [`File::set_len`] or an extending write gives a file is durable only after a later
+//!   `sync_data` returned `Ok` (`fdatasync` flushes the metadata needed to read the data back).
+//! - A newly created, renamed or removed name is durable only after [`FileSystem::sync_dir`] on
+//!   its parent directory returned `Ok`.
+//! - After `sync_data` failed, nothing about the unsynced writes of that file is known: some may
+//!   be on disk, some may be lost forever, and (as Linux does since "fsyncgate") a *later*
+//!   `sync_data` may return `Ok` without having written them. Callers must treat a failed sync as
+//!   the loss of everything not yet durable, never retry it and carry on.
+
+#![forbid(unsafe_code)]
+
+mod faulty;
+mod std_fs;
+
+use std::fmt::Debug;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use faulty::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FaultyStats, Tear};
+pub use std_fs::StdFileSystem;
+
+/// How [`FileSystem::open`] opens a file. Files are always opened for reading and writing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Create the file if it does not exist (otherwise opening a missing file fails with
+    /// `NotFound`).
+    pub create: bool,
+    /// Fail with `AlreadyExists` if the file exists. Implies `create`.
+    pub create_new: bool,
+    /// Cut the file to length zero when it is opened.
+    pub truncate: bool,
+}
+
+impl OpenOptions {
+    /// Opens an existing file; fails with `NotFound` if it does not exist.
+    pub fn existing() -> OpenOptions {
+        OpenOptions::default()
+    }
+
+    /// Opens the file, creating it if it does not exist.
+    pub fn create() -> OpenOptions {
+        OpenOptions {
+            create: true,
+            ..OpenOptions::default()
+        }
+    }
+
+    /// Creates a new file; fails with `AlreadyExists` if it exists.
+    pub fn create_new() -> OpenOptions {
+        OpenOptions {
+            create: true,
+            create_new: true,
+            truncate: false,
+        }
+    }
+
+    /// The same options, with the file cut to length zero when it is opened.
+    pub fn truncate(self) -> OpenOptions {
+        OpenOptions {
+            truncate: true,
+            ..self
+        }
+    }
+}
+
+/// An open file. All methods take `&self`: reads and writes are positional, so one handle can be
+/// shared by many threads (wrap the `Box` in an `Arc`).
+pub trait File: Send + Sync + Debug {
+    /// Reads up to `buf.len()` bytes starting at `offset` and returns how many were read. It
+    /// returns fewer only when the end of the file is reached (zero at or past the end).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Writes all of `data` at `offset`, extending the file (with zeros in any gap) if needed.
+    /// On error an unknown prefix of `data` may have been written.
+    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Makes every earlier write and size change of this file durable (`fdatasync`). See the
+    /// crate documentation for what a failure means.
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// The current size of the file in bytes.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Cuts or extends (with zeros) the file to `len` bytes. Durable after the next `sync_data`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let read = self.read_at(offset, buf)?;
+        if read == buf.len() {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {} bytes at offset {offset} found only {read} before the end of the file",
+                    buf.len()
+                ),
+            ))
+        }
+    }
+}
+
+/// A file system: the operations on names and directories lastpage needs.
+pub trait FileSystem: Send + Sync + Debug {
+    /// Opens (and, as `options` say, creates or truncates) the file at `path` for reading and
+    /// writing.
+    fn open(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn File>>;
+
+    /// Removes the file at `path`. Durable after [`FileSystem::sync_dir`] on its directory.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+
+    /// Renames `from` to `to`, replacing `to` if it exists (atomically, as `rename(2)` does).
+    /// Durable after [`FileSystem::sync_dir`] on the directory (or both directories).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Whether a file or directory exists at `path`.
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+
+    /// Creates the directory `path` and any missing parents.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+
+    /// The names (not full paths) of the files in directory `path`, sorted.
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+
+    /// Makes the creations, removals and renames of names in directory `path` durable (an
+    /// `fsync` of the directory).
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+}

@@ -1,0 +1,299 @@
+//! Unit tests of the fault-injecting file system: what a crash keeps, and each injected fault.
+//! Every test prints the seeds it used; a failure can be replayed with the same seed because
+//! each test is single-threaded.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use lastpage_io::{
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, Tear,
+};
+
+fn fs(seed: u64) -> FaultyFileSystem {
+    println!("seed {seed}");
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+    fs.create_dir_all(Path::new("/db")).unwrap();
+    fs
+}
+
+fn path(name: &str) -> PathBuf {
+    Path::new("/db").join(name)
+}
+
+/// Creates a file with a durable name and durable contents.
+fn durable_file(fs: &FaultyFileSystem, name: &str, contents: &[u8]) -> Box<dyn File> {
+    let file = fs.open(&path(name), OpenOptions::create()).unwrap();
+    file.write_all_at(0, contents).unwrap();
+    file.sync_data().unwrap();
+    fs.sync_dir(Path::new("/db")).unwrap();
+    file
+}
+
+fn read_all(fs: &FaultyFileSystem, name: &str) -> Option<Vec<u8>> {
+    let file = match fs.open(&path(name), OpenOptions::existing()) {
+        Ok(file) => file,
+        Err(error) if error.kind() == ErrorKind::NotFound => return None,
+        Err(error) => panic!("{error}"),
+    };
+    let mut bytes = vec![0; file.len().unwrap() as usize];
+    file.read_exact_at(0, &mut bytes).unwrap();
+    Some(bytes)
+}
+
+#[test]
+fn reads_are_positional_and_short_at_the_end() {
+    let fs = fs(1);
+    let file = fs.open(&path("a"), OpenOptions::create()).unwrap();
+    file.write_all_at(4, b"tail").unwrap();
+    assert_eq!(file.len().unwrap(), 8);
+    let mut buf = [9u8; 16];
+    assert_eq!(file.read_at(0, &mut buf).unwrap(), 8);
+    assert_eq!(&buf[..8], b"\0\0\0\0tail");
+    assert_eq!(file.read_at(8, &mut buf).unwrap(), 0);
+    assert_eq!(file.read_at(100, &mut buf).unwrap(), 0);
+    assert!(file.read_exact_at(6, &mut buf[..4]).is_err());
+    file.set_len(2).unwrap();
+    assert_eq!(file.len().unwrap(), 2);
+    assert_eq!(
+        fs.list_dir(Path::new("/db")).unwrap(),
+        vec![PathBuf::from("a")]
+    );
+    assert!(fs.open(&path("a"), OpenOptions::create_new()).is_err());
+    assert!(fs.open(&path("b"), OpenOptions::existing()).is_err());
+    assert!(
+        fs.open(Path::new("/nodir/x"), OpenOptions::create())
+            .is_err()
+    );
+}
+
+#[test]
+fn crash_keeps_synced_bytes_and_loses_or_keeps_unsynced_ones_by_mode() {
+    let fs = fs(2);
+    let file = durable_file(&fs, "log", b"durable!");
+    file.write_all_at(8, b"volatile").unwrap();
+    assert_eq!(fs.contents(&path("log")).unwrap(), b"durable!volatile");
+    assert_eq!(fs.durable_contents(&path("log")).unwrap(), b"durable!");
+
+    let lost = fs.crash_with(CrashMode::LoseUnsynced);
+    assert_eq!(read_all(&lost, "log").unwrap(), b"durable!");
+    let kept = fs.crash_with(CrashMode::KeepUnsynced);
+    assert_eq!(read_all(&kept, "log").unwrap(), b"durable!volatile");
+
+    // The crashed instance and its open files are gone.
+    assert!(fs.is_crashed());
+    assert!(file.write_all_at(0, b"x").is_err());
+    assert!(file.sync_data().is_err());
+    assert!(fs.open(&path("log"), OpenOptions::existing()).is_err());
+}
+
+#[test]
+fn random_crash_loses_applies_or_tears_each_unsynced_write_at_sector_boundaries() {
+    let mut outcomes = [0usize; 3];
+    for seed in 0..200 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Sectors(512)));
+        fs.create_dir_all(Path::new("/db")).unwrap();
+        let file = durable_file(&fs, "log", &[]);
+        // One write of 2000 bytes at offset 100: sector boundaries inside it at 512, 1024, 1536 and 2048.
+        file.write_all_at(100, &[0xAB; 2000]).unwrap();
+        let crashed = fs.crash();
+        let bytes = read_all(&crashed, "log").unwrap();
+        let applied = bytes.iter().filter(|&&b| b == 0xAB).count();
+        match applied {
+            0 => outcomes[0] += 1,
+            2000 => outcomes[1] += 1,
+            cut => {
+                assert!(
+                    [512 - 100, 1024 - 100, 1536 - 100, 2048 - 100].contains(&cut),
+                    "seed {seed}: torn at {cut}, not at a sector boundary"
+                );
+                // A torn write is a prefix.
+                assert!(bytes[100..100 + cut].iter().all(|&b| b == 0xAB));
+                outcomes[2] += 1;
+            }
+        }
+    }
+    println!("lost/applied/torn over 200 seeds: {outcomes:?}");
+    assert!(outcomes.iter().all(|&n| n > 20), "{outcomes:?}");
+}
+
+#[test]
+fn byte_granular_tears_cut_anywhere_and_small_writes_within_a_sector_are_not_torn() {
+    let mut cuts = std::collections::BTreeSet::new();
+    for seed in 0..300 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
+        fs.create_dir_all(Path::new("/db")).unwrap();
+        let file = durable_file(&fs, "log", &[]);
+        file.write_all_at(0, &[7; 10]).unwrap();
+        let bytes = read_all(&fs.crash(), "log").unwrap();
+        let applied = bytes.iter().filter(|&&b| b == 7).count();
+        cuts.insert(applied);
+    }
+    assert_eq!(
+        cuts.len(),
+        11,
+        "every prefix length 0..=10 occurs: {cuts:?}"
+    );
+
+    // With sector tears, a write inside one sector is all or nothing.
+    for seed in 0..100 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        fs.create_dir_all(Path::new("/db")).unwrap();
+        let file = durable_file(&fs, "log", &[]);
+        file.write_all_at(10, &[7; 100]).unwrap();
+        let bytes = read_all(&fs.crash(), "log").unwrap();
+        let applied = bytes.iter().filter(|&&b| b == 7).count();
+        assert!(applied == 0 || applied == 100, "seed {seed}: {applied}");
+    }
+}
+
+#[test]
+fn crashes_are_deterministic_for_a_seed() {
+    let run = |seed: u64| {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
+        fs.create_dir_all(Path::new("/db")).unwrap();
+        let file = durable_file(&fs, "log", &[]);
+        for i in 0..20u8 {
+            file.write_all_at(u64::from(i) * 7, &[i + 1; 9]).unwrap();
+        }
+        read_all(&fs.crash(), "log").unwrap()
+    };
+    for seed in [3, 99, 12345] {
+        println!("seed {seed}");
+        assert_eq!(run(seed), run(seed));
+    }
+    assert_ne!(run(3), run(4));
+}
+
+#[test]
+fn names_are_durable_only_after_sync_dir() {
+    let mut seen = [false; 2];
+    for seed in 0..50 {
+        let fs = fs(seed);
+        durable_file(&fs, "kept", b"k");
+        let file = fs.open(&path("new"), OpenOptions::create()).unwrap();
+        file.write_all_at(0, b"n").unwrap();
+        file.sync_data().unwrap();
+        fs.remove(&path("kept")).unwrap();
+        let crashed = fs.crash();
+        let new_exists = crashed.exists(&path("new")).unwrap();
+        seen[usize::from(new_exists)] = true;
+        if new_exists {
+            assert_eq!(read_all(&crashed, "new").unwrap(), b"n");
+        }
+        // The removal was not synced either, so "kept" may come back (with its durable bytes).
+        if let Some(bytes) = read_all(&crashed, "kept") {
+            assert_eq!(bytes, b"k");
+        }
+        assert!(crashed.exists(Path::new("/db")).unwrap());
+    }
+    assert_eq!(seen, [true, true]);
+
+    let fs = fs(7);
+    let file = fs.open(&path("tmp"), OpenOptions::create()).unwrap();
+    file.write_all_at(0, b"v2").unwrap();
+    file.sync_data().unwrap();
+    fs.rename(&path("tmp"), &path("final")).unwrap();
+    fs.sync_dir(Path::new("/db")).unwrap();
+    let crashed = fs.crash();
+    assert_eq!(read_all(&crashed, "final").unwrap(), b"v2");
+    assert!(!crashed.exists(&path("tmp")).unwrap());
+    assert_eq!(fs.stats().dir_syncs, 1);
+}
+
+#[test]
+fn failed_sync_returns_an_error_and_may_drop_the_unsynced_writes_for_good() {
+    let mut dropped_somewhere = false;
+    for seed in 0..40 {
+        let fs = fs(seed);
+        let file = durable_file(&fs, "log", b"base");
+        fs.inject(FaultRule::sync_fails(2).on_path(path("log")));
+        file.write_all_at(4, b"AAAA").unwrap();
+        file.sync_data().unwrap(); // The first sync after the rule succeeds.
+        file.write_all_at(8, b"BBBB").unwrap();
+        file.write_all_at(12, b"CCCC").unwrap();
+        let error = file.sync_data().unwrap_err();
+        assert!(error.to_string().contains("fdatasync"), "{error}");
+        // Reads still see the writes (they are in the page cache)...
+        assert_eq!(fs.contents(&path("log")).unwrap(), b"baseAAAABBBBCCCC");
+        // ...and the next sync succeeds (fsyncgate), but whatever the failed sync dropped is
+        // not on disk, even if nothing is lost at the crash.
+        file.sync_data().unwrap();
+        let durable = read_all(&fs.crash_with(CrashMode::KeepUnsynced), "log").unwrap();
+        assert!(durable.starts_with(b"baseAAAA"), "seed {seed}");
+        if durable.len() < 16 || durable[8..12] != *b"BBBB" || durable[12..16] != *b"CCCC" {
+            dropped_somewhere = true;
+        }
+        assert_eq!(fs.stats().failed_syncs, 1);
+        assert_eq!(fs.stats().syncs, 3);
+    }
+    assert!(dropped_somewhere);
+
+    // A sticky rule fails every sync from the nth on, and only for its file.
+    let fs = fs(1);
+    let log = durable_file(&fs, "log", b"x");
+    let other = durable_file(&fs, "other", b"y");
+    fs.inject(FaultRule::syncs_fail_from(1).on_path(path("log")));
+    assert!(log.sync_data().is_err());
+    assert!(log.sync_data().is_err());
+    other.sync_data().unwrap();
+    fs.clear_faults();
+    log.sync_data().unwrap();
+}
+
+#[test]
+fn writes_past_the_budget_fail_with_storage_full_after_writing_what_fits() {
+    let fs = fs(5);
+    let file = durable_file(&fs, "log", &[]);
+    fs.inject(FaultRule::disk_full_after(10));
+    file.write_all_at(0, b"123456").unwrap();
+    let error = file.write_all_at(6, b"789abc").unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::StorageFull);
+    assert_eq!(fs.contents(&path("log")).unwrap(), b"123456789a");
+    assert_eq!(
+        file.write_all_at(0, b"z").unwrap_err().kind(),
+        ErrorKind::StorageFull
+    );
+    let stats = fs.stats();
+    assert_eq!(stats.bytes_written, 10);
+    assert_eq!(stats.writes, 4, "the durable_file write counts too");
+    fs.clear_faults();
+    file.write_all_at(0, b"z").unwrap();
+}
+
+#[test]
+fn reads_fail_when_told_to() {
+    let fs = fs(6);
+    let file = durable_file(&fs, "data", b"hello");
+    fs.inject(FaultRule::read_fails(2));
+    let mut buf = [0; 5];
+    file.read_exact_at(0, &mut buf).unwrap();
+    assert!(file.read_at(0, &mut buf).is_err());
+    file.read_exact_at(0, &mut buf).unwrap();
+    fs.inject(FaultRule::reads_fail_from(1));
+    assert!(file.read_at(0, &mut buf).is_err());
+    assert!(file.read_at(0, &mut buf).is_err());
+    assert_eq!(fs.stats().reads, 5);
+}
+
+#[test]
+fn set_len_and_truncate_are_durable_only_after_sync() {
+    let fs = fs(8);
+    let file = durable_file(&fs, "log", b"0123456789");
+    file.set_len(4).unwrap();
+    assert_eq!(
+        read_all(&fs.crash_with(CrashMode::LoseUnsynced), "log").unwrap(),
+        b"0123456789"
+    );
+    let fs = self::fs(8);
+    let file = durable_file(&fs, "log", b"0123456789");
+    file.set_len(4).unwrap();
+    file.sync_data().unwrap();
+    let reopened = fs
+        .open(&path("log"), OpenOptions::create().truncate())
+        .unwrap();
+    assert_eq!(reopened.len().unwrap(), 0);
+    assert_eq!(
+        read_all(&fs.crash_with(CrashMode::LoseUnsynced), "log").unwrap(),
+        b"0123"
+    );
+}

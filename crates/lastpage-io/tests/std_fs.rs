@@ -1,0 +1,42 @@
+//! The real file system through the same interface, in a scratch directory under the target
+//! directory (a real disk, unlike a tmpfs `/tmp`).
+
+use std::path::PathBuf;
+
+use lastpage_io::{FileSystem, OpenOptions, StdFileSystem};
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn std_file_system_round_trip() {
+    let fs = StdFileSystem::new();
+    let dir = scratch_dir("std-fs");
+    fs.create_dir_all(&dir).unwrap();
+    let path = dir.join("a.bin");
+    assert!(!fs.exists(&path).unwrap());
+    let file = fs.open(&path, OpenOptions::create_new()).unwrap();
+    assert!(fs.open(&path, OpenOptions::create_new()).is_err());
+    file.write_all_at(3, b"xyz").unwrap();
+    file.sync_data().unwrap();
+    fs.sync_dir(&dir).unwrap();
+    assert_eq!(file.len().unwrap(), 6);
+    let mut buf = [1u8; 10];
+    assert_eq!(file.read_at(0, &mut buf).unwrap(), 6);
+    assert_eq!(&buf[..6], b"\0\0\0xyz");
+    file.set_len(4).unwrap();
+    assert_eq!(file.len().unwrap(), 4);
+    fs.rename(&path, &dir.join("b.bin")).unwrap();
+    assert_eq!(fs.list_dir(&dir).unwrap(), vec![PathBuf::from("b.bin")]);
+    let reopened = fs
+        .open(&dir.join("b.bin"), OpenOptions::existing().truncate())
+        .unwrap();
+    assert!(reopened.is_empty().unwrap());
+    fs.remove(&dir.join("b.bin")).unwrap();
+    assert!(fs.list_dir(&dir).unwrap().is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

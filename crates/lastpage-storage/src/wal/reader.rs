@@ -1,0 +1,311 @@
+//! Reading the log back: records in LSN order from a starting LSN, up to the end of the valid
+//! log.
+//!
+//! The end of the log is the first position that does not hold a valid record: the files end,
+//! a segment is missing or has an invalid header, the header there is impossible (zero length,
+//! out-of-bounds length, lengths that disagree, a stored LSN that is not the position, nonzero
+//! reserved bytes), the record's bytes end early, or its CRC does not match. After a crash that
+//! is the torn tail: whatever the last flush left half-written. The reader stops there, reports
+//! where and why ([`LogReader::end`]), and never panics on garbage.
+//!
+//! What is *not* an end: an I/O error while reading is returned as [`WalError::Io`] (treating it
+//! as the end would silently drop committed transactions at recovery), and a record that passes
+//! its CRC but cannot be decoded is [`WalError::Corrupt`] (a crash cannot produce one).
+//!
+//! A bit flip in the middle of an old, durable part of the log is indistinguishable from a torn
+//! tail by these checks alone; the reader will stop there too. Telling the two apart (by
+//! looking for valid records past the end, or by comparing with the end a checkpoint recorded)
+//! is left to recovery.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use lastpage_io::{File, FileSystem, OpenOptions};
+
+use super::record::{Record, RecordHeader};
+use super::segment::{self, HEADER_BYTES};
+use super::{Lsn, WalError, align_up};
+use crate::limits::{WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES};
+
+/// Why the valid log ends where it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailKind {
+    /// The log's files end here: the end of a segment file, or no segment holds this LSN.
+    EndOfFiles,
+    /// The segment file that should hold this LSN has an invalid header or belongs to another
+    /// log.
+    BadSegment,
+    /// The bytes here cannot be a record header; the reason says which check failed (zero
+    /// length means nothing was written here).
+    InvalidHeader(&'static str),
+    /// The header is plausible but the record's bytes end early.
+    Truncated,
+    /// The record is all there but its CRC does not match.
+    BadChecksum,
+}
+
+/// Where and why the valid log ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogEnd {
+    /// The first LSN that does not hold a valid record: where the next record would go.
+    pub lsn: Lsn,
+    /// Why.
+    pub kind: TailKind,
+}
+
+/// A record as stored: checked (lengths, LSN, CRC) but not decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawRecord {
+    /// The record's LSN.
+    pub lsn: Lsn,
+    /// The LSN of the next record.
+    pub end: Lsn,
+    /// The type byte.
+    pub kind: u8,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+impl RawRecord {
+    /// Decodes the payload.
+    pub fn decode(&self) -> Result<Record<'_>, WalError> {
+        Record::decode(self.kind, &self.payload).map_err(|error| WalError::Corrupt {
+            lsn: self.lsn,
+            reason: format!("a record with a valid checksum does not decode: {error}"),
+        })
+    }
+}
+
+/// A decoded record and where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// The record's LSN.
+    pub lsn: Lsn,
+    /// The LSN of the next record.
+    pub end: Lsn,
+    /// The record.
+    pub record: Record<'static>,
+}
+
+/// A segment file being read, with a window of its bytes.
+struct OpenSegment {
+    start: u64,
+    file: Box<dyn File>,
+    /// File offset of `window[0]`.
+    window_offset: u64,
+    window: Vec<u8>,
+}
+
+/// Reads records forward from an LSN. Also an iterator of decoded records.
+pub struct LogReader {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    segments: Vec<(u64, PathBuf)>,
+    /// Segment size and log id, from the first segment header read.
+    geometry: Option<(u64, u64)>,
+    current: Option<OpenSegment>,
+    position: u64,
+    end: Option<LogEnd>,
+    /// Why the last `fill` came up short.
+    short: TailKind,
+}
+
+impl LogReader {
+    /// A reader of the log in `dir` whose first record is the one at `from` (which must be a
+    /// record boundary: the start of the log, or an LSN a checkpoint recorded).
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: impl Into<PathBuf>,
+        from: Lsn,
+    ) -> Result<LogReader, WalError> {
+        let dir = dir.into();
+        let segments = segment::list(fs.as_ref(), &dir)?;
+        Ok(LogReader {
+            fs,
+            dir,
+            segments,
+            geometry: None,
+            current: None,
+            position: from.0,
+            end: None,
+            short: TailKind::EndOfFiles,
+        })
+    }
+
+    /// The directory being read.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// The LSN of the next record to be read; once the reader has stopped, the end of the
+    /// valid log.
+    pub fn position(&self) -> Lsn {
+        Lsn(self.position)
+    }
+
+    /// Where and why the valid log ended, once the reader got there.
+    pub fn end(&self) -> Option<LogEnd> {
+        self.end
+    }
+
+    /// Reads the next record without decoding it, or `None` at the end of the valid log.
+    pub fn next_raw(&mut self) -> Result<Option<RawRecord>, WalError> {
+        if self.end.is_some() {
+            return Ok(None);
+        }
+        let position = self.position;
+        let mut header_bytes = [0u8; WAL_RECORD_HEADER_BYTES];
+        let got = self.fill(position, &mut header_bytes)?;
+        if got < header_bytes.len() {
+            let kind = if got == 0 {
+                self.short
+            } else {
+                TailKind::Truncated
+            };
+            return Ok(self.stop(kind));
+        }
+        let header = RecordHeader::parse(&header_bytes);
+        if let Some(problem) = header.problem(Lsn(position)) {
+            return Ok(self.stop(TailKind::InvalidHeader(problem)));
+        }
+        let mut payload = vec![0u8; header.payload_len as usize];
+        let got = self.fill(position + WAL_RECORD_HEADER_BYTES as u64, &mut payload)?;
+        if got < payload.len() {
+            return Ok(self.stop(TailKind::Truncated));
+        }
+        let crc = super::record::checksum(&header_bytes, [payload.as_slice()]);
+        if crc != header.crc {
+            return Ok(self.stop(TailKind::BadChecksum));
+        }
+        let end = position + align_up(header.total_len as usize) as u64;
+        self.position = end;
+        Ok(Some(RawRecord {
+            lsn: Lsn(position),
+            end: Lsn(end),
+            kind: header.kind,
+            payload,
+        }))
+    }
+
+    /// Reads and decodes the next record, or `None` at the end of the valid log.
+    pub fn next_record(&mut self) -> Result<Option<LogEntry>, WalError> {
+        let Some(raw) = self.next_raw()? else {
+            return Ok(None);
+        };
+        let record = raw.decode()?.into_owned();
+        Ok(Some(LogEntry {
+            lsn: raw.lsn,
+            end: raw.end,
+            record,
+        }))
+    }
+
+    fn stop(&mut self, kind: TailKind) -> Option<RawRecord> {
+        self.end = Some(LogEnd {
+            lsn: Lsn(self.position),
+            kind,
+        });
+        self.current = None;
+        None
+    }
+
+    /// Copies log bytes from LSN `position` on into `out`, across segments; returns how many
+    /// were there (fewer than asked where the files end, with the reason in `self.short`).
+    fn fill(&mut self, position: u64, out: &mut [u8]) -> Result<usize, WalError> {
+        let mut done = 0;
+        while done < out.len() {
+            let at = position + done as u64;
+            if !self.open_segment_for(at)? {
+                break;
+            }
+            let (segment_bytes, _) = self.geometry.expect("a segment is open");
+            let current = self.current.as_mut().expect("a segment is open");
+            let file_offset = HEADER_BYTES + (at - current.start);
+            let left_in_segment = current.start + segment_bytes - at;
+            let window_end = current.window_offset + current.window.len() as u64;
+            if file_offset < current.window_offset || file_offset >= window_end {
+                let chunk = (WAL_READ_CHUNK_BYTES as u64).min(left_in_segment) as usize;
+                current.window.resize(chunk, 0);
+                let read = current
+                    .file
+                    .read_at(file_offset, &mut current.window)
+                    .map_err(|error| {
+                        WalError::io(
+                            format!("reading the log at LSN {at} in {}", self.dir.display()),
+                            error,
+                        )
+                    })?;
+                current.window.truncate(read);
+                current.window_offset = file_offset;
+                if read == 0 {
+                    self.short = TailKind::EndOfFiles;
+                    break;
+                }
+            }
+            let in_window = (file_offset - current.window_offset) as usize;
+            let available = (current.window.len() - in_window)
+                .min(left_in_segment as usize)
+                .min(out.len() - done);
+            out[done..done + available]
+                .copy_from_slice(&current.window[in_window..in_window + available]);
+            done += available;
+        }
+        Ok(done)
+    }
+
+    /// Makes `current` the segment holding `lsn`; false (with the reason in `self.short`) if
+    /// there is no valid one.
+    fn open_segment_for(&mut self, lsn: u64) -> Result<bool, WalError> {
+        if let (Some(current), Some((segment_bytes, _))) = (&self.current, self.geometry)
+            && current.start <= lsn
+            && lsn < current.start + segment_bytes
+        {
+            return Ok(true);
+        }
+        self.current = None;
+        // The last segment starting at or before `lsn`.
+        let index = self.segments.partition_point(|(start, _)| *start <= lsn);
+        let Some((start, path)) = index.checked_sub(1).map(|i| self.segments[i].clone()) else {
+            self.short = TailKind::EndOfFiles;
+            return Ok(false);
+        };
+        let Some(header) = segment::read_header(self.fs.as_ref(), &path)? else {
+            self.short = TailKind::BadSegment;
+            return Ok(false);
+        };
+        let (segment_bytes, log_id) = *self
+            .geometry
+            .get_or_insert((header.segment_bytes, header.log_id));
+        if header.start_lsn != start
+            || header.segment_bytes != segment_bytes
+            || header.log_id != log_id
+        {
+            self.short = TailKind::BadSegment;
+            return Ok(false);
+        }
+        if lsn >= start + segment_bytes {
+            // The segment that would hold `lsn` does not exist.
+            self.short = TailKind::EndOfFiles;
+            return Ok(false);
+        }
+        let file = self
+            .fs
+            .open(&path, OpenOptions::existing())
+            .map_err(|error| WalError::io(format!("opening {}", path.display()), error))?;
+        self.current = Some(OpenSegment {
+            start,
+            file,
+            window_offset: 0,
+            window: Vec::new(),
+        });
+        Ok(true)
+    }
+}
+
+impl Iterator for LogReader {
+    type Item = Result<LogEntry, WalError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record().transpose()
+    }
+}

@@ -1,0 +1,141 @@
+//! Log segment files.
+//!
+//! Segment `k` holds the logical log bytes `[k * segment_bytes, (k + 1) * segment_bytes)` after
+//! a header of `WAL_SEGMENT_HEADER_BYTES`; it is named after its first LSN, as 16 lowercase hex
+//! digits with the extension `.wal` (`0000000004000000.wal`). Log byte `lsn` lives at file
+//! offset `WAL_SEGMENT_HEADER_BYTES + (lsn - start_lsn)`.
+//!
+//! # Header (little-endian; the rest of the header is zero)
+//!
+//! | offset | size | field              | meaning                                                 |
+//! |--------|------|--------------------|---------------------------------------------------------|
+//! | 0      | 8    | magic              | `LPWALSEG`                                              |
+//! | 8      | 4    | version            | 1                                                       |
+//! | 12     | 4    | header bytes       | `WAL_SEGMENT_HEADER_BYTES`                              |
+//! | 16     | 8    | segment bytes      | logical log bytes per segment (the same in every file)  |
+//! | 24     | 8    | start LSN          | first LSN of this segment (`k * segment_bytes`)         |
+//! | 32     | 8    | first record LSN   | LSN of the record holding the segment's first byte (it  |
+//! |        |      |                    | starts in the previous segment if a record spans both)  |
+//! | 40     | 8    | log id             | random, the same in every segment of one log            |
+//! | 48     | 4    | CRC32C             | of bytes 0..48                                          |
+//!
+//! The writer creates a segment, writes its header and syncs the file and the directory before
+//! it writes any log bytes into it; and it syncs the bytes of one segment before it writes into
+//! the next. So a segment whose header is invalid has no durable log bytes, and if any byte of
+//! segment `k` is durable, every earlier byte of the log is too.
+
+use std::path::{Path, PathBuf};
+
+use lastpage_io::FileSystem;
+
+use super::WalError;
+use crate::limits::WAL_SEGMENT_HEADER_BYTES;
+
+const MAGIC: &[u8; 8] = b"LPWALSEG";
+const VERSION: u32 = 1;
+const HEADER_FIELDS_BYTES: usize = 48;
+
+/// The file offset of the segment's first log byte.
+pub(crate) const HEADER_BYTES: u64 = WAL_SEGMENT_HEADER_BYTES as u64;
+
+/// What a segment header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    pub segment_bytes: u64,
+    pub start_lsn: u64,
+    pub first_record_lsn: u64,
+    pub log_id: u64,
+}
+
+impl SegmentHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![0u8; WAL_SEGMENT_HEADER_BYTES];
+        bytes[0..8].copy_from_slice(MAGIC);
+        bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        bytes[12..16].copy_from_slice(&(WAL_SEGMENT_HEADER_BYTES as u32).to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.start_lsn.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.first_record_lsn.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.log_id.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]);
+        bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Parses and checks a header; `None` if it is not a valid one.
+    pub fn decode(bytes: &[u8]) -> Option<SegmentHeader> {
+        if bytes.len() < HEADER_FIELDS_BYTES + 4 || &bytes[0..8] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+        if u32_at(48) != crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES])
+            || u32_at(8) != VERSION
+            || u32_at(12) as usize != WAL_SEGMENT_HEADER_BYTES
+        {
+            return None;
+        }
+        let header = SegmentHeader {
+            segment_bytes: u64_at(16),
+            start_lsn: u64_at(24),
+            first_record_lsn: u64_at(32),
+            log_id: u64_at(40),
+        };
+        let sane = header.segment_bytes > 0
+            && header.start_lsn.is_multiple_of(header.segment_bytes)
+            && header.first_record_lsn <= header.start_lsn;
+        sane.then_some(header)
+    }
+}
+
+/// The file name of the segment starting at `start_lsn`.
+pub(crate) fn file_name(start_lsn: u64) -> String {
+    format!("{start_lsn:016x}.wal")
+}
+
+/// The start LSN a segment file name stands for, if it is one.
+pub(crate) fn parse_file_name(name: &Path) -> Option<u64> {
+    let name = name.to_str()?;
+    let hex = name.strip_suffix(".wal")?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The segments in `dir`, by start LSN, ascending. A missing directory is an empty log.
+pub(crate) fn list(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)>, WalError> {
+    if !fs
+        .exists(dir)
+        .map_err(|error| WalError::io(format!("looking for {}", dir.display()), error))?
+    {
+        return Ok(Vec::new());
+    }
+    let names = fs
+        .list_dir(dir)
+        .map_err(|error| WalError::io(format!("listing {}", dir.display()), error))?;
+    let mut segments: Vec<(u64, PathBuf)> = names
+        .iter()
+        .filter_map(|name| parse_file_name(name).map(|start| (start, dir.join(name))))
+        .collect();
+    segments.sort();
+    Ok(segments)
+}
+
+/// Reads a segment's header; `None` if the file is too short or the header is invalid.
+pub(crate) fn read_header(
+    fs: &dyn FileSystem,
+    path: &Path,
+) -> Result<Option<SegmentHeader>, WalError> {
+    let file = fs
+        .open(path, lastpage_io::OpenOptions::existing())
+        .map_err(|error| WalError::io(format!("opening {}", path.display()), error))?;
+    let mut bytes = vec![0u8; HEADER_FIELDS_BYTES + 4];
+    let read = file
+        .read_at(0, &mut bytes)
+        .map_err(|error| WalError::io(format!("reading {}", path.display()), error))?;
+    if read < bytes.len() {
+        return Ok(None);
+    }
+    Ok(SegmentHeader::decode(&bytes))
+}

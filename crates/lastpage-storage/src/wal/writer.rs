@@ -1,0 +1,820 @@
+//! The log writer: lock-free appends into the log buffer, and leader-based group commit.
+//!
+//! # Appending
+//!
+//! [`LogWriter::append`] sizes the record, reserves its bytes with one `fetch_add`, waits for
+//! room only if the ring is full (LOGBUFFER), computes the CRC and copies the record into the
+//! ring straight from its fields, and publishes it by storing its first word last; see
+//! [`super::buffer`]. No lock is taken on this path.
+//!
+//! # Group commit: a leader, not a flusher thread
+//!
+//! A committer calls [`LogWriter::wait_durable`] with the end LSN of its commit record. If that
+//! is durable already it returns at once (no wait is recorded). Otherwise it takes the group
+//! mutex and either becomes the *leader*, if nobody is, or parks until a leader wakes it. The
+//! leader, without holding the group mutex, walks the completed prefix of the buffer, writes all
+//! of it with one `write_all_at` and makes it durable with one `sync_data`, advances the durable
+//! LSN, and then wakes every parked committer whose LSN is now durable, plus one of the rest to
+//! lead the next round. Whoever arrives while a flush is in progress piles up behind it and is
+//! served by the next one: that is the group.
+//!
+//! Why a leader rather than a dedicated flusher thread: the committer that leads was going to
+//! block for the flush anyway, so it does the I/O itself and the flush starts without a
+//! wake-up of another thread (one context switch fewer per group on the path that decides commit
+//! latency; on two cores with a hundred sessions the flusher thread would also compete for a
+//! core with the sessions it serves). There is no thread to start, stop or lose, an I/O error is
+//! seen by a thread that can report it, and the writer can be model-checked with loom, which
+//! needs every thread to finish. A background flusher is still useful for DELAYED durability
+//! (flush every few milliseconds without a committer waiting); it will be a thin loop around
+//! [`LogWriter::flush_now`]. PostgreSQL's WAL flush works the same way (whoever holds
+//! `WALWriteLock` flushes for everyone); SQL Server uses a log writer thread.
+//!
+//! If the leader finds the prefix stuck behind a record still being copied, it parks until the
+//! next completion instead of polling (see the `STALLED` protocol in [`super::buffer`]).
+//!
+//! # Failure
+//!
+//! If a write or `sync_data` fails (including `ENOSPC`), the writer becomes failed: every parked
+//! waiter gets [`WalError::Failed`], every later append gets it, and so does every wait for an
+//! LSN that was not durable before the failure. The write is not retried: after a failed
+//! `fdatasync` Linux may have dropped the data and would report the next one as a success, so a
+//! retry could acknowledge a commit that is not on disk. A wait for an LSN that *was* durable
+//! before the failure still returns `Ok`, because that is true.
+//!
+//! # Segments
+//!
+//! A flush that crosses into a new segment creates it (header written and synced, directory
+//! synced) and syncs the bytes of the old segment before writing the new one, so that durable
+//! bytes in a segment imply a durable log before it; such a flush does two writes and two syncs.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc as StdArc;
+use std::sync::atomic::AtomicU64 as Counter;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crossbeam_utils::CachePadded;
+use lastpage_io::{File, FileSystem, OpenOptions};
+
+use super::buffer::LogBuffer;
+use super::reader::{LogReader, TailKind};
+use super::record::{self, Record};
+use super::segment::{self, HEADER_BYTES, SegmentHeader};
+use super::{Lsn, WalConfig, WalError, align_up};
+use crate::stats::{self, WaitType};
+use crate::sync::{self, Arc, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Thread};
+
+/// Counters of a [`LogWriter`] since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalStats {
+    /// Records appended (completed in the buffer).
+    pub appended_records: u64,
+    /// Bytes reserved by appends, padding included.
+    pub appended_bytes: u64,
+    /// Flushes (rounds of a leader that wrote something).
+    pub flushes: u64,
+    /// `sync_data` calls on log segments (one per flush, more when a flush crosses into a new
+    /// segment).
+    pub fsyncs: u64,
+    /// Records written by flushes.
+    pub flushed_records: u64,
+    /// Bytes written by flushes.
+    pub flushed_bytes: u64,
+    /// `wait_durable` calls that returned `Ok`: commits made durable.
+    pub commits: u64,
+    /// The durable LSN when the counters were read.
+    pub durable_lsn: Lsn,
+}
+
+impl WalStats {
+    /// Commits acknowledged per `sync_data`: the group commit factor.
+    pub fn commits_per_fsync(&self) -> f64 {
+        self.commits as f64 / self.fsyncs.max(1) as f64
+    }
+
+    /// Records written per flush.
+    pub fn records_per_flush(&self) -> f64 {
+        self.flushed_records as f64 / self.flushes.max(1) as f64
+    }
+}
+
+/// What a blocked thread waits for.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// The durable LSN to reach this LSN (a commit).
+    Durable(u64),
+    /// The buffer's released LSN to reach this LSN (room for a reserved record).
+    Space(u64),
+}
+
+/// A parked thread (the same protocol as the latches' waiters): it is signalled only by a
+/// thread that has first removed it from the group's lists under the group mutex, and it
+/// re-checks its flag after every `park`, which may return spuriously.
+struct Waiter {
+    thread: Thread,
+    state: AtomicU32,
+    signalled_ns: AtomicU64,
+}
+
+const WAITING: u32 = 0;
+const SIGNALLED: u32 = 1;
+
+impl Waiter {
+    fn new() -> Waiter {
+        Waiter {
+            thread: sync::thread::current(),
+            state: AtomicU32::new(WAITING),
+            signalled_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Arms the waiter before it is put where a signaller can find it (under the group mutex,
+    /// which orders this store before the signal).
+    fn prepare(&self) {
+        self.state.store(WAITING, Ordering::Relaxed);
+    }
+
+    fn signal(&self, now_ns: u64) {
+        self.signalled_ns.store(now_ns, Ordering::Relaxed);
+        self.state.store(SIGNALLED, Ordering::Release);
+        self.thread.unpark();
+    }
+
+    /// Parks until signalled; returns when the signal was sent.
+    fn wait(&self) -> u64 {
+        while self.state.load(Ordering::Acquire) != SIGNALLED {
+            sync::thread::park();
+        }
+        self.signalled_ns.load(Ordering::Relaxed)
+    }
+}
+
+fn signal_all(waiters: Vec<Arc<Waiter>>) {
+    if waiters.is_empty() {
+        return;
+    }
+    let now = stats::now_ns();
+    for waiter in waiters {
+        waiter.signal(now);
+    }
+}
+
+/// A parked committer or appender.
+struct Parked {
+    target: Target,
+    waiter: Arc<Waiter>,
+}
+
+/// What the group mutex protects. It is taken only by threads that are about to block, by the
+/// leader when it hands out wake-ups, and by an appender that must wake a stalled leader.
+struct Group {
+    /// A leader is flushing (or about to).
+    leader: bool,
+    /// Parked threads.
+    waiters: Vec<Parked>,
+    /// The leader, when it is parked waiting for a record to be completed.
+    stalled: Option<Arc<Waiter>>,
+    /// The failure, once the writer is failed.
+    error: Option<WalError>,
+}
+
+/// What only the leader touches: the files and the scratch space of a flush.
+struct FlushIo {
+    fs: StdArc<dyn FileSystem>,
+    dir: PathBuf,
+    segment_bytes: u64,
+    log_id: u64,
+    /// The segment being written: its start LSN and file.
+    current: Option<(u64, Box<dyn File>)>,
+    /// The bytes of the flush being written.
+    scratch: Vec<u8>,
+    /// LSNs of the records in the flush being written.
+    starts: Vec<u64>,
+}
+
+/// Plain statistics counters, not part of any protocol.
+#[derive(Default)]
+struct Counters {
+    flushes: Counter,
+    fsyncs: Counter,
+    flushed_records: Counter,
+    flushed_bytes: Counter,
+    commits: Counter,
+}
+
+/// The write-ahead log writer. Share it between threads with an `Arc`; every method takes
+/// `&self`.
+///
+/// Dropping the writer does not flush: whatever was appended but not made durable is lost, as
+/// it would be in a crash. Call [`LogWriter::flush_now`] first for a clean shutdown.
+pub struct LogWriter {
+    buffer: LogBuffer,
+    /// End of the durable prefix of the log.
+    durable: CachePadded<AtomicU64>,
+    /// Set once `group.error` is; lets appends and waits fail without the mutex.
+    failed: AtomicBool,
+    group: Mutex<Group>,
+    io: Mutex<FlushIo>,
+    max_record: usize,
+    /// Where the log ended when the writer was opened.
+    start: u64,
+    counters: Counters,
+}
+
+impl fmt::Debug for LogWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogWriter")
+            .field("start", &self.start)
+            .field("reserved", &self.buffer.reserved())
+            .field("durable", &self.durable.load(Ordering::Relaxed))
+            .field("failed", &self.failed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl LogWriter {
+    /// Opens the log in `dir` for appending, creating it if there is none.
+    ///
+    /// An existing log is read from the last segment's first record to its end (the first
+    /// invalid record: a torn tail after a crash), and everything after the end is cut off —
+    /// the segment holding the end is truncated there and later segments are removed, durably —
+    /// before anything is appended. Without that, a new record shorter than the torn one it
+    /// replaces could leave stale but valid-looking records of the old tail right behind it.
+    pub fn open(
+        fs: StdArc<dyn FileSystem>,
+        dir: impl Into<PathBuf>,
+        config: WalConfig,
+    ) -> Result<LogWriter, WalError> {
+        config.validate()?;
+        let dir = dir.into();
+        fs.create_dir_all(&dir)
+            .map_err(|error| WalError::io(format!("creating {}", dir.display()), error))?;
+        // The directory's own entry must be durable too, or a crash could take every segment
+        // with it.
+        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            fs.sync_dir(parent)
+                .map_err(|error| WalError::io(format!("fsync of {}", parent.display()), error))?;
+        }
+        let recovered = recover_end(&fs, &dir, &config)?;
+        Ok(LogWriter {
+            buffer: LogBuffer::new(config.buffer_bytes, recovered.end),
+            durable: CachePadded::new(AtomicU64::new(recovered.end)),
+            failed: AtomicBool::new(false),
+            group: Mutex::new(Group {
+                leader: false,
+                waiters: Vec::new(),
+                stalled: None,
+                error: None,
+            }),
+            io: Mutex::new(FlushIo {
+                fs,
+                dir,
+                segment_bytes: recovered.segment_bytes,
+                log_id: recovered.log_id,
+                current: recovered.current,
+                scratch: Vec::new(),
+                starts: Vec::new(),
+            }),
+            max_record: config.max_record_bytes(),
+            start: recovered.end,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Where the log ended when the writer was opened: the LSN of the first record it appends.
+    pub fn start_lsn(&self) -> Lsn {
+        Lsn(self.start)
+    }
+
+    /// The end of the durable prefix of the log.
+    pub fn durable_lsn(&self) -> Lsn {
+        Lsn(self.durable.load(Ordering::Acquire))
+    }
+
+    /// The end of everything appended so far (durable or not).
+    pub fn end_lsn(&self) -> Lsn {
+        Lsn(self.buffer.reserved())
+    }
+
+    /// Whether the writer has failed.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// The failure, if the writer has failed.
+    pub fn failure(&self) -> Option<WalError> {
+        if !self.is_failed() {
+            return None;
+        }
+        sync::lock(&self.group).error.clone()
+    }
+
+    fn error(&self) -> WalError {
+        self.failure().expect("the writer is failed")
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> WalStats {
+        WalStats {
+            appended_records: self.buffer.completed_records(),
+            appended_bytes: self.buffer.reserved() - self.start,
+            flushes: self.counters.flushes.load(Relaxed),
+            fsyncs: self.counters.fsyncs.load(Relaxed),
+            flushed_records: self.counters.flushed_records.load(Relaxed),
+            flushed_bytes: self.counters.flushed_bytes.load(Relaxed),
+            commits: self.counters.commits.load(Relaxed),
+            durable_lsn: self.durable_lsn(),
+        }
+    }
+
+    /// Appends a record and returns its end LSN (what to pass to [`LogWriter::wait_durable`]).
+    /// Waits (LOGBUFFER) only if the log buffer is full.
+    pub fn append(&self, record: &Record<'_>) -> Result<Lsn, WalError> {
+        Ok(self.append_at(record)?.1)
+    }
+
+    /// Appends a record and returns its LSN and its end LSN.
+    pub fn append_at(&self, record: &Record<'_>) -> Result<(Lsn, Lsn), WalError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.error());
+        }
+        let payload_len = record.payload_len();
+        let total = record.total_len();
+        if total > self.max_record {
+            return Err(WalError::RecordTooLarge {
+                len: total,
+                max: self.max_record,
+            });
+        }
+        let reservation = self.buffer.reserve(align_up(total) as u64);
+        if !self.buffer.has_space(&reservation) {
+            self.wait_for(
+                Target::Space(self.buffer.space_needed(&reservation)),
+                WaitType::LogBuffer,
+            )?;
+        }
+        // The LSN is part of the header and so of the CRC: both are known only now.
+        let mut header =
+            record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
+        let mut crc = crc32c::crc32c(&header[4..]);
+        record.write_payload(&mut |piece| crc = crc32c::crc32c_append(crc, piece));
+        header[0..4].copy_from_slice(&crc.to_le_bytes());
+        let first_word = u64::from_le_bytes(header[0..8].try_into().expect("8 bytes"));
+        let mut writer = self.buffer.writer(reservation, first_word);
+        writer.put(&header[8..]);
+        record.write_payload(&mut |piece| writer.put(piece));
+        if writer.complete() {
+            self.wake_stalled_leader();
+        }
+        Ok((Lsn(reservation.start), Lsn(reservation.end)))
+    }
+
+    /// Waits until the log is durable up to `lsn` (an end LSN from [`LogWriter::append`]).
+    ///
+    /// Returns at once if it is; otherwise records a WRITELOG wait and either leads a flush or
+    /// parks until one covers `lsn`. Fails with [`WalError::Failed`] if the writer fails before
+    /// `lsn` is durable.
+    pub fn wait_durable(&self, lsn: Lsn) -> Result<(), WalError> {
+        if lsn.0 > self.durable.load(Ordering::Acquire) {
+            if self.failed.load(Ordering::Acquire) {
+                return Err(self.error());
+            }
+            let end = self.buffer.reserved();
+            if lsn.0 > end {
+                return Err(WalError::BeyondEnd { lsn, end: Lsn(end) });
+            }
+            self.wait_for(Target::Durable(lsn.0), WaitType::WriteLog)?;
+        }
+        self.counters.commits.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable and returns the durable LSN.
+    pub fn flush_now(&self) -> Result<Lsn, WalError> {
+        let target = self.buffer.reserved();
+        if target > self.durable.load(Ordering::Acquire) {
+            if self.failed.load(Ordering::Acquire) {
+                return Err(self.error());
+            }
+            self.wait_for(Target::Durable(target), WaitType::WriteLog)?;
+        }
+        Ok(self.durable_lsn())
+    }
+
+    fn satisfied(&self, target: Target) -> bool {
+        match target {
+            Target::Durable(lsn) => self.durable.load(Ordering::Acquire) >= lsn,
+            Target::Space(lsn) => self.buffer.released() >= lsn,
+        }
+    }
+
+    /// Blocks until `target` is met, leading flushes when nobody else does. The caller has
+    /// checked that it is not met yet, so this records a wait of `wait_type`.
+    fn wait_for(&self, target: Target, wait_type: WaitType) -> Result<(), WalError> {
+        let wait = stats::begin_wait(wait_type, None);
+        let waiter = Arc::new(Waiter::new());
+        let mut signalled_ns = None;
+        let result = loop {
+            let mut group = sync::lock(&self.group);
+            if self.satisfied(target) {
+                break Ok(());
+            }
+            if let Some(error) = &group.error {
+                break Err(error.clone());
+            }
+            if !group.leader {
+                group.leader = true;
+                drop(group);
+                self.lead(target, &waiter);
+                continue;
+            }
+            waiter.prepare();
+            group.waiters.push(Parked {
+                target,
+                waiter: Arc::clone(&waiter),
+            });
+            drop(group);
+            signalled_ns = Some(waiter.wait());
+        };
+        wait.end(signalled_ns);
+        result
+    }
+
+    /// Flushes rounds until `target` is met or the writer fails, then gives up leadership.
+    fn lead(&self, target: Target, waiter: &Arc<Waiter>) {
+        loop {
+            let seen = self.buffer.progress();
+            match self.flush_round() {
+                Err(error) => {
+                    self.fail(error);
+                    return;
+                }
+                Ok(advanced) => {
+                    if self.satisfied(target) {
+                        break;
+                    }
+                    if advanced {
+                        self.wake_ready();
+                    } else {
+                        self.wait_for_completion(seen, waiter);
+                    }
+                }
+            }
+        }
+        self.resign();
+    }
+
+    /// One flush: write the completed prefix of the buffer and make it durable. Returns whether
+    /// there was anything to write.
+    fn flush_round(&self) -> Result<bool, WalError> {
+        let mut io = sync::lock(&self.io);
+        let io = &mut *io;
+        let from = self.buffer.released();
+        io.starts.clear();
+        let to = self.buffer.completed_prefix(from, &mut io.starts);
+        if to == from {
+            return Ok(false);
+        }
+        io.scratch.clear();
+        self.buffer.copy_out(from, to, &mut io.scratch);
+        io.write_out(from, &self.counters)?;
+        // Zero and release before publishing durability: a committer woken by the durable LSN
+        // may append at once, and must find room.
+        self.buffer.release(from, to);
+        self.durable.store(to, Ordering::Release);
+        self.counters.flushes.fetch_add(1, Relaxed);
+        self.counters
+            .flushed_records
+            .fetch_add(io.starts.len() as u64, Relaxed);
+        self.counters.flushed_bytes.fetch_add(to - from, Relaxed);
+        Ok(true)
+    }
+
+    /// Moves the waiters whose target is met from the group to `wake`.
+    fn take_ready(&self, group: &mut Group, wake: &mut Vec<Arc<Waiter>>) {
+        group.waiters.retain(|parked| {
+            if self.satisfied(parked.target) {
+                wake.push(Arc::clone(&parked.waiter));
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Wakes the waiters a flush satisfied (while the leader goes on leading).
+    fn wake_ready(&self) {
+        let mut wake = Vec::new();
+        self.take_ready(&mut sync::lock(&self.group), &mut wake);
+        signal_all(wake);
+    }
+
+    /// Gives up leadership: wakes the satisfied waiters, and one of the others to lead next.
+    fn resign(&self) {
+        let mut wake = Vec::new();
+        {
+            let mut group = sync::lock(&self.group);
+            group.leader = false;
+            self.take_ready(&mut group, &mut wake);
+            if !group.waiters.is_empty() {
+                wake.push(group.waiters.remove(0).waiter);
+            }
+        }
+        signal_all(wake);
+    }
+
+    /// Enters the failed state and fails every parked waiter.
+    fn fail(&self, error: WalError) {
+        let wake: Vec<Arc<Waiter>> = {
+            let mut group = sync::lock(&self.group);
+            if group.error.is_none() {
+                group.error = Some(error);
+            }
+            self.failed.store(true, Ordering::Release);
+            group.leader = false;
+            group
+                .waiters
+                .drain(..)
+                .map(|parked| parked.waiter)
+                .collect()
+        };
+        signal_all(wake);
+    }
+
+    /// Parks the leader until a record is completed after `seen` (a value of the buffer's
+    /// progress word read before the walk that found nothing to flush).
+    fn wait_for_completion(&self, seen: u64, waiter: &Arc<Waiter>) {
+        waiter.prepare();
+        sync::lock(&self.group).stalled = Some(Arc::clone(waiter));
+        if self.buffer.mark_stalled(seen) {
+            // A record was completed since the walk: walk again rather than wait. If an appender
+            // already took the leader out of the slot, its signal is on the way and must be
+            // consumed here, or it would cut short a later wait.
+            let mut group = sync::lock(&self.group);
+            if group.stalled.take().is_some() {
+                self.buffer.clear_stalled();
+                return;
+            }
+        }
+        waiter.wait();
+    }
+
+    /// Called by an appender that completed a record and saw the stalled bit.
+    fn wake_stalled_leader(&self) {
+        let stalled = {
+            let mut group = sync::lock(&self.group);
+            let stalled = group.stalled.take();
+            if stalled.is_some() {
+                self.buffer.clear_stalled();
+            }
+            stalled
+        };
+        if let Some(waiter) = stalled {
+            waiter.signal(stats::now_ns());
+        }
+    }
+}
+
+impl FlushIo {
+    /// Writes `self.scratch`, the log bytes from LSN `from` on, into the segments, syncing each
+    /// segment before the next is written.
+    fn write_out(&mut self, from: u64, counters: &Counters) -> Result<(), WalError> {
+        let bytes = std::mem::take(&mut self.scratch);
+        let result = self.write_pieces(from, &bytes, counters);
+        self.scratch = bytes;
+        result
+    }
+
+    fn write_pieces(
+        &mut self,
+        from: u64,
+        bytes: &[u8],
+        counters: &Counters,
+    ) -> Result<(), WalError> {
+        let durable = Lsn(from);
+        let mut position = from;
+        let mut offset = 0;
+        while offset < bytes.len() {
+            let segment_start = position - position % self.segment_bytes;
+            let length = ((segment_start + self.segment_bytes - position) as usize)
+                .min(bytes.len() - offset);
+            let dir = self.dir.clone();
+            let file = self.segment(segment_start, durable, counters)?;
+            let path = dir.join(segment::file_name(segment_start));
+            file.write_all_at(
+                HEADER_BYTES + (position - segment_start),
+                &bytes[offset..offset + length],
+            )
+            .map_err(|error| {
+                failed(
+                    format!("writing log segment {}", path.display()),
+                    durable,
+                    error,
+                )
+            })?;
+            file.sync_data().map_err(|error| {
+                failed(
+                    format!("fdatasync of log segment {}", path.display()),
+                    durable,
+                    error,
+                )
+            })?;
+            counters.fsyncs.fetch_add(1, Relaxed);
+            position += length as u64;
+            offset += length;
+        }
+        Ok(())
+    }
+
+    /// The file of the segment starting at `start`, created (header written and synced,
+    /// directory synced) if this flush is the first to reach it.
+    fn segment(
+        &mut self,
+        start: u64,
+        durable: Lsn,
+        counters: &Counters,
+    ) -> Result<&dyn File, WalError> {
+        if self
+            .current
+            .as_ref()
+            .is_none_or(|(current, _)| *current != start)
+        {
+            self.current = None;
+            let path = self.dir.join(segment::file_name(start));
+            let fail = |what: &str, error: io::Error| {
+                failed(
+                    format!("{what} log segment {}", path.display()),
+                    durable,
+                    error,
+                )
+            };
+            // The record holding the segment's first byte is the last one of this flush that
+            // starts at or before it (this flush is the first to write into the segment).
+            let index = self.starts.partition_point(|&lsn| lsn <= start);
+            let first_record_lsn = index.checked_sub(1).map_or(start, |i| self.starts[i]);
+            let header = SegmentHeader {
+                segment_bytes: self.segment_bytes,
+                start_lsn: start,
+                first_record_lsn,
+                log_id: self.log_id,
+            };
+            let file = self
+                .fs
+                .open(&path, OpenOptions::create().truncate())
+                .map_err(|error| fail("creating", error))?;
+            file.write_all_at(0, &header.encode())
+                .map_err(|error| fail("writing the header of", error))?;
+            file.sync_data()
+                .map_err(|error| fail("fdatasync of the header of", error))?;
+            counters.fsyncs.fetch_add(1, Relaxed);
+            self.fs.sync_dir(&self.dir).map_err(|error| {
+                failed(
+                    format!("fsync of the log directory {}", self.dir.display()),
+                    durable,
+                    error,
+                )
+            })?;
+            self.current = Some((start, file));
+        }
+        Ok(self.current.as_ref().expect("just opened").1.as_ref())
+    }
+}
+
+fn failed(operation: String, durable_lsn: Lsn, error: io::Error) -> WalError {
+    WalError::Failed {
+        operation,
+        durable_lsn,
+        source: StdArc::new(error),
+    }
+}
+
+/// Where an existing log ends, and the state to append from there.
+struct Recovered {
+    end: u64,
+    segment_bytes: u64,
+    log_id: u64,
+    current: Option<(u64, Box<dyn File>)>,
+}
+
+fn io_error(context: String) -> impl FnOnce(io::Error) -> WalError {
+    move |error| WalError::io(context, error)
+}
+
+/// Finds the end of the log in `dir` and cuts off everything after it, durably.
+fn recover_end(
+    fs: &StdArc<dyn FileSystem>,
+    dir: &Path,
+    config: &WalConfig,
+) -> Result<Recovered, WalError> {
+    let segments = segment::list(fs.as_ref(), dir)?;
+    // Trailing segments whose header is invalid were being created when the process stopped;
+    // the writer syncs a header before it writes log bytes, so they hold no durable log bytes.
+    let mut last_valid = None;
+    for (index, (start, path)) in segments.iter().enumerate().rev() {
+        if let Some(header) = segment::read_header(fs.as_ref(), path)?
+            && header.start_lsn == *start
+        {
+            last_valid = Some((index, header));
+            break;
+        }
+    }
+    let Some((last_index, header)) = last_valid else {
+        // No valid segment: a new log, or one whose first segment never got a durable header.
+        let end = segments.first().map_or(0, |(start, _)| *start);
+        cut_after(fs.as_ref(), dir, &segments, None)?;
+        return Ok(Recovered {
+            end,
+            segment_bytes: config.segment_bytes,
+            log_id: new_log_id(),
+            current: None,
+        });
+    };
+    let segment_bytes = header.segment_bytes;
+
+    // Read from the record holding the last segment's first byte to the end of the valid log.
+    let mut reader = LogReader::open(StdArc::clone(fs), dir, Lsn(header.first_record_lsn))?;
+    while reader.next_raw()?.is_some() {}
+    let end = reader.position().0;
+    let end_segment = end - end % segment_bytes;
+    let holder = segments.iter().position(|(start, _)| *start == end_segment);
+    if end < header.start_lsn {
+        // The record crossing into the last segment is torn; the end lies in an earlier
+        // segment, which must exist and be valid.
+        let bad = holder.is_none()
+            || reader
+                .end()
+                .is_some_and(|end| end.kind == TailKind::BadSegment)
+            || end < header.first_record_lsn;
+        if bad {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(end),
+                reason: format!(
+                    "the log segment holding LSN {end} is missing or invalid, but segment {} \
+                     after it is valid",
+                    segments[last_index].1.display()
+                ),
+            });
+        }
+    }
+    // Segments after the one that holds the end go. The end may also be exactly at the start
+    // of a segment that was never created, or whose header never became durable: the next flush
+    // creates it afresh, so an invalid one goes too.
+    let holder = holder.filter(|&index| index <= last_index);
+    let keep_up_to = match holder {
+        Some(_) => Some(end_segment),
+        None => end_segment.checked_sub(1),
+    };
+    cut_after(fs.as_ref(), dir, &segments, keep_up_to)?;
+    let current = match holder {
+        None => None,
+        Some(index) => {
+            let path = &segments[index].1;
+            let file = fs
+                .open(path, OpenOptions::existing())
+                .map_err(io_error(format!("opening {}", path.display())))?;
+            file.set_len(HEADER_BYTES + (end - end_segment))
+                .map_err(io_error(format!("truncating {}", path.display())))?;
+            file.sync_data()
+                .map_err(io_error(format!("fdatasync of {}", path.display())))?;
+            Some((end_segment, file))
+        }
+    };
+    Ok(Recovered {
+        end,
+        segment_bytes,
+        log_id: header.log_id,
+        current,
+    })
+}
+
+/// Removes every segment that starts after LSN `keep_up_to` (all of them if `None`) and syncs
+/// the directory.
+fn cut_after(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &[(u64, PathBuf)],
+    keep_up_to: Option<u64>,
+) -> Result<(), WalError> {
+    let first_removed = keep_up_to.map_or(0, |lsn| {
+        segments.partition_point(|(start, _)| *start <= lsn)
+    });
+    if first_removed >= segments.len() {
+        return Ok(());
+    }
+    for (_, path) in &segments[first_removed..] {
+        fs.remove(path)
+            .map_err(io_error(format!("removing {}", path.display())))?;
+    }
+    fs.sync_dir(dir)
+        .map_err(io_error(format!("fsync of {}", dir.display())))
+}
+
+/// A random id for a new log, so that segments of different logs are never mixed up.
+fn new_log_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(stats::now_ns());
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}

@@ -1,0 +1,545 @@
+//! The log writer over the fault-injecting file system: group commit, full buffers, segments,
+//! failures that must never be acknowledged, and randomized crashes.
+//!
+//! Seeds are printed; `LASTPAGE_SEED=n` runs the randomized crash test for that seed only. The
+//! file system's crash choices are deterministic for a seed, but thread interleavings are not,
+//! so every check below must hold for every outcome, not for one expected log.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, Tear};
+use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
+use lastpage_storage::wal::{
+    LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const DIR: &str = "/db/log";
+
+fn faulty(config: FaultyConfig) -> FaultyFileSystem {
+    println!("file system {config:?}");
+    FaultyFileSystem::new(config)
+}
+
+fn config(buffer_bytes: usize, segment_bytes: u64) -> WalConfig {
+    WalConfig {
+        buffer_bytes,
+        segment_bytes,
+    }
+}
+
+fn open(fs: &FaultyFileSystem, config: WalConfig) -> Arc<LogWriter> {
+    Arc::new(LogWriter::open(Arc::new(fs.clone()), DIR, config).unwrap())
+}
+
+/// The value a transaction inserts: its length and bytes follow from the id, so a record read
+/// back can be checked against what was appended.
+fn value_of(txn: u64) -> Vec<u8> {
+    let len = (txn.wrapping_mul(2_654_435_761) % 97) as usize;
+    (0..len)
+        .map(|i| (txn as u8).wrapping_add(i as u8))
+        .collect()
+}
+
+/// One autocommit insert: the insert record, the commit record, and the wait for durability.
+fn commit(writer: &LogWriter, txn: u64) -> Result<(), WalError> {
+    let key = txn.to_be_bytes();
+    let value = value_of(txn);
+    writer.append(&Record::Insert {
+        txn: TxnId(txn),
+        index_id: 1,
+        key: Cow::Borrowed(&key),
+        value: Cow::Borrowed(&value),
+    })?;
+    let end = writer.append(&Record::Commit { txn: TxnId(txn) })?;
+    writer.wait_durable(end)
+}
+
+/// Runs `threads` sessions of `per_thread` commits each, every session stopping at its first
+/// error; returns the transactions acknowledged and the errors seen.
+fn run_sessions(
+    writer: &Arc<LogWriter>,
+    threads: u64,
+    per_thread: u64,
+    first_txn: u64,
+    waits: Option<&Arc<Mutex<Vec<Arc<WaitAccumulator>>>>>,
+) -> (BTreeSet<u64>, Vec<WalError>) {
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let writer = Arc::clone(writer);
+            let waits = waits.cloned();
+            thread::spawn(move || {
+                let accumulator = Arc::new(WaitAccumulator::new());
+                let _guard = stats::attribute_waits_to(Arc::clone(&accumulator));
+                let mut acked = Vec::new();
+                let mut error = None;
+                for i in 0..per_thread {
+                    let txn = first_txn + t * 1_000_000 + i;
+                    match commit(&writer, txn) {
+                        Ok(()) => acked.push(txn),
+                        Err(e) => {
+                            error = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if let Some(waits) = waits {
+                    waits.lock().unwrap().push(accumulator);
+                }
+                (acked, error)
+            })
+        })
+        .collect();
+    let mut acked = BTreeSet::new();
+    let mut errors = Vec::new();
+    for handle in handles {
+        let (mine, error) = handle.join().unwrap();
+        acked.extend(mine);
+        errors.extend(error);
+    }
+    (acked, errors)
+}
+
+/// Reads the whole log and checks it: LSNs chain (each record starts where the previous one
+/// ended), every insert carries its transaction's value, no record appears twice, every commit
+/// follows its insert, and every acknowledged transaction is there, committed. Returns the
+/// committed transactions and where the log ends.
+fn check_log(fs: &FaultyFileSystem, acked: &BTreeSet<u64>) -> (BTreeSet<u64>, LogEnd) {
+    let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, Lsn::ZERO).unwrap();
+    let mut inserted = BTreeSet::new();
+    let mut committed = BTreeSet::new();
+    let mut expected_lsn = Lsn::ZERO;
+    while let Some(entry) = reader.next_record().unwrap() {
+        assert_eq!(entry.lsn, expected_lsn, "records must chain");
+        assert!(entry.end > entry.lsn);
+        expected_lsn = entry.end;
+        match entry.record {
+            Record::Insert {
+                txn, key, value, ..
+            } => {
+                assert_eq!(*key, txn.0.to_be_bytes(), "key of {txn:?}");
+                assert_eq!(*value, value_of(txn.0), "value of {txn:?}");
+                assert!(inserted.insert(txn.0), "{txn:?} inserted twice");
+            }
+            Record::Commit { txn } => {
+                assert!(
+                    inserted.contains(&txn.0),
+                    "{txn:?} committed before its insert"
+                );
+                assert!(committed.insert(txn.0), "{txn:?} committed twice");
+            }
+            other => panic!("unexpected record {other:?}"),
+        }
+    }
+    let end = reader.end().unwrap();
+    let missing: Vec<_> = acked.difference(&committed).collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged commits missing from the log: {missing:?} (log ends at {end:?})"
+    );
+    (committed, end)
+}
+
+fn total_waits(accumulators: &Mutex<Vec<Arc<WaitAccumulator>>>, wait_type: WaitType) -> u64 {
+    accumulators
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.snapshot().wait(wait_type).waiting_tasks_count)
+        .sum()
+}
+
+#[test]
+fn single_thread_appends_read_back_in_order() {
+    let fs = faulty(FaultyConfig::new(1));
+    let writer = open(&fs, WalConfig::default());
+    assert_eq!(writer.start_lsn(), Lsn::ZERO);
+    let mut acked = BTreeSet::new();
+    for txn in 0..100 {
+        commit(&writer, txn).unwrap();
+        acked.insert(txn);
+    }
+    let stats = writer.stats();
+    assert_eq!(stats.commits, 100);
+    assert_eq!(stats.appended_records, 200);
+    assert_eq!(stats.flushed_records, 200);
+    assert_eq!(writer.durable_lsn(), writer.end_lsn());
+    // A single committer cannot share: one flush per commit, and one more sync for the header.
+    assert_eq!(stats.fsyncs, 101);
+    let (_, end) = check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+    assert_eq!(end.lsn, writer.durable_lsn());
+    assert_eq!(end.kind, TailKind::EndOfFiles);
+}
+
+#[test]
+fn group_commit_shares_fsyncs_among_many_committers() {
+    let fs = faulty(FaultyConfig::new(2).sync_delay(Duration::from_micros(300)));
+    let writer = open(&fs, WalConfig::default());
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let (acked, errors) = run_sessions(&writer, 64, 20, 0, Some(&waits));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(acked.len(), 64 * 20);
+    let stats = writer.stats();
+    println!(
+        "64 threads x 20 commits in {:?}: {stats:?}, {:.1} commits per fsync",
+        started.elapsed(),
+        stats.commits_per_fsync()
+    );
+    assert!(
+        stats.commits_per_fsync() > 4.0,
+        "group commit should share fsyncs: {stats:?}"
+    );
+    assert_eq!(stats.commits, 64 * 20);
+    let write_log_waits = total_waits(&waits, WaitType::WriteLog);
+    assert!(write_log_waits > 0 && write_log_waits <= 64 * 20);
+    assert_eq!(total_waits(&waits, WaitType::LogBuffer), 0);
+    check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+}
+
+#[test]
+fn a_full_log_buffer_makes_appenders_wait_and_loses_nothing() {
+    let fs = faulty(FaultyConfig::new(3).sync_delay(Duration::from_micros(100)));
+    // Room for only a few records: appenders must wait for the leader to free space.
+    let writer = open(&fs, config(512, 1 << 20));
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let (acked, errors) = run_sessions(&writer, 16, 30, 0, Some(&waits));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(acked.len(), 16 * 30);
+    let log_buffer_waits = total_waits(&waits, WaitType::LogBuffer);
+    println!("LOGBUFFER waits: {log_buffer_waits}, {:?}", writer.stats());
+    assert!(log_buffer_waits > 0);
+    check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+
+    let huge = vec![0u8; 600];
+    let error = writer
+        .append(&Record::Insert {
+            txn: TxnId(1),
+            index_id: 1,
+            key: Cow::Borrowed(b"k"),
+            value: Cow::Borrowed(&huge),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(error, WalError::RecordTooLarge { max: 512, .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn records_span_small_segments_and_a_reopened_writer_continues() {
+    let fs = faulty(FaultyConfig::new(4));
+    // 256-byte segments: most flushes cross into a new segment, and big records span several.
+    let writer = open(&fs, config(4096, 256));
+    let (mut acked, errors) = run_sessions(&writer, 4, 25, 0, None);
+    assert!(errors.is_empty(), "{errors:?}");
+    let end = writer.flush_now().unwrap();
+    drop(writer);
+    let segments = fs.list_dir(Path::new(DIR)).unwrap();
+    assert!(segments.len() > 10, "{segments:?}");
+
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    check_log(&crashed, &acked);
+    // The reopened writer starts where the log ends, and keeps the log's segment size even when
+    // configured differently.
+    let writer = open(&crashed, config(4096, 1 << 20));
+    assert_eq!(writer.start_lsn(), end);
+    let (more, errors) = run_sessions(&writer, 4, 10, 50_000_000, None);
+    assert!(errors.is_empty(), "{errors:?}");
+    acked.extend(more);
+    writer.flush_now().unwrap();
+    let segments_after = crashed.list_dir(Path::new(DIR)).unwrap();
+    assert!(segments_after.len() > segments.len());
+    check_log(&crashed.crash_with(CrashMode::LoseUnsynced), &acked);
+}
+
+#[test]
+fn a_failed_fsync_fails_every_waiter_and_every_later_append() {
+    let fs = faulty(FaultyConfig::new(5).sync_delay(Duration::from_micros(500)));
+    let writer = open(&fs, WalConfig::default());
+    // Sync 1 is the segment header's; syncs 2..=4 are flushes; the fifth sync fails.
+    fs.inject(FaultRule::sync_fails(5));
+    let (acked, errors) = run_sessions(&writer, 16, 1_000, 0, None);
+    println!("acknowledged {} commits before the failure", acked.len());
+    assert_eq!(errors.len(), 16, "every session ends with an error");
+    for error in &errors {
+        let WalError::Failed {
+            operation,
+            durable_lsn,
+            ..
+        } = error
+        else {
+            panic!("expected a log failure, got {error}");
+        };
+        assert!(operation.contains("fdatasync"), "{operation}");
+        assert!(*durable_lsn <= writer.durable_lsn());
+        let message = error.to_string();
+        assert!(message.contains("no further commits"), "{message}");
+    }
+    assert!(writer.is_failed());
+    let durable = writer.durable_lsn();
+    // Later appends and waits fail at once, without touching the disk again (the fsync that
+    // failed is not retried, though the file system would now report success).
+    let syncs_before = fs.stats().syncs + fs.stats().failed_syncs;
+    assert!(writer.append(&Record::Begin { txn: TxnId(1) }).is_err());
+    assert!(writer.flush_now().is_err());
+    assert!(writer.wait_durable(writer.end_lsn()).is_err());
+    assert_eq!(fs.stats().syncs + fs.stats().failed_syncs, syncs_before);
+    // What was durable before the failure is still reported durable.
+    writer.wait_durable(durable).unwrap();
+    assert_eq!(writer.durable_lsn(), durable);
+
+    // After a crash every acknowledged commit is there, whatever the failed fsync dropped.
+    let crashed = fs.crash();
+    check_log(&crashed, &acked);
+    // And a new writer over the recovered log works again.
+    let writer = open(&crashed, WalConfig::default());
+    commit(&writer, 99_000_000).unwrap();
+}
+
+#[test]
+fn a_full_disk_fails_the_log_like_a_failed_fsync() {
+    let fs = faulty(FaultyConfig::new(6));
+    let writer = open(&fs, WalConfig::default());
+    commit(&writer, 1).unwrap();
+    fs.inject(FaultRule::disk_full_after(2_000));
+    let (acked, errors) = run_sessions(&writer, 4, 1_000, 100, None);
+    assert_eq!(errors.len(), 4);
+    let WalError::Failed { source, .. } = &errors[0] else {
+        panic!("{}", errors[0]);
+    };
+    assert_eq!(source.kind(), ErrorKind::StorageFull);
+    assert!(
+        errors[0].to_string().contains("no space left"),
+        "{}",
+        errors[0]
+    );
+    assert!(writer.append(&Record::Commit { txn: TxnId(1) }).is_err());
+    let mut acked = acked;
+    acked.insert(1);
+    check_log(&fs.crash(), &acked);
+}
+
+#[test]
+fn waiting_for_an_lsn_never_handed_out_is_an_error() {
+    let fs = faulty(FaultyConfig::new(7));
+    let writer = open(&fs, WalConfig::default());
+    let end = writer.append(&Record::CheckpointBegin).unwrap();
+    let error = writer.wait_durable(Lsn(end.0 + 8)).unwrap_err();
+    assert!(matches!(error, WalError::BeyondEnd { .. }), "{error}");
+    writer.wait_durable(end).unwrap();
+    // Already durable: returns at once, counted as a commit.
+    writer.wait_durable(end).unwrap();
+    assert_eq!(writer.stats().commits, 2);
+}
+
+#[test]
+fn reopening_cuts_off_the_torn_tail_so_stale_records_never_come_back() {
+    let fs = faulty(FaultyConfig::new(8));
+    let writer = open(&fs, WalConfig::default());
+    let b = Record::Insert {
+        txn: TxnId(2),
+        index_id: 1,
+        key: Cow::Borrowed(&2u64.to_be_bytes()),
+        value: Cow::Owned(value_of(2)),
+    };
+    let a_end = writer.append(&Record::Begin { txn: TxnId(1) }).unwrap();
+    let b_end = writer.append(&b).unwrap();
+    writer.append(&Record::Commit { txn: TxnId(3) }).unwrap();
+    writer.flush_now().unwrap();
+    drop(writer);
+    // Tear B (zero its first word), leaving the record after it intact.
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    let segment = Path::new(DIR).join("0000000000000000.wal");
+    let file = crashed
+        .open(&segment, lastpage_io::OpenOptions::existing())
+        .unwrap();
+    file.write_all_at(4096 + a_end.0, &[0; 8]).unwrap();
+    file.sync_data().unwrap();
+
+    // The new writer starts at B's position; a record of exactly B's size ends where the stale
+    // commit record starts, which a reader would accept if the tail had not been cut off.
+    let writer = open(&crashed, WalConfig::default());
+    assert_eq!(writer.start_lsn(), a_end);
+    let x = Record::Insert {
+        txn: TxnId(2),
+        index_id: 1,
+        key: Cow::Borrowed(&2u64.to_be_bytes()),
+        value: Cow::Owned(value_of(2)),
+    };
+    assert_eq!(writer.append(&x).unwrap(), b_end);
+    writer.flush_now().unwrap();
+    let mut reader = LogReader::open(
+        Arc::new(crashed.crash_with(CrashMode::LoseUnsynced)),
+        DIR,
+        Lsn::ZERO,
+    )
+    .unwrap();
+    let records: Vec<_> = reader.by_ref().map(|entry| entry.unwrap().record).collect();
+    assert_eq!(records, vec![Record::Begin { txn: TxnId(1) }, x]);
+    assert_eq!(reader.end().unwrap().lsn, b_end);
+}
+
+/// One randomized crash: sessions commit while a crasher pulls the plug at a random moment;
+/// then a new writer recovers the log, commits more, and the power goes again. Every commit
+/// acknowledged before either crash must survive both.
+fn crash_round(seed: u64) {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tear = if rng.random_bool(0.5) {
+        Tear::Bytes
+    } else {
+        Tear::Sectors(512)
+    };
+    let delay = Duration::from_micros(rng.random_range(0..60));
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(tear).sync_delay(delay));
+    let segment_bytes = [512, 4096, 1 << 20][rng.random_range(0..3)];
+    let buffer_bytes = [1024, 64 << 10][rng.random_range(0..2)];
+    let wal_config = config(buffer_bytes, segment_bytes);
+    let writer = open(&fs, wal_config);
+
+    // Phase 1: concurrent commits, crash at a random moment.
+    let crash_after = Duration::from_micros(rng.random_range(0..3_000));
+    let crashed = Arc::new(Mutex::new(None));
+    let crasher = {
+        let fs = fs.clone();
+        let crashed = Arc::clone(&crashed);
+        thread::spawn(move || {
+            thread::sleep(crash_after);
+            *crashed.lock().unwrap() = Some(fs.crash());
+        })
+    };
+    let (mut acked, _errors) = run_sessions(&writer, 6, 200, 0, None);
+    crasher.join().unwrap();
+    let after_first = crashed.lock().unwrap().take().unwrap();
+    let (committed, first_end) = check_log(&after_first, &acked);
+
+    // Phase 2: recover, commit more, crash again.
+    let writer = open(&after_first, wal_config);
+    assert_eq!(writer.start_lsn(), first_end.lsn, "seed {seed}");
+    let more = rng.random_range(0..20);
+    for i in 0..more {
+        let txn = 900_000_000 + i;
+        commit(&writer, txn).unwrap();
+        acked.insert(txn);
+    }
+    // Unacknowledged appends that the second crash may tear.
+    for i in 0..rng.random_range(0..5) {
+        writer
+            .append(&Record::Insert {
+                txn: TxnId(950_000_000 + i),
+                index_id: 1,
+                key: Cow::Owned((950_000_000 + i).to_be_bytes().to_vec()),
+                value: Cow::Owned(value_of(950_000_000 + i)),
+            })
+            .unwrap();
+    }
+    if rng.random_bool(0.5) {
+        let _ = writer.flush_now();
+    }
+    let before_second = (
+        after_first.list_dir(Path::new(DIR)).unwrap(),
+        writer.stats(),
+        writer.start_lsn(),
+    );
+    let after_second = after_first.crash();
+    println!(
+        "seed {seed}: first end {first_end:?}; before the second crash: {before_second:?}; \
+         after it: {:?}",
+        after_second.list_dir(Path::new(DIR)).unwrap()
+    );
+    let (committed_again, _) = check_log(&after_second, &acked);
+    // The first crash's survivors are all still there: recovery never loses what it found.
+    assert!(committed.is_subset(&committed_again), "seed {seed}");
+    let elapsed = started.elapsed();
+    println!(
+        "seed {seed}: tear {tear:?}, sync delay {delay:?}, segment {segment_bytes}, buffer \
+         {buffer_bytes}, crash after {crash_after:?}: {} acked, {} committed, first end {:?}, \
+         {elapsed:?}",
+        acked.len(),
+        committed_again.len(),
+        first_end
+    );
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "seed {seed} took {elapsed:?}"
+    );
+}
+
+#[test]
+fn randomized_crashes_never_lose_an_acknowledged_commit() {
+    let seeds: Vec<u64> = match std::env::var("LASTPAGE_SEED") {
+        Ok(seed) => vec![seed.parse().expect("LASTPAGE_SEED must be a number")],
+        Err(_) => (0..40).collect(),
+    };
+    for seed in seeds {
+        crash_round(seed);
+    }
+}
+
+#[test]
+fn a_crash_while_committers_wait_fails_them_all() {
+    let fs = faulty(FaultyConfig::new(10).sync_delay(Duration::from_millis(2)));
+    let writer = open(&fs, WalConfig::default());
+    commit(&writer, 0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let crasher = {
+        let fs = fs.clone();
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(5));
+            let crashed = fs.crash();
+            stop.store(true, Ordering::Relaxed);
+            crashed
+        })
+    };
+    let (mut acked, errors) = run_sessions(&writer, 8, 10_000, 1, None);
+    let crashed = crasher.join().unwrap();
+    assert!(stop.load(Ordering::Relaxed));
+    assert_eq!(errors.len(), 8);
+    assert!(writer.is_failed());
+    acked.insert(0);
+    let (committed, _) = check_log(&crashed, &acked);
+    // Nothing was committed that nobody appended, and the map of what was acknowledged is a
+    // subset of what survived.
+    assert!(acked.is_subset(&committed));
+    let _: BTreeMap<u64, ()> = BTreeMap::new();
+}
+
+#[test]
+fn a_log_ending_exactly_at_a_segment_boundary_keeps_every_segment() {
+    let fs = faulty(FaultyConfig::new(11));
+    // Commit records are 32 bytes: two fill a 64-byte segment exactly.
+    let writer = open(&fs, config(4096, 64));
+    for txn in 0..6 {
+        writer.append(&Record::Commit { txn: TxnId(txn) }).unwrap();
+    }
+    assert_eq!(writer.flush_now().unwrap(), Lsn(192));
+    drop(writer);
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    let writer = open(&crashed, config(4096, 64));
+    assert_eq!(writer.start_lsn(), Lsn(192));
+    assert_eq!(crashed.list_dir(Path::new(DIR)).unwrap().len(), 3);
+    let end = writer.append(&Record::Commit { txn: TxnId(6) }).unwrap();
+    writer.wait_durable(end).unwrap();
+    let mut reader = LogReader::open(
+        Arc::new(crashed.crash_with(CrashMode::LoseUnsynced)),
+        DIR,
+        Lsn::ZERO,
+    )
+    .unwrap();
+    let txns: Vec<_> = reader
+        .by_ref()
+        .map(|entry| entry.unwrap().record.txn().unwrap().0)
+        .collect();
+    assert_eq!(txns, (0..7).collect::<Vec<_>>());
+    assert_eq!(reader.end().unwrap().lsn, Lsn(224));
+}
