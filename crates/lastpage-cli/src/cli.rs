@@ -1,9 +1,10 @@
 //! Command-line flags. Parsing only: the workloads live in [`crate::bench`].
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lastpage_engine::LatchPolicy;
+use lastpage_engine::{InsertPath, LatchPolicy};
 
-use crate::bench::insert::{InsertConfig, KeyKind, MAX_ROW_BYTES};
+use crate::bench::insert::{InsertConfig, KeyKind, MAX_ROW_BYTES, Remedy};
+use crate::bench::matrix::MatrixConfig;
 
 /// Most threads one run may start.
 pub const MAX_THREADS: u32 = 4096;
@@ -32,8 +33,13 @@ pub enum BenchCommand {
     /// reports throughput, per-insert latency, wait statistics, tree shape and integrity.
     Insert(InsertArgs),
     /// Ascending vs random clustered key, interleaved in one process, at 1, 2, 100 and 300
-    /// threads, for 100- and 8000-byte rows and both latch flavours (medians of --repeat runs).
+    /// threads, for 100- and 8000-byte rows and both latch flavours (medians of --repeat runs;
+    /// classic insert path).
     InsertCompare(CompareArgs),
+    /// Every remedy x insert path x latch flavour, interleaved in one process, at 1, 2, 100 and
+    /// 300 threads for 100- and 8000-byte rows, against the ascending classic+fifo baseline, the
+    /// random key and an "ideal append" reference; ends with the judged figures.
+    InsertMatrix(MatrixArgs),
 }
 
 /// The latch flavour of the clustered index's pages.
@@ -54,6 +60,56 @@ impl From<LatchArg> for LatchPolicy {
     }
 }
 
+/// How inserts reach the leaf, on every index of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PathArg {
+    /// Latch coupling from the root for every insert (SQL Server's way; last-page convoys).
+    Classic,
+    /// Ours: appends go straight to the cached last leaf through the tail gate.
+    Default,
+}
+
+impl From<PathArg> for InsertPath {
+    fn from(path: PathArg) -> InsertPath {
+        match path {
+            PathArg::Classic => InsertPath::Classic,
+            PathArg::Default => InsertPath::Default,
+        }
+    }
+}
+
+/// A remedy for last-page insert contention (seed 000's experiments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RemedyArg {
+    /// None: the clustered PRIMARY KEY on the --key column.
+    None,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY = ON on every index (BTREE_INSERT_FLOW_CONTROL waits).
+    Ofsk,
+    /// Cluster on the NEWID() column and add a UNIQUE NONCLUSTERED index on InsertID (which is
+    /// itself an ascending hot spot).
+    Nonseq,
+    /// `ModValue AS InsertID % 16 PERSISTED` leading the clustered key (ModValue, key column).
+    Mod16,
+    /// mod16, and the table hash-partitioned on ModValue into 16 partitions (16 B-trees).
+    Partition16,
+    /// Each session inserts its rows in 100-row statements (`insert_batch`); --rows-per-thread
+    /// is rounded up to a multiple of 100 and latencies are per statement.
+    Batch100,
+}
+
+impl From<RemedyArg> for Remedy {
+    fn from(remedy: RemedyArg) -> Remedy {
+        match remedy {
+            RemedyArg::None => Remedy::None,
+            RemedyArg::Ofsk => Remedy::Ofsk,
+            RemedyArg::Nonseq => Remedy::NonSeq,
+            RemedyArg::Mod16 => Remedy::Mod16,
+            RemedyArg::Partition16 => Remedy::Partition16,
+            RemedyArg::Batch100 => Remedy::Batch100,
+        }
+    }
+}
+
 /// The clustered key of the benchmark table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum KeyArg {
@@ -62,7 +118,8 @@ pub enum KeyArg {
     /// Clustered PRIMARY KEY on a `uniqueidentifier DEFAULT NEWID()`: inserts land everywhere.
     Random,
     /// Clustered PRIMARY KEY (ModValue, InsertID) with `ModValue AS InsertID % 16 PERSISTED`:
-    /// sixteen insertion points.
+    /// sixteen insertion points. The same as `--key ascending --remedy mod16`; it combines only
+    /// with `--remedy none`, `mod16` or `partition16`.
     Mod16,
 }
 
@@ -93,9 +150,15 @@ pub struct InsertArgs {
     #[arg(long, default_value_t = 100, value_name = "B",
           value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_ROW_BYTES)))]
     pub row_bytes: u16,
-    /// Latch flavour of the clustered index's pages.
+    /// Latch flavour of every index's pages.
     #[arg(long, value_enum, default_value_t = LatchArg::Adaptive)]
     pub latch: LatchArg,
+    /// Insert path of every index.
+    #[arg(long, value_enum, default_value_t = PathArg::Default)]
+    pub path: PathArg,
+    /// Remedy for last-page contention applied to the table.
+    #[arg(long, value_enum, default_value_t = RemedyArg::None)]
+    pub remedy: RemedyArg,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -113,6 +176,8 @@ impl InsertArgs {
             key: self.key.into(),
             row_bytes: self.row_bytes,
             latch: self.latch.into(),
+            insert_path: self.path.into(),
+            remedy: self.remedy.into(),
             warmup_rows: self.warmup_rows,
         }
     }
@@ -136,6 +201,58 @@ pub struct CompareArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `lastpage bench insert-matrix`
+#[derive(Debug, Args)]
+pub struct MatrixArgs {
+    /// Rows per thread in every cell. Default: 180,000 rows per cell split across the threads
+    /// for 100-byte rows (600 per thread at 300 threads, enough for convoys to form), 30,000 for
+    /// 8000-byte rows (each takes a whole page); an explicit value is capped at 30,000 rows per
+    /// cell for rows over 900 bytes. batch100 cells round it up to a multiple of 100.
+    #[arg(long, value_name = "R", value_parser = positive)]
+    pub rows_per_thread: Option<u64>,
+    /// Runs of every cell (the cell order rotated between repetitions); the tables show
+    /// medians. The default 3 takes about 5 minutes on 2 cores (one repetition about 95 s).
+    #[arg(long, default_value_t = 3, value_name = "K",
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeat: u32,
+    /// Thread counts, comma-separated. The judged figures use 100 and 300 threads if present,
+    /// else the largest count given.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = [1, 2, 100, 300],
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_THREADS)))]
+    pub threads: Vec<u32>,
+    /// Payload bytes per row, comma-separated (1..=8000).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = [100, 8000],
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_ROW_BYTES)))]
+    pub row_bytes: Vec<u16>,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl MatrixArgs {
+    /// The matrix these flags describe (duplicates in the lists dropped, order kept).
+    pub fn config(&self) -> MatrixConfig {
+        let mut threads = Vec::new();
+        for &count in &self.threads {
+            if !threads.contains(&count) {
+                threads.push(count);
+            }
+        }
+        let mut row_bytes = Vec::new();
+        for &bytes in &self.row_bytes {
+            if !row_bytes.contains(&bytes) {
+                row_bytes.push(bytes);
+            }
+        }
+        MatrixConfig {
+            rows_per_thread: self.rows_per_thread,
+            repeat: self.repeat,
+            threads,
+            row_bytes,
+        }
+    }
 }
 
 /// A whole number of at least 1.

@@ -14,13 +14,15 @@ use clap::Parser;
 
 use bench::compare::{self, CompareConfig};
 use bench::insert::{BenchError, run_insert_bench};
-use cli::{BenchCommand, Cli, Command, CompareArgs, InsertArgs};
+use bench::matrix;
+use cli::{BenchCommand, Cli, Command, CompareArgs, InsertArgs, MatrixArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(BenchCommand::Insert(args)) => bench_insert(&args),
         Command::Bench(BenchCommand::InsertCompare(args)) => bench_insert_compare(&args),
+        Command::Bench(BenchCommand::InsertMatrix(args)) => bench_insert_matrix(&args),
     }
 }
 
@@ -41,6 +43,12 @@ fn bench_insert(args: &InsertArgs) -> ExitCode {
     } else {
         bench::render::insert_report(&report)
     };
+    if args.json {
+        // The human output shows notes itself; say them where a JSON reader will see them too.
+        for note in &report.notes {
+            eprintln!("lastpage: note: {note}");
+        }
+    }
     print(&text);
     if report.integrity == "ok" {
         ExitCode::SUCCESS
@@ -76,6 +84,32 @@ fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         eprintln!("lastpage: an integrity check failed (see the report)");
+        ExitCode::from(1)
+    }
+}
+
+fn bench_insert_matrix(args: &MatrixArgs) -> ExitCode {
+    let report = match matrix::run_matrix(&args.config()) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let text = if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => json + "\n",
+            Err(error) => {
+                return fail(&BenchError::Failed(format!(
+                    "cannot serialize the report: {error}"
+                )));
+            }
+        }
+    } else {
+        matrix::render(&report)
+    };
+    print(&text);
+    if report.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("lastpage: an integrity check or a run failed (see the report)");
         ExitCode::from(1)
     }
 }

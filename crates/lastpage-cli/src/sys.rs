@@ -1,5 +1,6 @@
 //! Operating-system counters the benchmarks report: context switches and CPU time from
-//! `getrusage(2)`, available memory from `/proc/meminfo`.
+//! `getrusage(2)`, available memory from `/proc/meminfo`, the processor model from
+//! `/proc/cpuinfo`.
 
 use std::mem::MaybeUninit;
 
@@ -12,6 +13,8 @@ pub struct Usage {
     pub involuntary: u64,
     /// User plus system CPU time, in microseconds.
     pub cpu_us: u64,
+    /// Minor page faults (`ru_minflt`): first touches of memory the process had not used yet.
+    pub minor_faults: u64,
 }
 
 impl Usage {
@@ -21,6 +24,7 @@ impl Usage {
             voluntary: self.voluntary.saturating_sub(earlier.voluntary),
             involuntary: self.involuntary.saturating_sub(earlier.involuntary),
             cpu_us: self.cpu_us.saturating_sub(earlier.cpu_us),
+            minor_faults: self.minor_faults.saturating_sub(earlier.minor_faults),
         }
     }
 
@@ -29,6 +33,7 @@ impl Usage {
         self.voluntary += other.voluntary;
         self.involuntary += other.involuntary;
         self.cpu_us += other.cpu_us;
+        self.minor_faults += other.minor_faults;
     }
 
     /// Voluntary plus involuntary context switches.
@@ -55,6 +60,7 @@ fn getrusage(who: libc::c_int) -> Option<Usage> {
         voluntary: u64::try_from(usage.ru_nvcsw).unwrap_or(0),
         involuntary: u64::try_from(usage.ru_nivcsw).unwrap_or(0),
         cpu_us: micros(usage.ru_utime) + micros(usage.ru_stime),
+        minor_faults: u64::try_from(usage.ru_minflt).unwrap_or(0),
     })
 }
 
@@ -121,6 +127,54 @@ fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions; it only reads a configuration value.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// Returns the memory the allocator holds free to the kernel, so that the next run starts from
+/// the same cold state as a fresh process: every page it needs is a fresh page (a page fault),
+/// whatever ran before. Without this, whether a run reuses memory an earlier one freed depends
+/// on glibc's per-thread arenas and on its dynamic thresholds (freeing a large buffer raises
+/// the trim threshold to up to 64 MiB per arena): in one process, 8000-byte runs went at 150k
+/// or 570k rows/s depending on what ran before them.
+///
+/// On glibc it pins the trim and mmap thresholds at their documented defaults (128 KiB, which
+/// switches the dynamic adjustment off, so every arena gives back free memory at its top as a
+/// fresh process's would) and calls `malloc_trim(0)` (free pages inside every arena). Returns
+/// whether anything was done (glibc on Linux only).
+pub fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static FIXED_THRESHOLDS: std::sync::Once = std::sync::Once::new();
+        FIXED_THRESHOLDS.call_once(|| {
+            // SAFETY: mallopt only sets allocator tunables; it may be called at any time from
+            // any thread and has no memory-safety preconditions.
+            unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024) };
+            // SAFETY: as above.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
+        });
+        // SAFETY: malloc_trim has no preconditions; it only gives free pages back to the kernel
+        // and may be called at any time from any thread.
+        unsafe { libc::malloc_trim(0) };
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// The processor model (`model name` in `/proc/cpuinfo`), if the system names it.
+pub fn cpu_model() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("model name"))?;
+    let model = line
+        .split_once(':')?
+        .1
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!model.is_empty()).then_some(model)
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes, if the system reports it.

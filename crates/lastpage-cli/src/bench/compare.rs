@@ -3,14 +3,17 @@
 //! For every cell (row size x latch flavour x thread count) the two keys run alternately
 //! (ascending, random, ascending, random, ...) `repeat` times each, so that drift in the
 //! machine (other load, memory state) hits both keys alike; the table shows each key's median.
+//! Every run uses the classic insert path and no remedy, as this comparison always has (it is
+//! about the latch flavours); `bench insert-matrix` covers the paths and the remedies.
 
 use std::time::Instant;
 
-use lastpage_engine::{LatchPolicy, WaitType};
+use lastpage_engine::{InsertPath, LatchPolicy, WaitType};
 use serde::Serialize;
 
 use super::insert::{
-    BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, run_insert_bench,
+    BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, Remedy,
+    run_insert_bench,
 };
 use super::render::{number, table, thousands};
 use crate::sys;
@@ -173,7 +176,8 @@ impl CompareReport {
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median (the mean of the middle two for an even count); 0 for no values.
+pub fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
@@ -290,6 +294,8 @@ fn cell_config(
         key,
         row_bytes,
         latch,
+        insert_path: InsertPath::Classic,
+        remedy: Remedy::None,
         warmup_rows: 0,
     }
 }
@@ -297,7 +303,7 @@ fn cell_config(
 /// The comparison as a table.
 pub fn render(report: &CompareReport) -> String {
     let mut out = format!(
-        "bench insert-compare: ascending vs random clustered key, single-row inserts, median of {} interleaved run(s) per key, {} CPU(s)\n",
+        "bench insert-compare: ascending vs random clustered key, single-row inserts, classic insert path, median of {} interleaved run(s) per key, {} CPU(s)\n",
         report.repeat, report.cpus
     );
     let mut grid = table(

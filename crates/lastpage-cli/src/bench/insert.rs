@@ -1,10 +1,14 @@
-//! The insert harness: many sessions, single-row inserts, one table, one process.
+//! The insert harness: many sessions, single-row inserts (or 100-row statements), one table,
+//! one process.
 //!
-//! [`run_insert_bench`] builds the table a [`Workload`] describes in a fresh in-memory
-//! database, optionally warms it up, starts every session's thread at once and measures:
-//! throughput, per-insert latency (HdrHistogram), wait and latch statistics (global and
-//! attributed to sessions), context switches and CPU time (`getrusage`), the clustered tree's
-//! shape and split counters, and the database's integrity check.
+//! [`run_insert_bench`] builds the table a [`Workload`] describes (the clustered key, the
+//! remedy, the insert path and latch flavour of every index) in a fresh in-memory database,
+//! optionally warms it up, starts every session's thread at once and measures: throughput,
+//! per-statement latency (HdrHistogram), wait and latch statistics (global and attributed to
+//! sessions), context switches and CPU time (`getrusage`), every index's shape and split
+//! counters, and the database's integrity check. Before it builds the table it returns the
+//! allocator's free memory to the kernel, so that every run in a process (`insert-compare`,
+//! `insert-matrix`) starts as cold as the first: each pays the page faults of its own pages.
 //!
 //! Everything the run measures is in the [`InsertReport`], which serializes to the JSON that
 //! `lastpage bench insert --json` prints; [`crate::bench::render`] draws it as tables.
@@ -57,15 +61,69 @@ impl KeyKind {
         }
     }
 
-    /// The clustered key's columns, as SQL would spell them.
-    pub fn clustered_key(self) -> &'static str {
+    /// The key column `--key` picks, once `mod16` is read as `ascending` plus the mod16
+    /// remedy.
+    fn base(self) -> KeyKind {
         match self {
-            KeyKind::Ascending => "InsertID",
-            KeyKind::Random => "RowGuid",
-            KeyKind::Mod16 => "ModValue, InsertID",
+            KeyKind::Ascending | KeyKind::Mod16 => KeyKind::Ascending,
+            KeyKind::Random => KeyKind::Random,
         }
     }
 }
+
+/// A remedy for last-page insert contention: seed 000's experiments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Remedy {
+    /// The clustered PRIMARY KEY on the key column, nothing else.
+    None,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY on every index.
+    Ofsk,
+    /// The clustered key on the NEWID() column, plus a UNIQUE NONCLUSTERED index on InsertID.
+    #[serde(rename = "nonseq")]
+    NonSeq,
+    /// `ModValue = InsertID % 16` (persisted, computed) leading the clustered key.
+    Mod16,
+    /// [`Remedy::Mod16`] and hash partitioning on ModValue into 16 partitions.
+    Partition16,
+    /// 100-row statements (`Table::insert_batch`) instead of single-row inserts.
+    Batch100,
+}
+
+impl Remedy {
+    /// Every remedy, in display order.
+    pub const ALL: [Remedy; 6] = [
+        Remedy::None,
+        Remedy::Ofsk,
+        Remedy::NonSeq,
+        Remedy::Mod16,
+        Remedy::Partition16,
+        Remedy::Batch100,
+    ];
+
+    /// The name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Remedy::None => "none",
+            Remedy::Ofsk => "ofsk",
+            Remedy::NonSeq => "nonseq",
+            Remedy::Mod16 => "mod16",
+            Remedy::Partition16 => "partition16",
+            Remedy::Batch100 => "batch100",
+        }
+    }
+
+    /// Rows per insert statement.
+    pub fn rows_per_statement(self) -> u64 {
+        match self {
+            Remedy::Batch100 => BATCH_ROWS,
+            _ => 1,
+        }
+    }
+}
+
+/// Rows per statement of the batch100 remedy.
+pub const BATCH_ROWS: u64 = 100;
 
 /// One run of the insert benchmark.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,8 +136,12 @@ pub struct InsertConfig {
     pub key: KeyKind,
     /// Payload bytes per row (1..=8000).
     pub row_bytes: u16,
-    /// Latch flavour of the clustered index's pages.
+    /// Latch flavour of every index's pages.
     pub latch: LatchPolicy,
+    /// Insert path of every index.
+    pub insert_path: InsertPath,
+    /// Remedy applied to the table.
+    pub remedy: Remedy,
     /// Rows one session inserts before the measured run.
     pub warmup_rows: u64,
 }
@@ -92,6 +154,8 @@ impl Default for InsertConfig {
             key: KeyKind::Ascending,
             row_bytes: 100,
             latch: LatchPolicy::Adaptive,
+            insert_path: InsertPath::Default,
+            remedy: Remedy::None,
             warmup_rows: 0,
         }
     }
@@ -103,9 +167,49 @@ impl InsertConfig {
         u64::from(self.threads).saturating_mul(self.rows_per_thread)
     }
 
+    /// The remedy actually applied: `--key mod16` means `--key ascending --remedy mod16`.
+    /// Combinations [`InsertConfig::validate`] rejects come back unchanged.
+    pub fn effective_remedy(&self) -> Remedy {
+        match (self.key, self.remedy) {
+            (KeyKind::Mod16, Remedy::None) => Remedy::Mod16,
+            (_, remedy) => remedy,
+        }
+    }
+
+    /// This configuration with `rows_per_thread` rounded up to whole statements (batch100),
+    /// and a note saying so if it changed anything.
+    pub fn rounded_to_statements(&self) -> (InsertConfig, Option<String>) {
+        let per_statement = self.effective_remedy().rows_per_statement();
+        let rounded = self.rows_per_thread.div_ceil(per_statement) * per_statement;
+        let mut config = self.clone();
+        if rounded == self.rows_per_thread {
+            return (config, None);
+        }
+        config.rows_per_thread = rounded;
+        let note = format!(
+            "--remedy batch100 inserts whole statements of {per_statement} rows: --rows-per-thread {} \
+             was rounded up to {rounded}",
+            self.rows_per_thread
+        );
+        (config, Some(note))
+    }
+
     /// Rejects configurations the harness cannot run (an [`BenchError::InvalidConfig`]).
     pub fn validate(&self) -> Result<(), BenchError> {
         let invalid = |message: String| Err(BenchError::InvalidConfig(message));
+        if self.key == KeyKind::Mod16
+            && !matches!(
+                self.remedy,
+                Remedy::None | Remedy::Mod16 | Remedy::Partition16
+            )
+        {
+            return invalid(format!(
+                "--key mod16 already is a remedy (--key ascending --remedy mod16), so it cannot be \
+                 combined with --remedy {}; use --key ascending --remedy {} instead",
+                self.remedy.name(),
+                self.remedy.name()
+            ));
+        }
         if self.threads == 0 {
             return invalid("--threads must be at least 1".into());
         }
@@ -184,14 +288,29 @@ pub struct Workload {
     pub payload_column: usize,
     /// The payload column as SQL would declare it, e.g. `Name VARCHAR(100)`.
     pub payload_sql: String,
+    /// The clustered key's columns, e.g. `ModValue, InsertID`.
+    pub clustered_key: String,
+    /// The nonclustered indexes, as SQL would describe them.
+    pub nonclustered: Vec<String>,
+    /// Partitions of every index (1: not partitioned).
+    pub partitions: u16,
 }
 
+/// Name of the NEWID() column.
+const GUID_COLUMN: &str = "RowGuid";
+
 impl Workload {
-    /// The table for `config`: `InsertID int IDENTITY(1,1)`, a payload column of
-    /// `config.row_bytes` bytes (`Name VARCHAR(B)` up to 900 bytes, else `Payload CHAR(B)`), and
-    /// the clustered key `config.key` asks for, whose pages use `config.latch`.
+    /// The table for `config`: `InsertID int IDENTITY(1,1)` (always the first column), a
+    /// `RowGuid uniqueidentifier DEFAULT NEWID()` if the key or the remedy clusters on it, a
+    /// payload column of `config.row_bytes` bytes (`Name VARCHAR(B)` up to 900 bytes, else
+    /// `Payload CHAR(B)`), and for mod16 and partition16 `ModValue AS InsertID % 16 PERSISTED`.
+    /// The clustered PRIMARY KEY is on the key column (InsertID for an ascending key, RowGuid
+    /// for a random one; RowGuid for nonseq, which adds a UNIQUE NONCLUSTERED index on
+    /// InsertID), led by ModValue for mod16 and partition16. Every index gets `config.latch`,
+    /// `config.insert_path` and, for ofsk, OPTIMIZE_FOR_SEQUENTIAL_KEY.
     pub fn for_config(config: &InsertConfig) -> Workload {
         let bytes = config.row_bytes;
+        let remedy = config.effective_remedy();
         let (payload_name, payload_type, type_sql) = if bytes <= MAX_VARCHAR_ROW_BYTES {
             ("Name", DataType::VarChar(bytes), "VARCHAR")
         } else {
@@ -199,68 +318,71 @@ impl Workload {
         };
         let options = IndexOptions {
             latch_policy: config.latch,
-            insert_path: InsertPath::Classic,
-            optimize_for_sequential_key: false,
+            insert_path: config.insert_path,
+            optimize_for_sequential_key: remedy == Remedy::Ofsk,
         };
-        let identity = ColumnDef::new("InsertID", DataType::Int).identity(1, 1);
-        let payload = ColumnDef::new(payload_name, payload_type).not_null();
         let name = format!("InsertContention_{bytes}");
-        let (table, payload_column) = match config.key {
-            KeyKind::Ascending => (
-                TableDef::new(&name)
-                    .column(identity)
-                    .column(payload)
-                    .clustered(
-                        IndexDef::new(format!("PK_{name}"), &["InsertID"], Uniqueness::PrimaryKey)
-                            .with_options(options),
-                    ),
-                1,
-            ),
-            KeyKind::Random => (
-                TableDef::new(&name)
-                    .column(identity)
-                    .column(
-                        ColumnDef::new("RowGuid", DataType::UniqueIdentifier)
-                            .not_null()
-                            .default_value(DefaultValue::NewId),
-                    )
-                    .column(payload)
-                    .clustered(
-                        IndexDef::new(format!("PK_{name}"), &["RowGuid"], Uniqueness::PrimaryKey)
-                            .with_options(options),
-                    ),
-                2,
-            ),
-            KeyKind::Mod16 => (
-                TableDef::new(&name)
-                    .column(identity)
-                    .column(payload)
-                    .column(
-                        // ModValue AS CONVERT(TINYINT, ABS(InsertID % 16)) PERSISTED NOT NULL
-                        ColumnDef::new("ModValue", DataType::TinyInt)
-                            .not_null()
-                            .computed(Arc::new(|row: &[Value]| {
-                                Ok(match row.first().and_then(Value::as_i64) {
-                                    Some(id) => Value::TinyInt((id % 16).unsigned_abs() as u8),
-                                    None => Value::Null,
-                                })
-                            })),
-                    )
-                    .clustered(
-                        IndexDef::new(
-                            format!("PK_{name}"),
-                            &["ModValue", "InsertID"],
-                            Uniqueness::PrimaryKey,
-                        )
-                        .with_options(options),
-                    ),
-                1,
-            ),
+        let key_column = match (config.key.base(), remedy) {
+            (_, Remedy::NonSeq) | (KeyKind::Random, _) => GUID_COLUMN,
+            _ => "InsertID",
+        };
+        let with_mod = matches!(remedy, Remedy::Mod16 | Remedy::Partition16);
+
+        let mut table =
+            TableDef::new(&name).column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1));
+        if key_column == GUID_COLUMN {
+            table = table.column(
+                ColumnDef::new(GUID_COLUMN, DataType::UniqueIdentifier)
+                    .not_null()
+                    .default_value(DefaultValue::NewId),
+            );
+        }
+        let payload_column = table.columns.len();
+        table = table.column(ColumnDef::new(payload_name, payload_type).not_null());
+        let mut clustered_columns = vec![key_column];
+        if with_mod {
+            // ModValue AS CONVERT(TINYINT, ABS(InsertID % 16)) PERSISTED NOT NULL
+            table = table.column(
+                ColumnDef::new("ModValue", DataType::TinyInt)
+                    .not_null()
+                    .computed(Arc::new(|row: &[Value]| {
+                        Ok(match row.first().and_then(Value::as_i64) {
+                            Some(id) => Value::TinyInt((id % 16).unsigned_abs() as u8),
+                            None => Value::Null,
+                        })
+                    })),
+            );
+            clustered_columns.insert(0, "ModValue");
+        }
+        table = table.clustered(
+            IndexDef::new(
+                format!("PK_{name}"),
+                &clustered_columns,
+                Uniqueness::PrimaryKey,
+            )
+            .with_options(options),
+        );
+        let mut nonclustered = Vec::new();
+        if remedy == Remedy::NonSeq {
+            let index = format!("IX_{name}_InsertID");
+            nonclustered.push(format!("UNIQUE NONCLUSTERED {index} (InsertID)"));
+            table = table.nonclustered(
+                IndexDef::new(index, &["InsertID"], Uniqueness::UniqueIndex).with_options(options),
+            );
+        }
+        let partitions = if remedy == Remedy::Partition16 {
+            table = table.partitioned("ModValue", 16);
+            16
+        } else {
+            1
         };
         Workload {
             table,
             payload_column,
             payload_sql: format!("{payload_name} {type_sql}({bytes})"),
+            clustered_key: clustered_columns.join(", "),
+            nonclustered,
+            partitions,
         }
     }
 
@@ -278,17 +400,29 @@ pub struct ConfigReport {
     pub threads: u32,
     /// Rows per session.
     pub rows_per_thread: u64,
-    /// `ascending`, `random` or `mod16`.
+    /// Rows per session asked for (differs from `rows_per_thread` if batch100 rounded it up).
+    pub requested_rows_per_thread: u64,
+    /// `ascending`, `random` or `mod16`, as given.
     pub key: KeyKind,
+    /// The remedy applied (`mod16` for `--key mod16`).
+    pub remedy: Remedy,
     /// The clustered key's columns.
-    pub clustered_key: &'static str,
+    pub clustered_key: String,
+    /// The nonclustered indexes (nonseq: the UNIQUE index on InsertID).
+    pub nonclustered_indexes: Vec<String>,
+    /// Partitions of every index (1: not partitioned).
+    pub partitions: u16,
+    /// OPTIMIZE_FOR_SEQUENTIAL_KEY on every index.
+    pub optimize_for_sequential_key: bool,
+    /// Rows per insert statement (100 for batch100, else 1).
+    pub rows_per_statement: u64,
     /// Payload bytes per row.
     pub row_bytes: u16,
     /// The payload column, e.g. `Name VARCHAR(100)`.
     pub payload_column: String,
-    /// `fifo` or `adaptive`.
+    /// `fifo` or `adaptive`, on every index.
     pub latch: &'static str,
-    /// `classic`.
+    /// `classic` or `default`, on every index.
     pub insert_path: &'static str,
     /// Rows inserted before the measured run.
     pub warmup_rows: u64,
@@ -372,11 +506,14 @@ pub struct ContextSwitchReport {
     pub source: &'static str,
 }
 
-/// The clustered index after the run.
+/// One index after the run (the clustered index in `tree`; every index in `indexes`), summed
+/// over its partitions' B-trees.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct TreeReport {
     /// The index's name.
     pub index: String,
+    /// B-trees of the index (one per partition).
+    pub partitions: usize,
     /// Rows the integrity check counted (absent if the check failed).
     pub rows: Option<u64>,
     /// Leaf pages.
@@ -385,7 +522,7 @@ pub struct TreeReport {
     pub inner_pages: Option<u64>,
     /// Levels, leaves included.
     pub levels: Option<u8>,
-    /// Average fraction of each leaf's body in use.
+    /// Average fraction of each leaf's body in use (over every partition's leaves).
     pub leaf_fill: Option<f64>,
     /// Leaf splits that moved rows.
     pub leaf_splits: u64,
@@ -410,8 +547,12 @@ pub struct InsertReport {
     pub elapsed_sec: f64,
     /// `rows / elapsed_sec`.
     pub rows_per_sec: f64,
-    /// Per-insert latency (`Table::insert` only), microseconds.
+    /// Per-statement latency (`Table::insert`, or `Table::insert_batch` for batch100),
+    /// microseconds.
     pub latency_us: LatencyReport,
+    /// What one latency sample is: `"row"` (a single-row insert) or `"statement"` (a
+    /// `rows_per_statement`-row `insert_batch`).
+    pub latency_unit: &'static str,
     /// Every wait type with a nonzero count, plus PAGELATCH_EX/SH/UP always.
     pub waits: BTreeMap<&'static str, WaitReport>,
     /// `waiting_tasks_count / rows` for every wait type in `waits`.
@@ -428,14 +569,21 @@ pub struct InsertReport {
     pub process_context_switches_per_row: f64,
     /// CPU time (user + system) of the whole process during the run, in seconds.
     pub cpu_sec: f64,
+    /// Minor page faults of the whole process during the run, per row: memory the allocator
+    /// had to get from the kernel (fresh pages) rather than reuse.
+    pub page_faults_per_row: f64,
     /// Share of the machine's CPU capacity other processes (or the hypervisor: steal time) used
     /// during the run, from `/proc/stat`; absent for runs under 0.2 s. Wall-clock numbers of a
     /// run with a high value are not comparable with those of a quiet run.
     pub other_cpu_load_percent: Option<f64>,
     /// The clustered index's shape and split counters.
     pub tree: TreeReport,
+    /// Every index (clustered first), each summed over its partitions.
+    pub indexes: Vec<TreeReport>,
     /// `"ok"`, or what the integrity check found.
     pub integrity: String,
+    /// Things the harness changed or wants the reader to know (e.g. rounding for batch100).
+    pub notes: Vec<String>,
 }
 
 impl InsertReport {
@@ -459,7 +607,7 @@ fn round3(value: f64) -> f64 {
 /// a condition variable, whose woken waiters must re-take its mutex one by one (so the threads
 /// would start staggered, each able to finish a short run before the next one begins), every
 /// reader is woken at once and none waits for another.
-struct StartGate {
+pub(super) struct StartGate {
     ready: Mutex<usize>,
     all_ready: Condvar,
     go: RwLock<()>,
@@ -467,7 +615,7 @@ struct StartGate {
 }
 
 impl StartGate {
-    fn new() -> StartGate {
+    pub(super) fn new() -> StartGate {
         StartGate {
             ready: Mutex::new(0),
             all_ready: Condvar::new(),
@@ -477,14 +625,14 @@ impl StartGate {
     }
 
     /// Closes the gate: threads that arrive wait until the returned guard drops.
-    fn close(&self) -> RwLockWriteGuard<'_, ()> {
+    pub(super) fn close(&self) -> RwLockWriteGuard<'_, ()> {
         self.go
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A thread is ready; blocks until the gate opens. Returns whether to run.
-    fn arrive_and_wait(&self) -> bool {
+    pub(super) fn arrive_and_wait(&self) -> bool {
         *self
             .ready
             .lock()
@@ -499,7 +647,7 @@ impl StartGate {
     }
 
     /// Blocks until `count` threads are ready.
-    fn wait_ready(&self, count: usize) {
+    pub(super) fn wait_ready(&self, count: usize) {
         let mut ready = self
             .ready
             .lock()
@@ -513,7 +661,7 @@ impl StartGate {
     }
 
     /// Opens the gate (by dropping `closed`), telling every thread whether to run.
-    fn open(&self, closed: RwLockWriteGuard<'_, ()>, run: bool) {
+    pub(super) fn open(&self, closed: RwLockWriteGuard<'_, ()>, run: bool) {
         self.run.store(run, Ordering::Release);
         drop(closed);
     }
@@ -530,12 +678,21 @@ struct WorkerResult {
 }
 
 /// Runs one insert benchmark: a fresh database, the table of [`Workload::for_config`],
-/// `config.threads` sessions inserting `config.rows_per_thread` single rows each.
-pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchError> {
+/// `config.threads` sessions inserting `config.rows_per_thread` rows each (single-row
+/// inserts, or 100-row statements for batch100, with `rows_per_thread` rounded up to whole
+/// statements and a note saying so).
+pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchError> {
+    requested.validate()?;
+    let (config, rounding_note) = requested.rounded_to_statements();
+    let config = &config;
     config.validate()?;
+    let notes: Vec<String> = rounding_note.into_iter().collect();
+    let rows_per_statement = config.effective_remedy().rows_per_statement();
     let failed =
         |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
     let workload = Workload::for_config(config);
+    // Every run starts from the same cold memory, whatever ran before it in this process.
+    sys::release_free_memory();
     let db = Database::create(DatabaseOptions::default())
         .map_err(|error| failed("cannot create the database", &error))?;
     let table = db
@@ -573,6 +730,7 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
             stop: Arc::clone(&stop),
             payload_column: workload.payload_column,
             rows: config.rows_per_thread,
+            rows_per_statement,
         };
         let spawned = std::thread::Builder::new()
             .name(format!("insert-{thread}"))
@@ -701,18 +859,24 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         all_waits_sessions: session_waits.total_count(),
     };
 
-    let (tree, integrity) = check(&db, &table, config);
+    let (tree, indexes, integrity) = check(&db, &table, config);
     let micros = |nanos: u64| round3(nanos as f64 / 1000.0);
     Ok(InsertReport {
         config: ConfigReport {
             threads: config.threads,
             rows_per_thread: config.rows_per_thread,
+            requested_rows_per_thread: requested.rows_per_thread,
             key: config.key,
-            clustered_key: config.key.clustered_key(),
+            remedy: config.effective_remedy(),
+            clustered_key: workload.clustered_key.clone(),
+            nonclustered_indexes: workload.nonclustered.clone(),
+            partitions: workload.partitions,
+            optimize_for_sequential_key: config.effective_remedy() == Remedy::Ofsk,
+            rows_per_statement,
             row_bytes: config.row_bytes,
             payload_column: workload.payload_sql.clone(),
             latch: config.latch.name(),
-            insert_path: InsertPath::Classic.name(),
+            insert_path: config.insert_path.name(),
             warmup_rows: config.warmup_rows,
         },
         rows,
@@ -724,6 +888,11 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
             p999: micros(latency_ns.value_at_quantile(0.999)),
             max: micros(latency_ns.max()),
             mean: round3(latency_ns.mean() / 1000.0),
+        },
+        latency_unit: if rows_per_statement > 1 {
+            "statement"
+        } else {
+            "row"
         },
         waits: wait_reports,
         waits_per_row,
@@ -737,9 +906,12 @@ pub fn run_insert_bench(config: &InsertConfig) -> Result<InsertReport, BenchErro
         },
         process_context_switches_per_row: round6(per_row(process_usage.context_switches())),
         cpu_sec: round6(process_usage.cpu_us as f64 / 1e6),
+        page_faults_per_row: round6(per_row(process_usage.minor_faults)),
         other_cpu_load_percent,
         tree,
+        indexes,
         integrity,
+        notes,
     })
 }
 
@@ -754,7 +926,10 @@ struct Worker {
     gate: Arc<StartGate>,
     stop: Arc<AtomicBool>,
     payload_column: usize,
+    /// Rows to insert (a multiple of `rows_per_statement`).
     rows: u64,
+    /// 1: single-row `insert`; more: `insert_batch` statements of that many rows.
+    rows_per_statement: u64,
 }
 
 impl Worker {
@@ -764,14 +939,27 @@ impl Worker {
         let usage_before = sys::thread_usage();
         let mut rows = 0;
         let mut error = None;
+        let per_statement = self.rows_per_statement.max(1);
         if go {
-            for _ in 0..self.rows {
+            for _ in 0..self.rows / per_statement {
                 if self.stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let row = InsertRow::new().set(self.payload_column, payload.clone());
-                let started = Instant::now();
-                let inserted = self.table.insert(&session, row);
+                // The statement's rows are built before the clock starts, as the single row is.
+                let (started, inserted) = if per_statement == 1 {
+                    let row = InsertRow::new().set(self.payload_column, payload.clone());
+                    let started = Instant::now();
+                    (started, self.table.insert(&session, row).map(|_| ()))
+                } else {
+                    let batch: Vec<InsertRow> = (0..per_statement)
+                        .map(|_| InsertRow::new().set(self.payload_column, payload.clone()))
+                        .collect();
+                    let started = Instant::now();
+                    (
+                        started,
+                        self.table.insert_batch(&session, batch).map(|_| ()),
+                    )
+                };
                 let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 if let Err(insert_error) = inserted {
                     error = Some(insert_error.to_string());
@@ -783,7 +971,7 @@ impl Worker {
                 if latency_ns.record(nanos).is_err() {
                     latency_ns.saturating_record(nanos);
                 }
-                rows += 1;
+                rows += per_statement;
             }
         }
         let finished = Instant::now();
@@ -832,62 +1020,99 @@ impl WaitTotals {
     }
 }
 
-/// The integrity check and the clustered tree's shape.
-fn check(db: &Database, table: &Table, config: &InsertConfig) -> (TreeReport, String) {
-    let mut stats = lastpage_storage::btree::TreeStats::default();
-    for tree in table.clustered_trees() {
-        stats += tree.stats();
-    }
-    let mut tree = TreeReport {
-        index: format!("PK_{}", table.name()),
-        leaf_splits: stats.leaf_splits,
-        leaf_appends: stats.leaf_appends,
-        inner_splits: stats.inner_splits,
-        split_restarts: stats.split_restarts,
-        buffer_pool_pages: db.pool().page_count(),
-        ..TreeReport::default()
-    };
+/// The integrity check and every index's shape (summed over partitions), clustered first.
+fn check(
+    db: &Database,
+    table: &Table,
+    config: &InsertConfig,
+) -> (TreeReport, Vec<TreeReport>, String) {
+    let mut indexes: Vec<TreeReport> = table
+        .trees()
+        .map(|(name, trees)| {
+            let mut stats = lastpage_storage::btree::TreeStats::default();
+            for tree in trees {
+                stats += tree.stats();
+            }
+            TreeReport {
+                index: name.to_owned(),
+                partitions: trees.len(),
+                leaf_splits: stats.leaf_splits,
+                leaf_appends: stats.leaf_appends,
+                inner_splits: stats.inner_splits,
+                split_restarts: stats.split_restarts,
+                buffer_pool_pages: db.pool().page_count(),
+                ..TreeReport::default()
+            }
+        })
+        .collect();
     let expected = config.total_rows() + config.warmup_rows;
     let integrity = match db.check_integrity() {
         Err(error) => error.to_string(),
-        Ok(checks) => {
-            let clustered = checks
-                .iter()
-                .find(|check| check.table == table.name())
-                .and_then(|check| check.indexes.first());
-            match clustered {
-                None => format!("the integrity check did not report table {}", table.name()),
-                Some((index, shape)) => {
-                    tree.index.clone_from(index);
-                    tree.rows = Some(shape.rows);
-                    tree.leaf_pages = Some(shape.leaf_pages);
-                    tree.inner_pages = Some(shape.inner_pages);
-                    tree.levels = Some(shape.levels);
-                    tree.leaf_fill = Some(round3(shape.leaf_fill));
-                    let next_identity = table.next_identity();
-                    if shape.rows != expected {
-                        format!(
-                            "the clustered index holds {} rows, but {expected} were inserted",
-                            shape.rows
-                        )
-                    } else if table.row_count() != expected {
-                        format!(
-                            "the table counts {} rows, but {expected} were inserted",
-                            table.row_count()
-                        )
-                    } else if next_identity != Some(expected as i64 + 1) {
-                        format!(
-                            "the next identity value is {next_identity:?}, expected {}",
-                            expected + 1
-                        )
-                    } else {
-                        "ok".to_owned()
+        Ok(checks) => match checks.iter().find(|check| check.table == table.name()) {
+            None => format!("the integrity check did not report table {}", table.name()),
+            Some(check) => {
+                // The check lists each index once per partition; sum them up per index.
+                for report in &mut indexes {
+                    let shapes: Vec<_> = check
+                        .indexes
+                        .iter()
+                        .filter(|(index, _)| *index == report.index)
+                        .map(|(_, shape)| shape)
+                        .collect();
+                    if shapes.is_empty() {
+                        continue;
                     }
+                    let leaf_pages: u64 = shapes.iter().map(|shape| shape.leaf_pages).sum();
+                    let fill_pages: f64 = shapes
+                        .iter()
+                        .map(|shape| shape.leaf_fill * shape.leaf_pages as f64)
+                        .sum();
+                    report.rows = Some(shapes.iter().map(|shape| shape.rows).sum());
+                    report.leaf_pages = Some(leaf_pages);
+                    report.inner_pages = Some(shapes.iter().map(|shape| shape.inner_pages).sum());
+                    report.levels = shapes.iter().map(|shape| shape.levels).max();
+                    report.leaf_fill = Some(round3(fill_pages / leaf_pages.max(1) as f64));
+                }
+                let clustered_rows = indexes.first().and_then(|report| report.rows);
+                let next_identity = table.next_identity();
+                if clustered_rows != Some(expected) {
+                    format!(
+                        "the clustered index holds {} rows, but {expected} were inserted",
+                        clustered_rows.map_or_else(|| "no".to_owned(), |rows| rows.to_string())
+                    )
+                } else if check.rows != expected {
+                    format!(
+                        "the integrity check counts {} rows, but {expected} were inserted",
+                        check.rows
+                    )
+                } else if table.row_count() != expected {
+                    format!(
+                        "the table counts {} rows, but {expected} were inserted",
+                        table.row_count()
+                    )
+                } else if next_identity != Some(expected as i64 + 1) {
+                    format!(
+                        "the next identity value is {next_identity:?}, expected {}",
+                        expected + 1
+                    )
+                } else if let Some(index) =
+                    indexes.iter().find(|index| index.rows != Some(expected))
+                {
+                    format!(
+                        "index {} holds {:?} entries, but {expected} rows were inserted",
+                        index.index, index.rows
+                    )
+                } else {
+                    "ok".to_owned()
                 }
             }
-        }
+        },
     };
-    (tree, integrity)
+    let tree = indexes.first().cloned().unwrap_or_else(|| TreeReport {
+        index: format!("PK_{}", table.name()),
+        ..TreeReport::default()
+    });
+    (tree, indexes, integrity)
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

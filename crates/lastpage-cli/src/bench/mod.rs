@@ -1,6 +1,9 @@
 //! Benchmarks over the embedded engine. [`insert`] is the harness every insert benchmark runs
-//! through; [`compare`] drives it over a grid of configurations; [`render`] draws reports.
+//! through; [`compare`] and [`matrix`] drive it over grids of configurations; [`ideal`] is the
+//! no-B-tree reference the matrix measures against; [`render`] draws reports.
 
 pub mod compare;
+pub mod ideal;
 pub mod insert;
+pub mod matrix;
 pub mod render;

@@ -53,20 +53,45 @@ pub fn number(value: f64) -> String {
 pub fn insert_report(report: &InsertReport) -> String {
     let config = &report.config;
     let mut out = format!(
-        "bench insert: {} threads x {} rows, key {} (clustered PK on {}), {}, latch {}, insert path {}{}\n",
+        "bench insert: {} threads x {} rows, key {}, remedy {} (clustered PK on {}{}{}), {}, latch {}, insert path {}{}{}\n",
         config.threads,
         thousands(config.rows_per_thread),
         config.key.name(),
+        config.remedy.name(),
         config.clustered_key,
+        if config.partitions > 1 {
+            format!(", {} partitions", config.partitions)
+        } else {
+            String::new()
+        },
+        config
+            .nonclustered_indexes
+            .iter()
+            .map(|index| format!("; {index}"))
+            .collect::<String>(),
         config.payload_column,
         config.latch,
         config.insert_path,
+        if config.optimize_for_sequential_key {
+            ", OPTIMIZE_FOR_SEQUENTIAL_KEY = ON"
+        } else {
+            ""
+        },
         if config.warmup_rows > 0 {
             format!(", {} warm-up rows", thousands(config.warmup_rows))
         } else {
             String::new()
         }
     );
+    if config.rows_per_statement > 1 {
+        out.push_str(&format!(
+            "{}-row statements (insert_batch): latencies are per statement\n",
+            config.rows_per_statement
+        ));
+    }
+    for note in &report.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
 
     if let Some(load) = report.other_cpu_load_percent.filter(|load| *load >= 10.0) {
         out.push_str(&format!(
@@ -79,9 +104,21 @@ pub fn insert_report(report: &InsertReport) -> String {
             "rows",
             "elapsed s",
             "rows/s",
-            "p50 µs",
-            "p99 µs",
-            "max µs",
+            if report.latency_unit == "statement" {
+                "p50 µs/stmt"
+            } else {
+                "p50 µs"
+            },
+            if report.latency_unit == "statement" {
+                "p99 µs/stmt"
+            } else {
+                "p99 µs"
+            },
+            if report.latency_unit == "statement" {
+                "max µs/stmt"
+            } else {
+                "max µs"
+            },
             "ctx switches/row",
             "CPU s",
         ],
@@ -157,7 +194,6 @@ pub fn insert_report(report: &InsertReport) -> String {
         out.push_str("latch stats: no latch waits\n");
     }
 
-    let tree = &report.tree;
     let optional = |value: Option<u64>| value.map_or_else(|| "-".to_owned(), thousands);
     let mut shape = table(
         &[
@@ -175,21 +211,32 @@ pub fn insert_report(report: &InsertReport) -> String {
         ],
         1,
     );
-    shape.add_row(vec![
-        tree.index.clone(),
-        optional(tree.rows),
-        optional(tree.leaf_pages),
-        optional(tree.inner_pages),
-        tree.levels
-            .map_or_else(|| "-".to_owned(), |levels| levels.to_string()),
-        tree.leaf_fill
-            .map_or_else(|| "-".to_owned(), |fill| format!("{:.1}%", fill * 100.0)),
-        thousands(tree.leaf_splits),
-        thousands(tree.leaf_appends),
-        thousands(tree.inner_splits),
-        thousands(tree.split_restarts),
-        report.integrity.clone(),
-    ]);
+    let indexes = if report.indexes.is_empty() {
+        std::slice::from_ref(&report.tree)
+    } else {
+        report.indexes.as_slice()
+    };
+    for tree in indexes {
+        shape.add_row(vec![
+            if tree.partitions > 1 {
+                format!("{} ({} partitions)", tree.index, tree.partitions)
+            } else {
+                tree.index.clone()
+            },
+            optional(tree.rows),
+            optional(tree.leaf_pages),
+            optional(tree.inner_pages),
+            tree.levels
+                .map_or_else(|| "-".to_owned(), |levels| levels.to_string()),
+            tree.leaf_fill
+                .map_or_else(|| "-".to_owned(), |fill| format!("{:.1}%", fill * 100.0)),
+            thousands(tree.leaf_splits),
+            thousands(tree.leaf_appends),
+            thousands(tree.inner_splits),
+            thousands(tree.split_restarts),
+            report.integrity.clone(),
+        ]);
+    }
     out.push_str(&format!("{shape}\n"));
     out
 }

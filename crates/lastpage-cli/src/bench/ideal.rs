@@ -1,0 +1,209 @@
+//! The "ideal append" reference: what inserting rows at the end of a shared structure costs
+//! with no B-tree at all.
+//!
+//! `threads` threads each append `rows_per_thread` rows: per row, one shared atomic
+//! `fetch_add` on a counter hands out the row's slot, and the row's `row_bytes` bytes are copied
+//! into that slot of a buffer allocated (and touched, so no page faults are timed) before the
+//! run. Threads start together through the same gate as the engine runs, and the run is timed
+//! the same way: from the gate opening until the last thread finishes, with every row's latency
+//! taken around the increment and the copy (so the harness's own per-row cost is in both).
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::insert::{BenchError, StartGate};
+use crate::sys::{self, Usage};
+
+/// What one ideal-append run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct IdealReport {
+    /// Threads.
+    pub threads: u32,
+    /// Rows per thread.
+    pub rows_per_thread: u64,
+    /// Bytes copied per row.
+    pub row_bytes: u16,
+    /// Rows appended.
+    pub rows: u64,
+    /// Wall time from the start signal until the last thread finished.
+    pub elapsed_sec: f64,
+    /// `rows / elapsed_sec`.
+    pub rows_per_sec: f64,
+    /// 99th percentile of the per-row latency, microseconds.
+    pub p99_us: f64,
+    /// Context switches of the appending threads per row.
+    pub context_switches_per_row: f64,
+    /// `"ok"` if the counter ended at `rows` and every slot was written, else what was wrong.
+    pub integrity: String,
+}
+
+/// The preallocated rows: `slots` slots of `slot_bytes` bytes each, written concurrently, each
+/// slot by exactly one thread.
+struct Slots<'a> {
+    base: *mut u8,
+    slots: u64,
+    slot_bytes: usize,
+    _buffer: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the only access through `base` while `Slots` is shared is `write`, whose callers
+// write disjoint slots (each slot index comes from one `fetch_add`, so it is handed out once);
+// the buffer it points into outlives `Slots` (the `PhantomData` borrow) and is not otherwise
+// touched until every thread that shares `Slots` has been joined.
+unsafe impl Sync for Slots<'_> {}
+
+impl<'a> Slots<'a> {
+    fn new(buffer: &'a mut [u8], slot_bytes: usize) -> Slots<'a> {
+        Slots {
+            base: buffer.as_mut_ptr(),
+            slots: (buffer.len() / slot_bytes.max(1)) as u64,
+            slot_bytes,
+            _buffer: PhantomData,
+        }
+    }
+
+    /// Copies `row` into slot `slot`. Every slot must be written by one caller only.
+    fn write(&self, slot: u64, row: &[u8]) {
+        assert!(slot < self.slots && row.len() == self.slot_bytes);
+        let offset = slot as usize * self.slot_bytes;
+        // SAFETY: `slot < slots`, so `offset .. offset + slot_bytes` lies inside the buffer;
+        // `row` is a separate allocation of exactly `slot_bytes` bytes, so the ranges do not
+        // overlap; and no other thread writes or reads this slot (see `unsafe impl Sync`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(row.as_ptr(), self.base.add(offset), self.slot_bytes);
+        }
+    }
+}
+
+/// Runs the ideal append once.
+pub fn run_ideal_append(
+    threads: u32,
+    rows_per_thread: u64,
+    row_bytes: u16,
+) -> Result<IdealReport, BenchError> {
+    let failed = |what: &str| BenchError::Failed(format!("ideal append: {what}"));
+    let rows = u64::from(threads) * rows_per_thread;
+    let slot_bytes = usize::from(row_bytes.max(1));
+    let total_bytes = usize::try_from(rows)
+        .ok()
+        .and_then(|rows| rows.checked_mul(slot_bytes))
+        .ok_or_else(|| failed("the buffer does not fit in memory"))?;
+    sys::release_free_memory();
+    // Filled (not just zeroed), so every page is touched before the run: 0xFF is no letter.
+    let mut buffer = vec![0xFFu8; total_bytes];
+    let counter = AtomicU64::new(0);
+    let gate = StartGate::new();
+    let mut latency_ns = Histogram::<u64>::new(3).map_err(|_| failed("no histogram"))?;
+    let mut usage = Usage::default();
+    let elapsed_sec = {
+        let slots = Slots::new(&mut buffer, slot_bytes);
+        let results = std::thread::scope(|scope| {
+            let closed = gate.close();
+            let handles: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let (slots, counter, gate) = (&slots, &counter, &gate);
+                    let row = vec![b'a' + (thread % 26) as u8; slot_bytes];
+                    std::thread::Builder::new()
+                        .name(format!("ideal-{thread}"))
+                        .spawn_scoped(scope, move || {
+                            append(slots, counter, gate, &row, rows_per_thread)
+                        })
+                })
+                .collect();
+            let spawned = handles.iter().filter(|handle| handle.is_ok()).count();
+            if spawned < handles.len() {
+                gate.open(closed, false);
+                return Err(failed("cannot start a thread"));
+            }
+            gate.wait_ready(spawned);
+            let start = Instant::now();
+            gate.open(closed, true);
+            let mut finished = start;
+            let mut results = Vec::with_capacity(handles.len());
+            for handle in handles.into_iter().flatten() {
+                let result = handle.join().map_err(|_| failed("a thread panicked"))?;
+                finished = finished.max(result.0);
+                results.push(result);
+            }
+            Ok((start, finished, results))
+        })?;
+        let (start, finished, results) = results;
+        for (_, histogram, thread_usage) in results {
+            latency_ns
+                .add(&histogram)
+                .map_err(|_| failed("cannot merge histograms"))?;
+            usage.add(&thread_usage.unwrap_or_default());
+        }
+        finished
+            .saturating_duration_since(start)
+            .as_secs_f64()
+            .max(1e-9)
+    };
+    let appended = counter.load(Ordering::Relaxed);
+    let integrity = if appended != rows {
+        format!("the counter ended at {appended}, expected {rows}")
+    } else if let Some(slot) = buffer.chunks(slot_bytes).position(|slot| {
+        !slot[0].is_ascii_lowercase() || !slot[slot_bytes - 1].is_ascii_lowercase()
+    }) {
+        format!("slot {slot} was not written")
+    } else {
+        "ok".to_owned()
+    };
+    Ok(IdealReport {
+        threads,
+        rows_per_thread,
+        row_bytes,
+        rows,
+        elapsed_sec: (elapsed_sec * 1e6).round() / 1e6,
+        rows_per_sec: (rows as f64 / elapsed_sec).round(),
+        p99_us: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+        context_switches_per_row: usage.context_switches() as f64 / rows.max(1) as f64,
+        integrity,
+    })
+}
+
+/// One thread's loop: a shared `fetch_add` and a copy per row.
+fn append(
+    slots: &Slots<'_>,
+    counter: &AtomicU64,
+    gate: &StartGate,
+    row: &[u8],
+    rows: u64,
+) -> (Instant, Histogram<u64>, Option<Usage>) {
+    let mut latency_ns = Histogram::<u64>::new(3).expect("3 significant digits are valid");
+    let go = gate.arrive_and_wait();
+    let before = sys::thread_usage();
+    if go {
+        for _ in 0..rows {
+            let started = Instant::now();
+            let slot = counter.fetch_add(1, Ordering::Relaxed);
+            slots.write(slot, row);
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            if latency_ns.record(nanos).is_err() {
+                latency_ns.saturating_record(nanos);
+            }
+        }
+    }
+    let finished = Instant::now();
+    let usage = before
+        .zip(sys::thread_usage())
+        .map(|(before, after)| after.since(&before));
+    (finished, latency_ns, usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_is_written_once() {
+        let report = run_ideal_append(4, 500, 100).expect("runs");
+        assert_eq!(report.rows, 2000);
+        assert_eq!(report.integrity, "ok");
+        assert!(report.rows_per_sec > 0.0);
+    }
+}
