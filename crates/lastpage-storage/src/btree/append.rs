@@ -53,6 +53,11 @@ impl BTree {
             // Certainly below the last leaf: not an append, and no reason to touch the gate.
             return None;
         }
+        if needs_own_page(key.len() + value.len())
+            && let Err(error) = self.prepare_spare_leaf()
+        {
+            return Some(Err(error));
+        }
         let _gate = self.enter_tail_gate();
         let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
         if !self.is_tail(&leaf) || key <= leaf.page().key(0) {
@@ -85,6 +90,9 @@ impl BTree {
             check_record_size(&key, value)?;
             self.insert_admitted(&key, value)?;
             return Ok(key);
+        }
+        if needs_own_page(value.len()) {
+            self.prepare_spare_leaf()?;
         }
         // The gate is held until the row is in, whichever way it goes in, so generated keys
         // reach the tree in the order they were made.
@@ -152,9 +160,16 @@ impl BTree {
         key: &[u8],
         value: &[u8],
     ) -> Option<Result<(), BTreeError>> {
-        let position = match leaf.page().search(key) {
-            Ok(_) => return Some(Err(BTreeError::DuplicateKey)),
-            Err(position) => position,
+        let page = leaf.page();
+        let count = page.slot_count();
+        // An append (the common case) needs no search: the key is past the last one.
+        let position = if count > 0 && key > page.key(count - 1) {
+            count
+        } else {
+            match page.search(key) {
+                Ok(_) => return Some(Err(BTreeError::DuplicateKey)),
+                Err(position) => position,
+            }
         };
         if leaf.page_mut().insert_leaf(position, key, value).is_ok() {
             return Some(Ok(()));
@@ -211,14 +226,10 @@ impl BTree {
             return None;
         }
         let separator = separator.to_vec();
-        let mut right =
-            match self
-                .pool
-                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)
-            {
-                Ok(right) => right,
-                Err(full) => return Some(Err(full.into())),
-            };
+        let mut right = match self.take_spare_leaf() {
+            Ok(right) => right,
+            Err(full) => return Some(Err(full.into())),
+        };
         let right_id = right.page_id();
         {
             let mut right_page = right.page_mut();
@@ -256,6 +267,34 @@ impl BTree {
         match target.page_mut().insert_leaf(target_position, key, value) {
             Ok(()) => Some(Ok(())),
             Err(_) => None,
+        }
+    }
+
+    /// Makes sure a formatted, unlinked leaf is waiting for the next split of the last leaf,
+    /// so that the gate holder does not allocate (zero 8 KiB and take the page faults of fresh
+    /// memory) while everyone else waits at the gate. Called before the gate by appenders whose
+    /// row is large enough that every one of them starts a new page.
+    fn prepare_spare_leaf(&self) -> Result<(), BTreeError> {
+        if !sync::lock(&self.spare_leaves).is_empty() {
+            return Ok(());
+        }
+        let page = self
+            .pool
+            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?
+            .page_id();
+        sync::lock(&self.spare_leaves).push(page);
+        Ok(())
+    }
+
+    /// A new leaf for a split of the last leaf: a prepared spare if there is one, else a fresh
+    /// allocation. The page is unreachable until linked, so its latch is free.
+    fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, crate::buffer::PoolFull> {
+        let spare = sync::lock(&self.spare_leaves).pop();
+        match spare {
+            Some(page) => Ok(self.pool.latch_exclusive(page)),
+            None => self
+                .pool
+                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id),
         }
     }
 
@@ -307,6 +346,13 @@ impl<E> From<BTreeError> for GeneratedKeyError<E> {
     fn from(error: BTreeError) -> Self {
         GeneratedKeyError::Tree(error)
     }
+}
+
+/// Whether a record of about `len` bytes leaves no room for another one on its page, so that
+/// every append of such records starts a new page.
+fn needs_own_page(len: usize) -> bool {
+    2 * (len + crate::limits::LEAF_RECORD_HEADER_BYTES + crate::limits::SLOT_BYTES)
+        > crate::limits::PAGE_BODY_BYTES
 }
 
 /// Holds the tail gate; releases it when dropped.

@@ -37,7 +37,7 @@ use crate::buffer::{BufferPool, ExclusiveGuard, PoolFull, SharedGuard};
 use crate::latch::{Latch, LatchClass, LatchPolicy};
 use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
 use crate::page::{NO_PAGE, Page, PageId, PageKind};
-use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Mutex, Ordering};
 
 pub use write::{CompareAndUpdate, StripedCounter};
 
@@ -190,6 +190,9 @@ pub struct BTree {
     tail_gate: Latch,
     /// OPTIMIZE_FOR_SEQUENTIAL_KEY (see `flow_control.rs`).
     flow_control: FlowControl,
+    /// Formatted, unlinked leaves allocated ahead of a split of the last leaf, so the default
+    /// path does not allocate while holding the tail gate (see `append.rs`). At most a few.
+    spare_leaves: Mutex<Vec<PageId>>,
     /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
     /// it saves a shared-then-exclusive double latch while the root is still a leaf.
     root_level_hint: AtomicU8,
@@ -217,6 +220,7 @@ impl BTree {
             tail_parent_hint: AtomicU32::new(NO_PAGE),
             tail_first_key_prefix: AtomicU64::new(0),
             tail_gate: Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer),
+            spare_leaves: Mutex::new(Vec::new()),
             flow_control: FlowControl::new(
                 std::thread::available_parallelism().map_or(1, usize::from),
                 options.optimize_for_sequential_key,
