@@ -31,31 +31,15 @@ fn bench_insert(args: &InsertArgs) -> ExitCode {
         Ok(report) => report,
         Err(error) => return fail(&error),
     };
-    let text = if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(json) => json + "\n",
-            Err(error) => {
-                return fail(&BenchError::Failed(format!(
-                    "cannot serialize the report: {error}"
-                )));
-            }
-        }
-    } else {
-        bench::render::insert_report(&report)
-    };
     if args.json {
         // The human output shows notes itself; say them where a JSON reader will see them too.
         for note in &report.notes {
             eprintln!("lastpage: note: {note}");
         }
     }
-    print(&text);
-    if report.integrity == "ok" {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!("lastpage: integrity check failed: {}", report.integrity);
-        ExitCode::from(1)
-    }
+    let failure =
+        (report.integrity != "ok").then(|| format!("integrity check failed: {}", report.integrity));
+    emit(&report, args.json, bench::render::insert_report, failure)
 }
 
 fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
@@ -67,25 +51,8 @@ fn bench_insert_compare(args: &CompareArgs) -> ExitCode {
         Ok(report) => report,
         Err(error) => return fail(&error),
     };
-    let text = if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(json) => json + "\n",
-            Err(error) => {
-                return fail(&BenchError::Failed(format!(
-                    "cannot serialize the report: {error}"
-                )));
-            }
-        }
-    } else {
-        compare::render(&report)
-    };
-    print(&text);
-    if report.all_ok() {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!("lastpage: an integrity check failed (see the report)");
-        ExitCode::from(1)
-    }
+    let failure = (!report.all_ok()).then(|| "an integrity check failed (see the report)".into());
+    emit(&report, args.json, compare::render, failure)
 }
 
 fn bench_insert_matrix(args: &MatrixArgs) -> ExitCode {
@@ -93,8 +60,21 @@ fn bench_insert_matrix(args: &MatrixArgs) -> ExitCode {
         Ok(report) => report,
         Err(error) => return fail(&error),
     };
-    let text = if args.json {
-        match serde_json::to_string_pretty(&report) {
+    let failure =
+        (!report.all_ok()).then(|| "an integrity check or a run failed (see the report)".into());
+    emit(&report, args.json, matrix::render, failure)
+}
+
+/// Prints a report as JSON or as tables, then turns `failure` (a failed integrity check, a
+/// failed run) into exit code 1.
+fn emit<R: serde::Serialize>(
+    report: &R,
+    json: bool,
+    render: impl Fn(&R) -> String,
+    failure: Option<String>,
+) -> ExitCode {
+    let text = if json {
+        match serde_json::to_string_pretty(report) {
             Ok(json) => json + "\n",
             Err(error) => {
                 return fail(&BenchError::Failed(format!(
@@ -103,14 +83,15 @@ fn bench_insert_matrix(args: &MatrixArgs) -> ExitCode {
             }
         }
     } else {
-        matrix::render(&report)
+        render(report)
     };
     print(&text);
-    if report.all_ok() {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!("lastpage: an integrity check or a run failed (see the report)");
-        ExitCode::from(1)
+    match failure {
+        None => ExitCode::SUCCESS,
+        Some(message) => {
+            eprintln!("lastpage: {message}");
+            ExitCode::from(1)
+        }
     }
 }
 
