@@ -921,18 +921,10 @@ pub fn render(report: &MatrixReport) -> String {
             ""
         }
     ));
-    out.push_str(&format!("total time {:.1} s", report.elapsed_sec));
-    if let Some(load) = report.other_cpu_load_percent {
-        out.push_str(&format!(
-            "; other processes used about {load:.0}% of the machine's CPU meanwhile{}",
-            if load >= 10.0 {
-                " (a busy machine: wall-clock rates are noisy)"
-            } else {
-                ""
-            }
-        ));
-    }
-    out.push('\n');
+    out.push_str(&super::render::run_footer(
+        report.elapsed_sec,
+        report.other_cpu_load_percent,
+    ));
 
     let row_sizes: Vec<u16> = report
         .cell_sizes

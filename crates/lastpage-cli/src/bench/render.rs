@@ -49,6 +49,24 @@ pub fn number(value: f64) -> String {
     }
 }
 
+/// The closing line of a multi-run report: total time, and how busy the rest of the machine
+/// was meanwhile (wall-clock rates on a busy 2-core machine are noise).
+pub fn run_footer(elapsed_sec: f64, other_cpu_load_percent: Option<f64>) -> String {
+    let mut line = format!("total time {elapsed_sec:.1} s");
+    if let Some(load) = other_cpu_load_percent {
+        line.push_str(&format!(
+            "; other processes used about {load:.0}% of the machine's CPU meanwhile{}",
+            if load >= 10.0 {
+                " (a busy machine: wall-clock rates are noisy)"
+            } else {
+                ""
+            }
+        ));
+    }
+    line.push('\n');
+    line
+}
+
 /// The tables of one `bench insert` run.
 pub fn insert_report(report: &InsertReport) -> String {
     let config = &report.config;
