@@ -197,8 +197,9 @@ impl std::fmt::Debug for Latch {
     }
 }
 
-/// A parked thread. The thread that wants to wait prepares it and queues an `Arc` to it; the
-/// thread that lets it go removes it from the queue (under the queue mutex), then signals it.
+/// A parked thread (used by the latches and by the log writer). The thread that wants to wait
+/// prepares it and queues an `Arc` to it; the thread that lets it go removes it from the queue
+/// (under the queue mutex), then signals it.
 /// After [`Waiter::signal`] sets `state`, the signaller touches nothing but the immutable
 /// `thread` handle, so the waiter may return, and reuse this `Waiter` for its next wait, while
 /// the signaller is still calling `unpark` (which then only leaves a harmless spare token).
@@ -215,7 +216,7 @@ const WAITING: u32 = 0;
 const SIGNALLED: u32 = 1;
 
 impl Waiter {
-    fn new() -> Waiter {
+    pub(crate) fn new() -> Waiter {
         Waiter {
             thread: sync::thread::current(),
             state: AtomicU32::new(WAITING),

@@ -62,8 +62,9 @@ use super::reader::{LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
 use super::{Lsn, WalConfig, WalError, align_up};
+use crate::latch::Waiter;
 use crate::stats::{self, WaitType};
-use crate::sync::{self, Arc, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Thread};
+use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Counters of a [`LogWriter`] since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -106,48 +107,6 @@ enum Target {
     Durable(u64),
     /// The buffer's released LSN to reach this LSN (room for a reserved record).
     Space(u64),
-}
-
-/// A parked thread (the same protocol as the latches' waiters): it is signalled only by a
-/// thread that has first removed it from the group's lists under the group mutex, and it
-/// re-checks its flag after every `park`, which may return spuriously.
-struct Waiter {
-    thread: Thread,
-    state: AtomicU32,
-    signalled_ns: AtomicU64,
-}
-
-const WAITING: u32 = 0;
-const SIGNALLED: u32 = 1;
-
-impl Waiter {
-    fn new() -> Waiter {
-        Waiter {
-            thread: sync::thread::current(),
-            state: AtomicU32::new(WAITING),
-            signalled_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// Arms the waiter before it is put where a signaller can find it (under the group mutex,
-    /// which orders this store before the signal).
-    fn prepare(&self) {
-        self.state.store(WAITING, Ordering::Relaxed);
-    }
-
-    fn signal(&self, now_ns: u64) {
-        self.signalled_ns.store(now_ns, Ordering::Relaxed);
-        self.state.store(SIGNALLED, Ordering::Release);
-        self.thread.unpark();
-    }
-
-    /// Parks until signalled; returns when the signal was sent.
-    fn wait(&self) -> u64 {
-        while self.state.load(Ordering::Acquire) != SIGNALLED {
-            sync::thread::park();
-        }
-        self.signalled_ns.load(Ordering::Relaxed)
-    }
 }
 
 fn signal_all(waiters: Vec<Arc<Waiter>>) {
