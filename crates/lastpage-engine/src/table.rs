@@ -116,6 +116,17 @@ impl Index {
     }
 }
 
+/// Where an insert's identity value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IdentityFill {
+    /// Take the next value now.
+    TakeNext,
+    /// A value taken earlier (a batch takes a block at once).
+    Preassigned(i64),
+    /// Leave the column NULL: the clustered tree makes the value as it inserts the row.
+    LeaveToTree,
+}
+
 struct IdentityState {
     column: usize,
     next: AtomicI64,
@@ -559,7 +570,8 @@ impl Table {
             if let (Some(next), Some(identity)) = (next_identity.as_mut(), self.identity.as_ref()) {
                 *next += identity.increment;
             }
-            completed.push(self.complete_row_with_identity(row, preassigned)?);
+            let identity = preassigned.map_or(IdentityFill::TakeNext, IdentityFill::Preassigned);
+            completed.push(self.complete_row(row, identity)?);
         }
         let mut records = Vec::with_capacity(completed.len());
         for (values, _) in &completed {
@@ -637,37 +649,17 @@ impl Table {
     /// under its last leaf's latch (see [`Table::identity_keyed`]) or inserts the finished row.
     fn insert_row(&self, row: InsertRow) -> Result<Option<i64>> {
         if self.identity_keyed {
-            let (values, _) = self.complete_row(row, true)?;
+            let (values, _) = self.complete_row(row, IdentityFill::LeaveToTree)?;
             return self.insert_with_identity_key(values).map(Some);
         }
-        let (values, identity) = self.complete_row(row, false)?;
+        let (values, identity) = self.complete_row(row, IdentityFill::TakeNext)?;
         self.insert_complete(values)?;
         Ok(identity)
     }
 
-    /// Fills in identity (unless `defer_identity`, when the identity column stays NULL for the
-    /// clustered tree to fill in), defaults and computed columns, converts every value to its
-    /// column's type and checks nullability.
-    fn complete_row(&self, row: InsertRow, defer_identity: bool) -> Result<(Row, Option<i64>)> {
-        self.complete_row_inner(row, defer_identity, None)
-    }
-
-    /// [`Table::complete_row`] with the identity value already taken (`Some`), or to be taken
-    /// now (`None`).
-    fn complete_row_with_identity(
-        &self,
-        row: InsertRow,
-        identity: Option<i64>,
-    ) -> Result<(Row, Option<i64>)> {
-        self.complete_row_inner(row, false, identity)
-    }
-
-    fn complete_row_inner(
-        &self,
-        row: InsertRow,
-        defer_identity: bool,
-        preassigned_identity: Option<i64>,
-    ) -> Result<(Row, Option<i64>)> {
+    /// Fills in identity (as `identity` says), defaults and computed columns, converts every
+    /// value to its column's type and checks nullability.
+    fn complete_row(&self, row: InsertRow, identity: IdentityFill) -> Result<(Row, Option<i64>)> {
         let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
         for (column, value) in row.values {
             let Some(definition) = self.columns.get(column) else {
@@ -694,17 +686,19 @@ impl Table {
             let value = match supplied {
                 Some(value) => value,
                 None => match (&self.identity, &definition.default) {
-                    (Some(identity), _) if identity.column == position && defer_identity => {
-                        Value::Null
-                    }
-                    (Some(identity), _) if identity.column == position => {
-                        let value = preassigned_identity.unwrap_or_else(|| {
-                            identity
-                                .next
-                                .fetch_add(identity.increment, Ordering::Relaxed)
-                        });
-                        identity_value = Some(value);
-                        identity_as_value(value, definition.data_type)?
+                    (Some(state), _) if state.column == position => {
+                        let value = match identity {
+                            IdentityFill::LeaveToTree => None,
+                            IdentityFill::Preassigned(value) => Some(value),
+                            IdentityFill::TakeNext => {
+                                Some(state.next.fetch_add(state.increment, Ordering::Relaxed))
+                            }
+                        };
+                        identity_value = value;
+                        match value {
+                            Some(value) => identity_as_value(value, definition.data_type)?,
+                            None => Value::Null,
+                        }
                     }
                     (_, Some(default)) => evaluate_default(default)?,
                     _ => Value::Null,
@@ -715,8 +709,8 @@ impl Table {
         let deferred = self
             .identity
             .as_ref()
-            .filter(|_| defer_identity)
-            .map(|identity| identity.column);
+            .filter(|_| identity == IdentityFill::LeaveToTree)
+            .map(|state| state.column);
         self.finish_row(&mut values, deferred)?;
         Ok((values, identity_value))
     }
