@@ -145,6 +145,25 @@ pub enum EngineError {
     /// The buffer pool is out of pages.
     #[error(transparent)]
     PoolFull(#[from] PoolFull),
+    /// A table cannot be stored in a durable database's catalog, because a column holds a
+    /// closure (a computed expression or a function default) or a default that does not fit
+    /// its column.
+    #[error("table '{table}' cannot be stored in a durable database: column '{column}' {reason}")]
+    NotPersistable {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What about the column cannot be stored, and why.
+        reason: String,
+    },
+    /// A catalog to encode is inconsistent (its trees do not match its indexes, ids repeat,
+    /// ...), so the blob would not decode again.
+    #[error("The catalog cannot be encoded: {0}")]
+    InvalidCatalog(String),
+    /// A stored catalog failed to decode: it is corrupt, truncated or of an unknown version.
+    #[error("The stored catalog is corrupt: {0}")]
+    CorruptCatalog(String),
     /// The integrity check found a broken invariant.
     #[error("integrity check failed: {0}")]
     Integrity(String),

@@ -21,6 +21,7 @@
 //!
 //! Nothing in this crate knows SQL: the SQL layer above translates statements into these calls.
 
+pub mod catalog;
 pub mod database;
 pub mod encoding;
 pub mod error;
