@@ -24,6 +24,7 @@
 pub mod database;
 pub mod encoding;
 pub mod error;
+pub mod locks;
 pub mod schema;
 pub mod table;
 pub mod types;
