@@ -609,6 +609,13 @@ impl LockManager {
         }
     }
 
+    /// How many transactions are waiting for a lock right now and have already looked for a
+    /// deadlock. Takes the waiting-transactions mutex: for tests and diagnostics, not for hot
+    /// paths.
+    pub fn waiting_txns(&self) -> usize {
+        sync::lock(&self.waiting).waiting_for.len()
+    }
+
     /// Totals over every shard.
     pub fn stats(&self) -> LockStats {
         let mut total = LockStats::default();
