@@ -25,6 +25,7 @@ pub mod catalog;
 pub mod database;
 pub mod encoding;
 pub mod error;
+pub mod locks;
 pub mod schema;
 pub mod table;
 pub mod types;

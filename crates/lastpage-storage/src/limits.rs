@@ -112,3 +112,15 @@ const _: () = assert!(WAL_BUFFER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
 const _: () = assert!(WAL_SEGMENT_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES as u64));
 // A row change (key, old value and new value, each at most a page's record) fits in a record.
 const _: () = assert!(WAL_RECORD_HEADER_BYTES + 64 + 3 * MAX_RECORD_BYTES <= MAX_WAL_RECORD_BYTES);
+
+/// Shards of a row lock manager when the caller has no better number: enough that threads
+/// locking different rows rarely meet on one shard mutex.
+pub const LOCK_MANAGER_DEFAULT_SHARDS: usize = 64;
+
+/// Most shards a row lock manager accepts; larger requests are clamped to it. Each shard is a
+/// cache-line-padded mutex and an empty hash map, so this bounds the manager's fixed memory.
+pub const LOCK_MANAGER_MAX_SHARDS: usize = 1 << 16;
+
+const _: () = assert!(
+    LOCK_MANAGER_DEFAULT_SHARDS >= 1 && LOCK_MANAGER_DEFAULT_SHARDS <= LOCK_MANAGER_MAX_SHARDS
+);

@@ -3,13 +3,15 @@
 //! Every latch and lock-free structure imports atomics, mutexes and thread parking from here, so
 //! that `RUSTFLAGS="--cfg loom"` swaps them all for loom's model-checked versions at once. Code
 //! outside this module must not name `std::sync::atomic` or `std::thread::park` directly.
+//! The row lock manager (in the engine crate) takes its mutexes and condition variables from
+//! here for the same reason.
 
 #[cfg(loom)]
 pub use loom::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(loom)]
-pub use loom::sync::{Arc, Mutex, MutexGuard};
+pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub use loom::thread::{self, Thread};
 
@@ -18,7 +20,7 @@ pub use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(not(loom))]
-pub use std::sync::{Arc, Mutex, MutexGuard};
+pub use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub use std::thread::{self, Thread};
 
@@ -53,5 +55,46 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Waits on `condvar`, releasing `guard` meanwhile, ignoring poisoning as [`lock`] does. The
+/// caller must re-check its condition afterwards: the wait may return spuriously.
+#[inline]
+pub fn wait<'a, T>(condvar: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    #[cfg(loom)]
+    {
+        condvar.wait(guard).unwrap()
+    }
+    #[cfg(not(loom))]
+    {
+        condvar
+            .wait(guard)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Waits on `condvar` for at most `timeout`, releasing `guard` meanwhile, ignoring poisoning.
+/// The caller must re-check its condition and its deadline afterwards: the wait may return
+/// spuriously or early.
+///
+/// Under loom the timeout is ignored (loom does not model time), so a model that relies on a
+/// timeout to make progress is reported as a deadlock; models must use waits that are
+/// signalled.
+#[inline]
+pub fn wait_timeout<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    #[cfg(loom)]
+    {
+        condvar.wait_timeout(guard, timeout).unwrap().0
+    }
+    #[cfg(not(loom))]
+    {
+        condvar
+            .wait_timeout(guard, timeout)
+            .map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard)
     }
 }

@@ -1,0 +1,827 @@
+//! Row locks for transactions, as SQL Server takes them: shared (S) and exclusive (X) locks on
+//! clustered keys, held until the transaction commits or rolls back (strict two-phase locking).
+//!
+//! Resources ([`LockKey`]: a table id and an encoded clustered key) are hashed into shards; each
+//! shard is a mutex-protected hash map from a key to its lock entry: the holders and a FIFO
+//! queue of waiters. An uncontended request takes one shard mutex and, for a key nobody has
+//! locked yet, allocates only the copy of the key the map keeps.
+//!
+//! A request that conflicts queues, records an LCK_M_S or LCK_M_X wait (attributed to the
+//! current session like every other wait), checks the waits-for graph for a cycle through
+//! itself, and parks on its own condition variable until a release grants it the lock, its
+//! timeout expires, or it is chosen as a deadlock victim. `docs/locking.md` describes the
+//! protocol: modes, fairness, deadlock detection and the READ COMMITTED reader protocol.
+//!
+//! Every synchronization primitive comes from `lastpage_storage::sync`, so `--cfg loom` model
+//! checks this module too (`tests/locks_loom.rs`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use lastpage_storage::limits::LOCK_MANAGER_MAX_SHARDS;
+use lastpage_storage::stats::{self, WaitType};
+use lastpage_storage::sync::{self, Arc, AtomicU8, AtomicU64, Condvar, Mutex, Ordering};
+
+pub use lastpage_storage::wal::TxnId;
+
+/// A lockable resource: one row of one table, named by its encoded clustered key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey {
+    /// The table the row belongs to.
+    pub table_id: u32,
+    /// The row's clustered key, in its memcomparable encoding.
+    pub key: Box<[u8]>,
+}
+
+impl LockKey {
+    /// The lock resource of the row with clustered key `key` in table `table_id`.
+    pub fn new(table_id: u32, key: impl Into<Box<[u8]>>) -> LockKey {
+        LockKey {
+            table_id,
+            key: key.into(),
+        }
+    }
+}
+
+/// Lock modes. S is compatible only with S; X is compatible with nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// Shared: for reading a row; any number of transactions may hold it together.
+    Shared,
+    /// Exclusive: for changing a row; one transaction holds it, and no one else holds anything.
+    Exclusive,
+}
+
+impl LockMode {
+    /// Whether a lock in this mode can be held while another transaction holds `other`.
+    pub fn is_compatible_with(self, other: LockMode) -> bool {
+        self == LockMode::Shared && other == LockMode::Shared
+    }
+
+    /// Whether holding this mode already grants a request for `requested`.
+    pub fn covers(self, requested: LockMode) -> bool {
+        self == LockMode::Exclusive || requested == LockMode::Shared
+    }
+
+    /// The wait type a request for this mode records when it has to wait.
+    pub fn wait_type(self) -> WaitType {
+        match self {
+            LockMode::Shared => WaitType::LckMS,
+            LockMode::Exclusive => WaitType::LckMX,
+        }
+    }
+}
+
+/// Why a lock request failed. Messages are SQL Server's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// The request waited for its whole timeout (SQL Server's error 1222).
+    #[error("Lock request time out period exceeded.")]
+    Timeout {
+        /// The timeout that expired, in milliseconds.
+        ms: u64,
+    },
+    /// The request would have closed a cycle of waiting transactions, and its transaction was
+    /// chosen as the victim (SQL Server's error 1205). The caller must roll the transaction back,
+    /// which releases its locks and lets the rest of the cycle go on.
+    #[error(
+        "Transaction (Process ID {}) was deadlocked on lock resources with another process and has been chosen as the deadlock victim. Rerun the transaction.",
+        victim.0
+    )]
+    Deadlock {
+        /// The transaction chosen as the victim: always the one whose request found the cycle.
+        victim: TxnId,
+    },
+}
+
+impl LockError {
+    /// SQL Server's error number: 1222 for a timeout, 1205 for a deadlock victim.
+    pub fn number(&self) -> u32 {
+        match self {
+            LockError::Timeout { .. } => 1222,
+            LockError::Deadlock { .. } => 1205,
+        }
+    }
+}
+
+/// Counters of one lock manager since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockStats {
+    /// Locks granted: new locks and S-to-X conversions, at once or after a wait. Requests for a
+    /// lock the transaction already holds are free and not counted.
+    pub acquired: u64,
+    /// Requests that had to wait (lock requests and READ COMMITTED reads).
+    pub waits: u64,
+    /// Requests that failed with [`LockError::Timeout`].
+    pub timeouts: u64,
+    /// Requests that failed with [`LockError::Deadlock`].
+    pub deadlocks: u64,
+}
+
+impl LockStats {
+    fn merge(&mut self, other: &LockStats) {
+        self.acquired += other.acquired;
+        self.waits += other.waits;
+        self.timeouts += other.timeouts;
+        self.deadlocks += other.deadlocks;
+    }
+}
+
+/// What a granted request changed, so that [`TxnLocks`] records each key once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Granted {
+    /// The transaction did not hold the key before.
+    New,
+    /// The transaction held it in a mode that covers the request; nothing changed.
+    AlreadyHeld,
+    /// The transaction's S lock became X.
+    Upgraded,
+}
+
+/// One transaction's lock on a key.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    txn: TxnId,
+    mode: LockMode,
+}
+
+/// The holders of a key. Most keys have one holder, so the first lives inline and locking an
+/// unlocked key allocates nothing but the key; only several S holders spill into the vector.
+#[derive(Debug, Default)]
+struct Holders {
+    first: Option<Holder>,
+    rest: Vec<Holder>,
+}
+
+impl Holders {
+    fn one(holder: Holder) -> Holders {
+        Holders {
+            first: Some(holder),
+            rest: Vec::new(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Holder> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn mode_of(&self, txn: TxnId) -> Option<LockMode> {
+        self.iter()
+            .find(|holder| holder.txn == txn)
+            .map(|holder| holder.mode)
+    }
+
+    fn find_mut(&mut self, txn: TxnId) -> Option<&mut Holder> {
+        self.first
+            .iter_mut()
+            .chain(self.rest.iter_mut())
+            .find(|holder| holder.txn == txn)
+    }
+
+    fn push(&mut self, holder: Holder) {
+        if self.first.is_none() {
+            self.first = Some(holder);
+        } else {
+            self.rest.push(holder);
+        }
+    }
+
+    /// Removes `txn`'s lock; returns whether it held one.
+    fn remove(&mut self, txn: TxnId) -> bool {
+        if self.first.is_some_and(|holder| holder.txn == txn) {
+            self.first = self.rest.pop();
+            return true;
+        }
+        if let Some(index) = self.rest.iter().position(|holder| holder.txn == txn) {
+            self.rest.swap_remove(index);
+            return true;
+        }
+        false
+    }
+
+    /// Whether a transaction that holds nothing here may take `mode` now.
+    fn admit(&self, mode: LockMode) -> bool {
+        self.iter()
+            .all(|holder| holder.mode.is_compatible_with(mode))
+    }
+
+    /// Whether `txn` is the only holder (so its S lock may become X).
+    fn held_only_by(&self, txn: TxnId) -> bool {
+        self.iter().all(|holder| holder.txn == txn)
+    }
+
+    /// Whether a transaction other than `txn` holds X.
+    fn exclusive_by_other(&self, txn: Option<TxnId>) -> bool {
+        self.iter()
+            .any(|holder| holder.mode == LockMode::Exclusive && Some(holder.txn) != txn)
+    }
+}
+
+/// What a queued request waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Request {
+    /// A new lock in this mode.
+    Lock(LockMode),
+    /// The requester holds S and wants X: it waits for the other holders to leave. Conversions
+    /// queue ahead of new requests, as SQL Server's convert queue does, because the converter
+    /// already holds the key and everyone behind it would wait for it anyway.
+    Upgrade,
+    /// A READ COMMITTED reader that waits until no other transaction holds X and then leaves
+    /// without taking a lock. It holds nothing, so it never blocks anyone and does not keep its
+    /// place in the FIFO order: it goes as soon as the X lock it waits for is gone.
+    ReadThrough,
+}
+
+impl Request {
+    /// The mode whose compatibility decides the grant, and whose wait type is recorded.
+    fn mode(self) -> LockMode {
+        match self {
+            Request::Lock(mode) => mode,
+            Request::Upgrade => LockMode::Exclusive,
+            Request::ReadThrough => LockMode::Shared,
+        }
+    }
+}
+
+const WAITING: u8 = 0;
+const GRANTED: u8 = 1;
+
+/// The private parking place of one waiting request. `state` and `signalled_ns` are written
+/// only under the shard mutex (by the granter) and read under it (by the waiter), so relaxed
+/// atomics suffice; they are atomics only because the slot is shared through an `Arc`.
+struct WaitSlot {
+    state: AtomicU8,
+    /// When the grant was made, in [`stats::now_ns`] nanoseconds (the start of the signal wait).
+    signalled_ns: AtomicU64,
+    /// One condition variable per waiter, so a release wakes exactly the requests it grants
+    /// instead of every waiter of the shard.
+    condvar: Condvar,
+}
+
+impl WaitSlot {
+    fn new() -> WaitSlot {
+        WaitSlot {
+            state: AtomicU8::new(WAITING),
+            signalled_ns: AtomicU64::new(0),
+            condvar: Condvar::new(),
+        }
+    }
+
+    fn is_granted(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == GRANTED
+    }
+
+    /// Grants the request. The caller holds the shard mutex, which the waiter re-acquires before
+    /// it looks at `state`, so the notification cannot be lost; notifying under the mutex costs
+    /// the woken thread a short wait for it, which only happens on the contended path.
+    fn grant(&self, now_ns: u64) {
+        self.signalled_ns.store(now_ns, Ordering::Relaxed);
+        self.state.store(GRANTED, Ordering::Relaxed);
+        self.condvar.notify_one();
+    }
+}
+
+/// A parked request.
+struct Waiter {
+    /// The requesting transaction; `None` only for a reader outside any transaction.
+    txn: Option<TxnId>,
+    request: Request,
+    slot: Arc<WaitSlot>,
+}
+
+/// The lock state of one key. It exists while anyone holds or waits for the key.
+#[derive(Default)]
+struct LockEntry {
+    holders: Holders,
+    /// Waiting requests: conversions first, then new requests in arrival order (with READ
+    /// COMMITTED readers anywhere among them).
+    queue: VecDeque<Waiter>,
+}
+
+impl LockEntry {
+    fn is_unused(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+
+    /// Whether a request that would queue behind the current waiters must wait for them: any
+    /// waiting lock request (not a reader) is ahead of a new request in FIFO order.
+    fn has_queued_lock_requests(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|waiter| waiter.request != Request::ReadThrough)
+    }
+
+    /// Grants every queued request that can go now, in queue order, and returns how many locks
+    /// (not reads) were granted. A lock request that cannot go blocks every lock request behind
+    /// it (FIFO), so a stream of S requests cannot starve a waiting X request; readers are
+    /// granted wherever they are, since they take nothing.
+    fn grant_waiters(&mut self) -> u64 {
+        let mut now_ns = None;
+        let mut granted_locks = 0;
+        let mut blocked = false;
+        let mut index = 0;
+        while index < self.queue.len() {
+            let waiter = &self.queue[index];
+            let grantable = match waiter.request {
+                Request::ReadThrough => !self.holders.exclusive_by_other(waiter.txn),
+                Request::Upgrade => {
+                    !blocked && waiter.txn.is_some_and(|txn| self.holders.held_only_by(txn))
+                }
+                Request::Lock(mode) => !blocked && self.holders.admit(mode),
+            };
+            if !grantable {
+                blocked |= waiter.request != Request::ReadThrough;
+                index += 1;
+                continue;
+            }
+            let Some(waiter) = self.queue.remove(index) else {
+                break;
+            };
+            match (waiter.request, waiter.txn) {
+                (Request::Lock(mode), Some(txn)) => {
+                    self.holders.push(Holder { txn, mode });
+                    granted_locks += 1;
+                }
+                (Request::Upgrade, Some(txn)) => {
+                    if let Some(holder) = self.holders.find_mut(txn) {
+                        holder.mode = LockMode::Exclusive;
+                    }
+                    granted_locks += 1;
+                }
+                // Readers take nothing; lock requests always carry a transaction.
+                _ => {}
+            }
+            let now = *now_ns.get_or_insert_with(stats::now_ns);
+            waiter.slot.grant(now);
+        }
+        granted_locks
+    }
+
+    /// Removes the request parked on `slot` (after its timeout or as a deadlock victim) and
+    /// grants whatever its departure unblocks. Returns the locks granted.
+    fn withdraw(&mut self, slot: &Arc<WaitSlot>) -> u64 {
+        if let Some(index) = self
+            .queue
+            .iter()
+            .position(|waiter| Arc::ptr_eq(&waiter.slot, slot))
+        {
+            self.queue.remove(index);
+        }
+        self.grant_waiters()
+    }
+
+    /// The transactions `txn`'s queued request waits for: holders whose mode conflicts with it,
+    /// and every lock request queued ahead of it (FIFO: it cannot be granted before them).
+    /// Empty if `txn` has no request queued here (it was granted, or gave up, meanwhile).
+    fn blockers_of(&self, txn: TxnId, blockers: &mut Vec<TxnId>) {
+        let Some(position) = self.queue.iter().position(|waiter| waiter.txn == Some(txn)) else {
+            return;
+        };
+        let request = self.queue[position].request;
+        let mode = request.mode();
+        blockers.extend(
+            self.holders
+                .iter()
+                .filter(|holder| holder.txn != txn && !holder.mode.is_compatible_with(mode))
+                .map(|holder| holder.txn),
+        );
+        if request != Request::ReadThrough {
+            blockers.extend(
+                self.queue
+                    .iter()
+                    .take(position)
+                    .filter(|waiter| waiter.request != Request::ReadThrough)
+                    .filter_map(|waiter| waiter.txn),
+            );
+        }
+    }
+}
+
+/// One shard: its keys' lock entries and its counters (kept under the shard mutex, which every
+/// request takes anyway, so counting costs no shared cache line of its own).
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<LockKey, LockEntry>,
+    stats: LockStats,
+}
+
+/// The waits-for graph's vertices: which key each waiting transaction waits for. The edges are
+/// not stored; they are read from the key's entry (its holders and queue) when a detection
+/// follows them, so they can never be stale.
+#[derive(Default)]
+struct WaitingTxns {
+    waiting_for: HashMap<TxnId, LockKey>,
+}
+
+/// The row lock manager of one database. See the module documentation and `docs/locking.md`.
+///
+/// A transaction makes one request at a time (it is driven by one thread at a time), and must
+/// not request locks after releasing them (strict two-phase locking); the deadlock detector
+/// relies on both.
+pub struct LockManager {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// Which key every waiting transaction waits for. Its mutex also serialises deadlock
+    /// detections, so two transactions closing the same cycle at once cannot both be chosen.
+    /// Lock order: this mutex before a shard mutex, never the other way round.
+    waiting: Mutex<WaitingTxns>,
+    /// A fixed (not per-process random) hasher, so a key's shard is the same in every run.
+    shard_hasher: BuildHasherDefault<DefaultHasher>,
+}
+
+impl std::fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockManager")
+            .field("shards", &self.shards.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl LockManager {
+    /// A lock manager with `shards` shards, clamped to between 1 and
+    /// [`LOCK_MANAGER_MAX_SHARDS`] (`LOCK_MANAGER_DEFAULT_SHARDS` is a good default).
+    pub fn new(shards: usize) -> LockManager {
+        let shards = shards.clamp(1, LOCK_MANAGER_MAX_SHARDS);
+        LockManager {
+            shards: (0..shards)
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
+                .collect(),
+            waiting: Mutex::new(WaitingTxns::default()),
+            shard_hasher: BuildHasherDefault::default(),
+        }
+    }
+
+    fn shard(&self, key: &LockKey) -> &Mutex<Shard> {
+        let hash = self.shard_hasher.hash_one(key);
+        // The remainder is below the shard count, which is a `usize`, so it fits.
+        let index = (hash % self.shards.len() as u64) as usize;
+        &self.shards[index]
+    }
+
+    /// Acquires `key` in `mode` for `txn`, waiting at most `timeout` (`None`: as long as it
+    /// takes; `Some(Duration::ZERO)`: fail at once if the lock is not free, like
+    /// `SET LOCK_TIMEOUT 0`). A lock the transaction holds in a covering mode is granted at once;
+    /// a request for X on a key it holds in S converts the lock, waiting for the other S holders.
+    /// The lock is held until [`LockManager::release_all`].
+    pub fn acquire(
+        &self,
+        txn: TxnId,
+        key: &LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> Result<(), LockError> {
+        self.lock(txn, key, mode, timeout).map(|_| ())
+    }
+
+    fn lock(
+        &self,
+        txn: TxnId,
+        key: &LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> Result<Granted, LockError> {
+        let shard_mutex = self.shard(key);
+        let mut shard = sync::lock(shard_mutex);
+        let Shard { entries, stats } = &mut *shard;
+        let Some(entry) = entries.get_mut(key) else {
+            entries.insert(
+                key.clone(),
+                LockEntry {
+                    holders: Holders::one(Holder { txn, mode }),
+                    queue: VecDeque::new(),
+                },
+            );
+            stats.acquired += 1;
+            return Ok(Granted::New);
+        };
+        let request = match entry.holders.mode_of(txn) {
+            Some(held) if held.covers(mode) => return Ok(Granted::AlreadyHeld),
+            Some(_) => {
+                let converting_ahead = entry
+                    .queue
+                    .iter()
+                    .any(|waiter| waiter.request == Request::Upgrade);
+                if entry.holders.held_only_by(txn) && !converting_ahead {
+                    if let Some(holder) = entry.holders.find_mut(txn) {
+                        holder.mode = LockMode::Exclusive;
+                    }
+                    stats.acquired += 1;
+                    return Ok(Granted::Upgraded);
+                }
+                Request::Upgrade
+            }
+            None => {
+                if !entry.has_queued_lock_requests() && entry.holders.admit(mode) {
+                    entry.holders.push(Holder { txn, mode });
+                    stats.acquired += 1;
+                    return Ok(Granted::New);
+                }
+                Request::Lock(mode)
+            }
+        };
+        let slot = Self::enqueue(entry, stats, Some(txn), request, timeout)?;
+        // The request is queued before the shard mutex is let go, so the release that grants
+        // it cannot slip in unseen between the check above and the park below.
+        drop(shard);
+        self.park(shard_mutex, Some(txn), key, request, timeout, slot)?;
+        Ok(match request {
+            Request::Upgrade => Granted::Upgraded,
+            _ => Granted::New,
+        })
+    }
+
+    /// For a READ COMMITTED reader: returns once no transaction other than `reader` holds X on
+    /// `key`, waiting (as LCK_M_S) at most `timeout`, and leaves holding no lock, as SQL Server
+    /// releases a read-committed S lock as soon as the row is read. A transaction may take X
+    /// right after this returns, so the reader must re-check with
+    /// [`LockManager::is_locked_by_other`] while it holds the row's page latch (see
+    /// `docs/locking.md`). A reader inside a transaction passes its id, so that a reader that
+    /// waits for a transaction waiting for it is found as a deadlock.
+    pub fn wait_for_shared(
+        &self,
+        reader: Option<TxnId>,
+        key: &LockKey,
+        timeout: Option<Duration>,
+    ) -> Result<(), LockError> {
+        let shard_mutex = self.shard(key);
+        let mut shard = sync::lock(shard_mutex);
+        let Shard { entries, stats } = &mut *shard;
+        let Some(entry) = entries
+            .get_mut(key)
+            .filter(|entry| entry.holders.exclusive_by_other(reader))
+        else {
+            return Ok(());
+        };
+        let slot = Self::enqueue(entry, stats, reader, Request::ReadThrough, timeout)?;
+        drop(shard);
+        self.park(
+            shard_mutex,
+            reader,
+            key,
+            Request::ReadThrough,
+            timeout,
+            slot,
+        )
+    }
+
+    /// Whether a transaction other than `txn` holds X on `key`: what a READ COMMITTED reader
+    /// must not read past. S locks of others do not count (readers do not block readers). One
+    /// shard mutex, no allocation.
+    pub fn is_locked_by_other(&self, txn: Option<TxnId>, key: &LockKey) -> bool {
+        let shard = sync::lock(self.shard(key));
+        shard
+            .entries
+            .get(key)
+            .is_some_and(|entry| entry.holders.exclusive_by_other(txn))
+    }
+
+    /// The mode in which `txn` holds `key`, if it does.
+    pub fn holds(&self, txn: TxnId, key: &LockKey) -> Option<LockMode> {
+        let shard = sync::lock(self.shard(key));
+        shard
+            .entries
+            .get(key)
+            .and_then(|entry| entry.holders.mode_of(txn))
+    }
+
+    /// Releases `txn`'s locks on `keys` (at commit or rollback) and grants what that unblocks.
+    /// Keys `txn` does not hold, and repeated keys, are ignored. One shard mutex per key, so a
+    /// commit costs O(locks held) when `keys` are the transaction's locks.
+    pub fn release_all(&self, txn: TxnId, keys: &[LockKey]) {
+        for key in keys {
+            let mut shard = sync::lock(self.shard(key));
+            let Shard { entries, stats } = &mut *shard;
+            let Some(entry) = entries.get_mut(key) else {
+                continue;
+            };
+            if entry.holders.remove(txn) {
+                stats.acquired += entry.grant_waiters();
+            }
+            if entry.is_unused() {
+                entries.remove(key);
+            }
+        }
+    }
+
+    /// How many transactions are waiting for a lock right now and have already looked for a
+    /// deadlock. Takes the waiting-transactions mutex: for tests and diagnostics, not for hot
+    /// paths.
+    pub fn waiting_txns(&self) -> usize {
+        sync::lock(&self.waiting).waiting_for.len()
+    }
+
+    /// Totals over every shard.
+    pub fn stats(&self) -> LockStats {
+        let mut total = LockStats::default();
+        for shard in self.shards.iter() {
+            total.merge(&sync::lock(shard).stats);
+        }
+        total
+    }
+
+    fn timeout_error(timeout: Option<Duration>) -> LockError {
+        LockError::Timeout {
+            ms: timeout.map_or(u64::MAX, |timeout| {
+                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+            }),
+        }
+    }
+
+    /// Queues a request that cannot be granted now, under the shard mutex, and counts the
+    /// wait. A zero timeout fails at once instead, without queueing or recording a wait.
+    fn enqueue(
+        entry: &mut LockEntry,
+        stats: &mut LockStats,
+        txn: Option<TxnId>,
+        request: Request,
+        timeout: Option<Duration>,
+    ) -> Result<Arc<WaitSlot>, LockError> {
+        if timeout == Some(Duration::ZERO) {
+            stats.timeouts += 1;
+            return Err(Self::timeout_error(timeout));
+        }
+        let slot = Arc::new(WaitSlot::new());
+        let waiter = Waiter {
+            txn,
+            request,
+            slot: Arc::clone(&slot),
+        };
+        if request == Request::Upgrade {
+            let position = entry
+                .queue
+                .iter()
+                .take_while(|waiter| waiter.request == Request::Upgrade)
+                .count();
+            entry.queue.insert(position, waiter);
+        } else {
+            entry.queue.push_back(waiter);
+        }
+        stats.waits += 1;
+        Ok(slot)
+    }
+
+    /// The slow path after [`LockManager::enqueue`]: record the wait, look for a deadlock
+    /// through `txn`, and park until the request is granted or gives up.
+    fn park(
+        &self,
+        shard_mutex: &Mutex<Shard>,
+        txn: Option<TxnId>,
+        key: &LockKey,
+        request: Request,
+        timeout: Option<Duration>,
+        slot: Arc<WaitSlot>,
+    ) -> Result<(), LockError> {
+        let wait = stats::begin_wait(request.mode().wait_type(), None);
+        // A timeout too large for the clock has no deadline: it waits as long as it takes.
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+
+        if let Some(txn) = txn {
+            let mut waiting = sync::lock(&self.waiting);
+            waiting.waiting_for.insert(txn, key.clone());
+            if self.closes_cycle(txn, &waiting) {
+                // The requester that finds the cycle is the victim, unless a release granted its
+                // request meanwhile (then the cycle it saw was already broken).
+                let mut shard = sync::lock(shard_mutex);
+                if !slot.is_granted() {
+                    Self::withdraw(&mut shard, key, &slot);
+                    shard.stats.deadlocks += 1;
+                    drop(shard);
+                    waiting.waiting_for.remove(&txn);
+                    drop(waiting);
+                    wait.end(None);
+                    return Err(LockError::Deadlock { victim: txn });
+                }
+            }
+        }
+
+        let mut shard = sync::lock(shard_mutex);
+        let outcome = loop {
+            if slot.is_granted() {
+                break Ok(());
+            }
+            match deadline {
+                None => shard = sync::wait(&slot.condvar, shard),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        Self::withdraw(&mut shard, key, &slot);
+                        shard.stats.timeouts += 1;
+                        break Err(Self::timeout_error(timeout));
+                    }
+                    shard = sync::wait_timeout(&slot.condvar, shard, deadline - now);
+                }
+            }
+        };
+        drop(shard);
+        if let Some(txn) = txn {
+            sync::lock(&self.waiting).waiting_for.remove(&txn);
+        }
+        let signalled_ns = slot.signalled_ns.load(Ordering::Relaxed);
+        wait.end(outcome.is_ok().then_some(signalled_ns));
+        outcome
+    }
+
+    /// Takes the request parked on `slot` out of `key`'s queue, grants what its departure
+    /// unblocks, and drops the entry if nobody holds or waits for the key any more.
+    fn withdraw(shard: &mut Shard, key: &LockKey, slot: &Arc<WaitSlot>) {
+        let Shard { entries, stats } = shard;
+        if let Some(entry) = entries.get_mut(key) {
+            stats.acquired += entry.withdraw(slot);
+            if entry.is_unused() {
+                entries.remove(key);
+            }
+        }
+    }
+
+    /// Whether `start`, which has just queued a request, now waits (through any chain of
+    /// waiting transactions) for itself. Runs with the waiting-transactions mutex held, which
+    /// fixes every vertex of the graph; the edges are read from one shard at a time.
+    ///
+    /// Every vertex of a cycle is a transaction that waits, so it holds its locks and keeps its
+    /// place in its queue until the cycle is broken: a real cycle stays visible however the
+    /// shards are read. A cycle forms when its last request queues, and that request looks for
+    /// it after queueing, so no deadlock goes undetected; detections are serialised and the
+    /// victim leaves its queue before the next one runs, so one cycle has one victim.
+    fn closes_cycle(&self, start: TxnId, waiting: &WaitingTxns) -> bool {
+        let mut visited = HashSet::from([start]);
+        let mut to_visit = vec![start];
+        let mut blockers = Vec::new();
+        while let Some(txn) = to_visit.pop() {
+            let Some(key) = waiting.waiting_for.get(&txn) else {
+                continue;
+            };
+            blockers.clear();
+            {
+                let shard = sync::lock(self.shard(key));
+                if let Some(entry) = shard.entries.get(key) {
+                    entry.blockers_of(txn, &mut blockers);
+                }
+            }
+            for &blocker in &blockers {
+                if blocker == start {
+                    return true;
+                }
+                if visited.insert(blocker) {
+                    to_visit.push(blocker);
+                }
+            }
+        }
+        false
+    }
+}
+
+/// A transaction's locks: acquires through a [`LockManager`] and remembers each key it newly
+/// locked, so that commit or rollback releases exactly those, in O(locks held).
+#[derive(Debug)]
+pub struct TxnLocks {
+    txn: TxnId,
+    keys: Vec<LockKey>,
+}
+
+impl TxnLocks {
+    /// No locks yet for `txn`.
+    pub fn new(txn: TxnId) -> TxnLocks {
+        TxnLocks {
+            txn,
+            keys: Vec::new(),
+        }
+    }
+
+    /// The transaction.
+    pub fn txn(&self) -> TxnId {
+        self.txn
+    }
+
+    /// The keys the transaction holds locks on, in the order it first locked them.
+    pub fn keys(&self) -> &[LockKey] {
+        &self.keys
+    }
+
+    /// [`LockManager::acquire`] for this transaction; a newly locked key is remembered (moved
+    /// in, so the caller's allocation is reused).
+    pub fn acquire(
+        &mut self,
+        manager: &LockManager,
+        key: LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> Result<(), LockError> {
+        if manager.lock(self.txn, &key, mode, timeout)? == Granted::New {
+            self.keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// Releases every lock the transaction holds (at commit or rollback). The handle is empty
+    /// afterwards.
+    pub fn release_all(&mut self, manager: &LockManager) {
+        manager.release_all(self.txn, &self.keys);
+        self.keys.clear();
+    }
+}

@@ -1,0 +1,485 @@
+//! The row lock manager: compatibility, conversions, FIFO grants, timeouts, deadlock victims,
+//! the READ COMMITTED reader protocol, wait statistics, and a randomized stress test with a
+//! mutual-exclusion oracle (prints its seed; rerun with `LASTPAGE_SEED=<seed>`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lastpage_engine::locks::{LockError, LockKey, LockManager, LockMode, TxnId, TxnLocks};
+use lastpage_engine::{Database, DatabaseOptions, WaitType};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use LockMode::{Exclusive, Shared};
+
+const ZERO: Option<Duration> = Some(Duration::ZERO);
+
+fn key(row: u8) -> LockKey {
+    LockKey::new(1, vec![row])
+}
+
+/// Waits (politely, with a generous limit) until `count` transactions wait for a lock and have
+/// looked for a deadlock, so a test can make the next request the one that closes a cycle.
+fn wait_for_waiters(manager: &LockManager, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while manager.waiting_txns() < count {
+        assert!(Instant::now() < deadline, "waiters never queued");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn compatibility_matrix_is_sql_servers() {
+    for held in [Shared, Exclusive] {
+        for requested in [Shared, Exclusive] {
+            let manager = LockManager::new(4);
+            manager.acquire(TxnId(1), &key(1), held, None).unwrap();
+            let result = manager.acquire(TxnId(2), &key(1), requested, ZERO);
+            let compatible = held == Shared && requested == Shared;
+            assert_eq!(result.is_ok(), compatible, "{held:?} then {requested:?}");
+            assert_eq!(held.is_compatible_with(requested), compatible);
+            // A different row, or a different table with the same key bytes, never conflicts.
+            manager.acquire(TxnId(2), &key(2), Exclusive, ZERO).unwrap();
+            manager
+                .acquire(TxnId(2), &LockKey::new(2, vec![1]), Exclusive, ZERO)
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn reacquiring_is_free_and_release_all_frees_everything() {
+    let manager = LockManager::new(1);
+    let mut locks = TxnLocks::new(TxnId(7));
+    locks.acquire(&manager, key(1), Exclusive, None).unwrap();
+    locks.acquire(&manager, key(1), Shared, None).unwrap();
+    locks.acquire(&manager, key(1), Exclusive, None).unwrap();
+    locks.acquire(&manager, key(2), Shared, None).unwrap();
+    locks.acquire(&manager, key(2), Shared, None).unwrap();
+    assert_eq!(locks.keys(), &[key(1), key(2)]);
+    assert_eq!(manager.holds(TxnId(7), &key(1)), Some(Exclusive));
+    assert_eq!(manager.holds(TxnId(7), &key(2)), Some(Shared));
+    assert_eq!(manager.holds(TxnId(8), &key(1)), None);
+    assert_eq!(manager.stats().acquired, 2);
+    locks.release_all(&manager);
+    assert!(locks.keys().is_empty());
+    assert_eq!(manager.holds(TxnId(7), &key(1)), None);
+    manager.acquire(TxnId(8), &key(1), Exclusive, ZERO).unwrap();
+    manager.acquire(TxnId(8), &key(2), Exclusive, ZERO).unwrap();
+    // Releasing keys that are not held, or twice, is harmless.
+    manager.release_all(TxnId(7), &[key(1), key(3)]);
+    manager.release_all(TxnId(8), &[key(1), key(1), key(2)]);
+    assert!(!manager.is_locked_by_other(None, &key(1)));
+}
+
+#[test]
+fn a_sole_shared_holder_converts_at_once_and_others_wait_for_the_readers() {
+    let manager = Arc::new(LockManager::new(2));
+    manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
+    manager.acquire(TxnId(1), &key(1), Exclusive, ZERO).unwrap();
+    assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Exclusive));
+    manager.release_all(TxnId(1), &[key(1)]);
+
+    manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
+    manager.acquire(TxnId(2), &key(1), Shared, None).unwrap();
+    assert_eq!(
+        manager.acquire(TxnId(1), &key(1), Exclusive, ZERO),
+        Err(LockError::Timeout { ms: 0 })
+    );
+    let upgrader = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(1), &key(1), Exclusive, None))
+    };
+    wait_for_waiters(&manager, 1);
+    // While it waits, the converter still holds its S lock.
+    assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Shared));
+    manager.release_all(TxnId(2), &[key(1)]);
+    upgrader.join().unwrap().unwrap();
+    assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Exclusive));
+    assert!(manager.is_locked_by_other(Some(TxnId(2)), &key(1)));
+    assert!(!manager.is_locked_by_other(Some(TxnId(1)), &key(1)));
+}
+
+#[test]
+fn two_converters_deadlock_and_the_second_is_the_victim() {
+    let manager = Arc::new(LockManager::new(2));
+    manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
+    manager.acquire(TxnId(2), &key(1), Shared, None).unwrap();
+    let first = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(1), &key(1), Exclusive, None))
+    };
+    wait_for_waiters(&manager, 1);
+    assert_eq!(
+        manager.acquire(TxnId(2), &key(1), Exclusive, None),
+        Err(LockError::Deadlock { victim: TxnId(2) })
+    );
+    manager.release_all(TxnId(2), &[key(1)]);
+    first.join().unwrap().unwrap();
+    assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Exclusive));
+    assert_eq!(manager.stats().deadlocks, 1);
+}
+
+#[test]
+fn grants_are_fifo_so_readers_cannot_starve_a_writer() {
+    let manager = Arc::new(LockManager::new(1));
+    manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
+    let writer = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(2), &key(1), Exclusive, None))
+    };
+    wait_for_waiters(&manager, 1);
+    // S is compatible with the holder, but a writer is queued ahead.
+    assert!(manager.acquire(TxnId(3), &key(1), Shared, ZERO).is_err());
+    let reader = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(3), &key(1), Shared, None))
+    };
+    wait_for_waiters(&manager, 2);
+    manager.release_all(TxnId(1), &[key(1)]);
+    writer.join().unwrap().unwrap();
+    assert_eq!(manager.holds(TxnId(2), &key(1)), Some(Exclusive));
+    assert_eq!(manager.holds(TxnId(3), &key(1)), None);
+    manager.release_all(TxnId(2), &[key(1)]);
+    reader.join().unwrap().unwrap();
+    assert_eq!(manager.holds(TxnId(3), &key(1)), Some(Shared));
+}
+
+#[test]
+fn a_timeout_fails_with_sql_servers_error_1222_and_is_recorded() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let session = db.session();
+    let manager = LockManager::new(8);
+    manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
+    let started = Instant::now();
+    let (result, waits) = session.run_statement(|| {
+        manager.acquire(TxnId(2), &key(1), Shared, Some(Duration::from_millis(50)))
+    });
+    let error = result.unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    assert_eq!(error, LockError::Timeout { ms: 50 });
+    assert_eq!(error.to_string(), "Lock request time out period exceeded.");
+    assert_eq!(error.number(), 1222);
+    let lck_m_s = waits.wait(WaitType::LckMS);
+    assert_eq!(lck_m_s.waiting_tasks_count, 1);
+    assert!(lck_m_s.wait_time_ns >= 50_000_000, "{lck_m_s:?}");
+    assert_eq!(lck_m_s.signal_wait_time_ns, 0);
+    // A zero timeout fails at once and records no wait, like SET LOCK_TIMEOUT 0.
+    let (result, waits) =
+        session.run_statement(|| manager.acquire(TxnId(2), &key(1), Exclusive, ZERO));
+    assert_eq!(result, Err(LockError::Timeout { ms: 0 }));
+    assert_eq!(waits.wait(WaitType::LckMX).waiting_tasks_count, 0);
+    let stats = manager.stats();
+    assert_eq!((stats.timeouts, stats.waits, stats.deadlocks), (2, 1, 0));
+    // The timed-out request left the queue: the key is free once the holder leaves.
+    manager.release_all(TxnId(1), &[key(1)]);
+    manager.acquire(TxnId(3), &key(1), Exclusive, ZERO).unwrap();
+}
+
+#[test]
+fn lock_waits_are_recorded_as_lck_m_x_and_lck_m_s_for_the_waiting_session() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let manager = Arc::new(LockManager::new(8));
+    let before = db.wait_stats();
+    for (mode, wait_type) in [(Exclusive, WaitType::LckMX), (Shared, WaitType::LckMS)] {
+        manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
+        let waiter = {
+            let manager = Arc::clone(&manager);
+            let session = db.session();
+            thread::spawn(move || {
+                let (result, waits) =
+                    session.run_statement(|| manager.acquire(TxnId(2), &key(1), mode, None));
+                result.unwrap();
+                (waits, session.waits())
+            })
+        };
+        wait_for_waiters(&manager, 1);
+        thread::sleep(Duration::from_millis(5));
+        manager.release_all(TxnId(1), &[key(1)]);
+        let (statement_waits, session_waits) = waiter.join().unwrap();
+        for waits in [statement_waits, session_waits] {
+            let stat = waits.wait(wait_type);
+            assert_eq!(stat.waiting_tasks_count, 1, "{wait_type:?}");
+            assert!(stat.wait_time_ns >= 5_000_000, "{stat:?}");
+            assert!(stat.signal_wait_time_ns <= stat.wait_time_ns);
+        }
+        manager.release_all(TxnId(2), &[key(1)]);
+    }
+    let during = db.wait_stats().since(&before);
+    assert!(during.wait(WaitType::LckMX).waiting_tasks_count >= 1);
+    assert!(during.wait(WaitType::LckMS).waiting_tasks_count >= 1);
+    // Uncontended requests record nothing.
+    let session = db.session();
+    let (_, waits) = session.run_statement(|| {
+        manager.acquire(TxnId(3), &key(9), Exclusive, None).unwrap();
+        manager.acquire(TxnId(4), &key(8), Shared, None).unwrap();
+    });
+    assert_eq!(waits.wait(WaitType::LckMX).waiting_tasks_count, 0);
+    assert_eq!(waits.wait(WaitType::LckMS).waiting_tasks_count, 0);
+}
+
+#[test]
+fn a_two_transaction_deadlock_has_one_victim_the_requester_that_closed_it() {
+    let manager = Arc::new(LockManager::new(16));
+    manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
+    manager.acquire(TxnId(2), &key(2), Exclusive, None).unwrap();
+    let first = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || {
+            let result = manager.acquire(TxnId(1), &key(2), Exclusive, None);
+            manager.release_all(TxnId(1), &[key(1), key(2)]);
+            result
+        })
+    };
+    wait_for_waiters(&manager, 1);
+    let error = manager
+        .acquire(TxnId(2), &key(1), Shared, None)
+        .unwrap_err();
+    assert_eq!(error, LockError::Deadlock { victim: TxnId(2) });
+    assert_eq!(
+        error.to_string(),
+        "Transaction (Process ID 2) was deadlocked on lock resources with another process and \
+         has been chosen as the deadlock victim. Rerun the transaction."
+    );
+    assert_eq!(error.number(), 1205);
+    // The victim rolls back; the survivor gets its lock.
+    manager.release_all(TxnId(2), &[key(2)]);
+    first.join().unwrap().unwrap();
+    let stats = manager.stats();
+    assert_eq!((stats.deadlocks, stats.waits, stats.timeouts), (1, 2, 0));
+}
+
+#[test]
+fn a_three_transaction_cycle_has_exactly_one_victim() {
+    let manager = Arc::new(LockManager::new(16));
+    for txn in 1..=3 {
+        manager
+            .acquire(TxnId(txn), &key(txn as u8), Exclusive, None)
+            .unwrap();
+    }
+    // 1 waits for 2, 2 waits for 3; 3 asking for 1's row closes the cycle.
+    let waiters: Vec<_> = [(1u64, 2u8), (2, 3)]
+        .into_iter()
+        .map(|(txn, row)| {
+            let waiter_manager = Arc::clone(&manager);
+            let handle = thread::spawn(move || {
+                let result = waiter_manager.acquire(TxnId(txn), &key(row), Exclusive, None);
+                (txn, result)
+            });
+            wait_for_waiters(&manager, txn as usize);
+            handle
+        })
+        .collect();
+    let closing = manager.acquire(TxnId(3), &key(1), Exclusive, None);
+    assert_eq!(closing, Err(LockError::Deadlock { victim: TxnId(3) }));
+    manager.release_all(TxnId(3), &[key(3)]);
+    // Now 2 gets row 3, commits, and 1 gets row 2.
+    let mut waiters = waiters.into_iter();
+    let first = waiters.next().unwrap();
+    let (txn, result) = waiters.next().unwrap().join().unwrap();
+    assert_eq!((txn, result), (2, Ok(())));
+    manager.release_all(TxnId(2), &[key(2), key(3)]);
+    let (txn, result) = first.join().unwrap();
+    assert_eq!((txn, result), (1, Ok(())));
+    assert_eq!(manager.stats().deadlocks, 1);
+}
+
+#[test]
+fn read_committed_readers_wait_for_x_and_leave_holding_nothing() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let manager = Arc::new(LockManager::new(4));
+    // No X lock: no wait. Another transaction's S lock does not stop a reader either.
+    manager.wait_for_shared(None, &key(1), ZERO).unwrap();
+    manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
+    manager.wait_for_shared(None, &key(1), ZERO).unwrap();
+    assert!(!manager.is_locked_by_other(None, &key(1)));
+    manager.release_all(TxnId(1), &[key(1)]);
+
+    manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
+    assert!(manager.is_locked_by_other(None, &key(1)));
+    assert!(manager.is_locked_by_other(Some(TxnId(2)), &key(1)));
+    // A transaction reads its own writes.
+    assert!(!manager.is_locked_by_other(Some(TxnId(1)), &key(1)));
+    manager
+        .wait_for_shared(Some(TxnId(1)), &key(1), ZERO)
+        .unwrap();
+    assert_eq!(
+        manager.wait_for_shared(None, &key(1), Some(Duration::from_millis(10))),
+        Err(LockError::Timeout { ms: 10 })
+    );
+    let reader = {
+        let manager = Arc::clone(&manager);
+        let session = db.session();
+        thread::spawn(move || {
+            let (result, waits) =
+                session.run_statement(|| manager.wait_for_shared(Some(TxnId(5)), &key(1), None));
+            (result, waits)
+        })
+    };
+    wait_for_waiters(&manager, 1);
+    manager.release_all(TxnId(1), &[key(1)]);
+    let (result, waits) = reader.join().unwrap();
+    result.unwrap();
+    assert_eq!(waits.wait(WaitType::LckMS).waiting_tasks_count, 1);
+    assert_eq!(manager.holds(TxnId(5), &key(1)), None);
+    manager.acquire(TxnId(6), &key(1), Exclusive, ZERO).unwrap();
+}
+
+#[test]
+fn a_reader_in_a_transaction_can_be_a_deadlock_victim() {
+    let manager = Arc::new(LockManager::new(4));
+    manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
+    manager.acquire(TxnId(2), &key(2), Exclusive, None).unwrap();
+    let writer = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(1), &key(2), Exclusive, None))
+    };
+    wait_for_waiters(&manager, 1);
+    assert_eq!(
+        manager.wait_for_shared(Some(TxnId(2)), &key(1), None),
+        Err(LockError::Deadlock { victim: TxnId(2) })
+    );
+    manager.release_all(TxnId(2), &[key(2)]);
+    writer.join().unwrap().unwrap();
+}
+
+/// Per key, how many transactions the oracle believes hold it in each mode.
+#[derive(Default)]
+struct Oracle {
+    exclusive: AtomicUsize,
+    shared: AtomicUsize,
+}
+
+#[test]
+fn random_transactions_keep_mutual_exclusion_and_all_finish() {
+    const THREADS: usize = 16;
+    const TXNS_PER_THREAD: usize = 150;
+    const KEYS: u8 = 8;
+    let seed = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+
+    let manager = Arc::new(LockManager::new(4));
+    let oracle: Arc<Vec<Oracle>> = Arc::new((0..KEYS).map(|_| Oracle::default()).collect());
+    let next_txn = Arc::new(AtomicU64::new(1));
+    let failures = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|thread_index| {
+            let manager = Arc::clone(&manager);
+            let oracle = Arc::clone(&oracle);
+            let next_txn = Arc::clone(&next_txn);
+            let failures = Arc::clone(&failures);
+            let mut rng = StdRng::seed_from_u64(seed ^ (thread_index as u64).wrapping_mul(0x9e37));
+            thread::spawn(move || {
+                for _ in 0..TXNS_PER_THREAD {
+                    // A transaction: a few rows in random order and modes, some read again for
+                    // update (S then X: a conversion).
+                    let mut rows: Vec<u8> = (0..KEYS).collect();
+                    rows.shuffle(&mut rng);
+                    rows.truncate(rng.random_range(1..=4));
+                    let mut plan: Vec<(u8, LockMode)> = rows
+                        .iter()
+                        .map(|&row| {
+                            (
+                                row,
+                                if rng.random_bool(0.5) {
+                                    Shared
+                                } else {
+                                    Exclusive
+                                },
+                            )
+                        })
+                        .collect();
+                    if rng.random_bool(0.3) {
+                        let (row, _) = plan[0];
+                        plan.push((row, Exclusive));
+                    }
+                    // Short timeouts resolve what they can; the others rely on the detector, so
+                    // a timeout of theirs would mean a missed deadlock.
+                    let relies_on_detector = rng.random_bool(0.5);
+                    let timeout = if relies_on_detector {
+                        Some(Duration::from_secs(20))
+                    } else {
+                        Some(Duration::from_millis(rng.random_range(1..20)))
+                    };
+                    let mut attempts = 0;
+                    loop {
+                        attempts += 1;
+                        assert!(attempts < 10_000, "a transaction never finished");
+                        let txn = TxnId(next_txn.fetch_add(1, Ordering::Relaxed));
+                        let mut locks = TxnLocks::new(txn);
+                        let mut held: Vec<(u8, LockMode)> = Vec::new();
+                        let mut outcome = Ok(());
+                        for &(row, mode) in &plan {
+                            if let Err(error) = locks.acquire(&manager, key(row), mode, timeout) {
+                                outcome = Err(error);
+                                break;
+                            }
+                            let counts = &oracle[usize::from(row)];
+                            let previous = held.iter().position(|&(held_row, _)| held_row == row);
+                            match (previous.map(|index| held[index].1), mode) {
+                                (Some(Exclusive), _) | (Some(Shared), Shared) => continue,
+                                (Some(Shared), Exclusive) => {
+                                    counts.shared.fetch_sub(1, Ordering::SeqCst);
+                                    held.retain(|&(held_row, _)| held_row != row);
+                                }
+                                (None, _) => {}
+                            }
+                            match mode {
+                                Exclusive => {
+                                    assert_eq!(counts.exclusive.fetch_add(1, Ordering::SeqCst), 0);
+                                    assert_eq!(counts.shared.load(Ordering::SeqCst), 0);
+                                }
+                                Shared => {
+                                    counts.shared.fetch_add(1, Ordering::SeqCst);
+                                    assert_eq!(counts.exclusive.load(Ordering::SeqCst), 0);
+                                }
+                            }
+                            held.push((row, mode));
+                            if rng.random_bool(0.2) {
+                                thread::yield_now();
+                            }
+                        }
+                        for &(row, mode) in &held {
+                            let counts = &oracle[usize::from(row)];
+                            match mode {
+                                Exclusive => counts.exclusive.fetch_sub(1, Ordering::SeqCst),
+                                Shared => counts.shared.fetch_sub(1, Ordering::SeqCst),
+                            };
+                        }
+                        locks.release_all(&manager);
+                        match outcome {
+                            Ok(()) => break,
+                            Err(LockError::Deadlock { victim }) => assert_eq!(victim, txn),
+                            Err(LockError::Timeout { .. }) => {
+                                assert!(!relies_on_detector, "a deadlock went undetected");
+                            }
+                        }
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = manager.stats();
+    println!("{stats:?}");
+    assert_eq!(
+        stats.deadlocks + stats.timeouts,
+        failures.load(Ordering::Relaxed)
+    );
+    assert_eq!(manager.waiting_txns(), 0);
+    for row in 0..KEYS {
+        assert!(!manager.is_locked_by_other(None, &key(row)));
+        manager
+            .acquire(TxnId(0), &key(row), Exclusive, ZERO)
+            .unwrap();
+    }
+}
