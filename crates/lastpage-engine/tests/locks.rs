@@ -410,7 +410,13 @@ fn random_transactions_keep_mutual_exclusion_and_all_finish() {
                     let mut attempts = 0;
                     loop {
                         attempts += 1;
-                        assert!(attempts < 10_000, "a transaction never finished");
+                        assert!(
+                            attempts < 10_000,
+                            "a transaction never finished: {plan:?} {timeout:?}"
+                        );
+                        if attempts > 9_990 {
+                            eprintln!("attempt {attempts} of {plan:?}");
+                        }
                         let txn = TxnId(next_txn.fetch_add(1, Ordering::Relaxed));
                         let mut locks = TxnLocks::new(txn);
                         let mut held: Vec<(u8, LockMode)> = Vec::new();
@@ -455,7 +461,12 @@ fn random_transactions_keep_mutual_exclusion_and_all_finish() {
                         locks.release_all(&manager);
                         match outcome {
                             Ok(()) => break,
-                            Err(LockError::Deadlock { victim }) => assert_eq!(victim, txn),
+                            Err(LockError::Deadlock { victim }) => {
+                                if attempts > 9_990 {
+                                    eprintln!("deadlock {txn:?} held {held:?}");
+                                }
+                                assert_eq!(victim, txn)
+                            }
                             Err(LockError::Timeout { .. }) => {
                                 assert!(!relies_on_detector, "a deadlock went undetected");
                             }
