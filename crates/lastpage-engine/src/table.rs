@@ -17,7 +17,7 @@ use lastpage_storage::btree::{
 };
 use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
-use lastpage_storage::sync::{AtomicI64, AtomicU64, Ordering};
+use lastpage_storage::sync::{AtomicI64, Ordering};
 
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
@@ -137,7 +137,10 @@ struct IdentityState {
 /// once, so concurrent inserts into a non-unique clustered index never touch a common cache
 /// line for it.
 fn next_uniquifier() -> u64 {
-    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    // A plain counter, not part of any protocol a model check looks at, so it is std's: loom's
+    // atomics cannot live in a static, and the engine must build under `--cfg loom` for the
+    // lock manager's model checks.
+    static NEXT_BLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     thread_local! {
         static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
     }
