@@ -145,6 +145,9 @@ pub enum EngineError {
     /// The buffer pool is out of pages.
     #[error(transparent)]
     PoolFull(#[from] PoolFull),
+    /// A page could not be read from or written to the data file, or is corrupt there.
+    #[error("storage error: {0}")]
+    Storage(String),
     /// The integrity check found a broken invariant.
     #[error("integrity check failed: {0}")]
     Integrity(String),
