@@ -743,15 +743,13 @@ impl Table {
         }
         scope.logged(self, |changes| {
             self.apply_batch(&records, &completed)?;
-            changes.extend(
-                records
-                    .iter()
-                    .map(|(partition, key, value, _)| RowChange::Insert {
-                        partition: *partition,
-                        key: key.clone(),
-                        value: value.clone(),
-                    }),
-            );
+            for (partition, key, value, _) in &records {
+                changes.push(RowChange::Insert {
+                    partition: *partition,
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
             Ok(())
         })?;
         Ok(completed
@@ -1122,7 +1120,7 @@ impl Table {
             .as_ref()
             .expect("identity_keyed implies an identity column");
         let data_type = self.columns[identity.column].data_type;
-        let value = self.clustered_value(&values)?;
+        let mut value = self.clustered_value(&values)?;
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let mut assigned = None;
         let id = scope.logged(self, |changes| {
@@ -1161,7 +1159,7 @@ impl Table {
             changes.push(RowChange::Insert {
                 partition: 0,
                 key,
-                value: value.clone(),
+                value: std::mem::take(&mut value),
             });
             Ok(id)
         });

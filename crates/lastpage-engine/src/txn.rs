@@ -64,7 +64,10 @@ impl Durability {
 
 /// One change a transaction made, as it would be undone.
 struct UndoEntry {
-    table: Arc<Table>,
+    /// The table, or `None` for the table of the statement in progress: an autocommit
+    /// statement that succeeds then never touches the table's reference count, which every
+    /// session would otherwise increment and decrement on every row.
+    table: Option<Arc<Table>>,
     change: RowChange,
 }
 
@@ -110,14 +113,14 @@ pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
 /// last leaf's latch. Such a lock never waits (nobody else can name the key yet), so taking
 /// it under a latch cannot deadlock, and taking it there hides the row from readers from the
 /// first moment they could see it.
-pub(crate) struct FreshLocker {
-    db: Database,
+pub(crate) struct FreshLocker<'s> {
+    db: &'s Database,
     txn: TxnId,
     table_id: u32,
     taken: RefCell<Vec<LockKey>>,
 }
 
-impl FreshLocker {
+impl FreshLocker<'_> {
     /// Locks `key` (a clustered key) exclusively.
     pub(crate) fn lock(&self, key: &[u8]) -> Result<()> {
         let lock_key = lock_key(self.table_id, 0, key);
@@ -132,12 +135,14 @@ impl FreshLocker {
 /// The transaction a write runs in, for the length of one statement.
 pub(crate) struct WriteScope<'s> {
     session: &'s Session,
+    /// The statement's table.
+    table: &'s Arc<Table>,
     txn: &'s mut Transaction,
     /// Whether this statement's changes are logged (a durable database and a logged table).
     log_changes: bool,
 }
 
-impl WriteScope<'_> {
+impl<'s> WriteScope<'s> {
     /// Whether this write must take row locks. An in-memory database's autocommit insert of a
     /// key that contains a fresh identity value needs none: no other transaction can hold a
     /// lock on a key that did not exist, and the insert commits the moment it is applied.
@@ -166,9 +171,10 @@ impl WriteScope<'_> {
     }
 
     /// A locker for clustered keys made under a leaf latch (see [`FreshLocker`]).
-    pub(crate) fn fresh_locker(&self, table: &Table) -> FreshLocker {
+    pub(crate) fn fresh_locker(&self, table: &Table) -> FreshLocker<'s> {
+        let session: &'s Session = self.session;
         FreshLocker {
-            db: self.session.db().clone(),
+            db: session.db(),
             txn: self.txn.id,
             table_id: table.id(),
             taken: RefCell::new(Vec::new()),
@@ -176,53 +182,68 @@ impl WriteScope<'_> {
     }
 
     /// Makes the locks a [`FreshLocker`] took the transaction's.
-    pub(crate) fn adopt_locks(&mut self, locker: FreshLocker) {
+    pub(crate) fn adopt_locks(&mut self, locker: FreshLocker<'_>) {
         self.txn.locks.extend(locker.taken.into_inner());
     }
 
-    /// Runs `apply` (which changes the trees and returns what it changed) inside the checkpoint
-    /// gate and logs the changes before leaving it; the changes join the undo list.
+    /// Runs `apply` (which changes the trees and records what it changed in [`Changes`])
+    /// inside the checkpoint gate and logs the changes before leaving it; the changes join the
+    /// undo list.
     pub(crate) fn logged<T>(
         &mut self,
         table: &Arc<Table>,
-        apply: impl FnOnce(&mut Vec<RowChange>) -> Result<T>,
+        apply: impl FnOnce(&mut Changes<'_>) -> Result<T>,
     ) -> Result<T> {
-        let db = self.session.db().clone();
+        let session = self.session;
+        let db = session.db();
         let _gate = db.enter_gate();
-        let mut changes = Vec::new();
-        let result = apply(&mut changes);
+        let start = self.txn.undo.len();
+        let result = apply(&mut Changes {
+            undo: &mut self.txn.undo,
+            owner: (!Arc::ptr_eq(table, self.table)).then(|| Arc::clone(table)),
+        });
         // Changes made before a failure are logged and kept in the undo list too: the
         // statement's rollback undoes them with logged compensations.
-        if !changes.is_empty() {
-            if self.log_changes {
-                self.log(&db, table, &changes)?;
-            }
-            self.txn
-                .undo
-                .extend(changes.into_iter().map(|change| UndoEntry {
-                    table: Arc::clone(table),
-                    change,
-                }));
+        if self.log_changes && self.txn.undo.len() > start {
+            self.log(db, table, start)?;
         }
         result
     }
 
-    fn log(&mut self, db: &Database, table: &Table, changes: &[RowChange]) -> Result<()> {
+    /// Logs the undo entries from `start` on.
+    fn log(&mut self, db: &Database, table: &Table, start: usize) -> Result<()> {
         let Some(wal) = db.wal() else {
             return Ok(());
         };
-        for change in changes {
-            let record = change.to_record(self.txn.id, table);
-            let (start, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
+        for entry in &self.txn.undo[start..] {
+            let record = entry.change.to_record(self.txn.id, table);
+            let (first, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
             if self.txn.last_lsn.is_none() {
                 self.session
                     .active_slot()
                     .first_lsn
-                    .store(start.0, Ordering::Release);
+                    .store(first.0, Ordering::Release);
             }
             self.txn.last_lsn = Some(end);
         }
         Ok(())
+    }
+}
+
+/// Where a write records the changes it made (see [`WriteScope::logged`]): straight into the
+/// transaction's undo list.
+pub(crate) struct Changes<'a> {
+    undo: &'a mut Vec<UndoEntry>,
+    owner: Option<Arc<Table>>,
+}
+
+impl Changes<'_> {
+    /// Records a change.
+    pub(crate) fn push(&mut self, change: RowChange) {
+        self.undo.push(UndoEntry {
+            table: self.owner.clone(),
+            change,
+        });
     }
 }
 
@@ -283,7 +304,7 @@ impl Session {
         table: &Arc<Table>,
         statement: impl FnOnce(&mut WriteScope<'_>) -> Result<T>,
     ) -> Result<T> {
-        let db = self.db().clone();
+        let db = self.db();
         db.check_usable()?;
         let _attribution = self.attribute();
         let mut slot = self.txn_slot();
@@ -297,18 +318,24 @@ impl Session {
             db.wal().is_some() && txn.durability != Durability::None && table.is_logged();
         let mut scope = WriteScope {
             session: self,
+            table,
             txn,
             log_changes,
         };
-        let result = statement(&mut scope);
-        let mut result = result;
+        let mut result = statement(&mut scope);
+        let txn = txn_of(&mut slot, &mut autocommit);
         if result.is_err() {
             // A failed statement may have shown rows to readers (inside the trees, before its
             // own cleanup) that are now gone: count it as a rollback before its locks go.
-            if let Err(error) = self.undo_to(txn_of(&mut slot, &mut autocommit), savepoint) {
+            if let Err(error) = self.undo_to(txn, savepoint, Some(table)) {
                 result = Err(error);
             }
             db.note_rollback();
+        } else if txn.explicit {
+            // The transaction outlives the statement: its undo entries name their table.
+            for entry in &mut txn.undo[savepoint..] {
+                entry.table.get_or_insert_with(|| Arc::clone(table));
+            }
         }
         drop(slot);
         match (autocommit, result) {
@@ -322,23 +349,35 @@ impl Session {
     }
 
     /// Undoes the transaction's changes after `savepoint`, newest first, logging each inverse
-    /// change as the transaction's own.
-    fn undo_to(&self, txn: &mut Transaction, savepoint: usize) -> Result<()> {
-        let db = self.db().clone();
+    /// change as the transaction's own. `statement_table` is the table of entries that name
+    /// none (those of the statement in progress).
+    fn undo_to(
+        &self,
+        txn: &mut Transaction,
+        savepoint: usize,
+        statement_table: Option<&Arc<Table>>,
+    ) -> Result<()> {
+        let db = self.db();
         while txn.undo.len() > savepoint {
             let entry = txn.undo.pop().expect("len > savepoint");
+            let table = entry.table.as_ref().or(statement_table).ok_or_else(|| {
+                EngineError::Transaction(
+                    "an undo entry of an earlier statement names no table".into(),
+                )
+            })?;
             let inverse = entry.change.inverse();
             let log_changes =
-                db.wal().is_some() && txn.durability != Durability::None && entry.table.is_logged();
+                db.wal().is_some() && txn.durability != Durability::None && table.is_logged();
             let mut scope = WriteScope {
                 session: self,
+                table,
                 txn: &mut *txn,
                 log_changes,
             };
             // The compensation is logged but not undoable itself: pop it off again.
             let before = scope.txn.undo.len();
-            scope.logged(&entry.table, |changes| {
-                entry.table.apply_change(&inverse)?;
+            scope.logged(table, |changes| {
+                table.apply_change(&inverse)?;
                 changes.push(inverse.clone());
                 Ok(())
             })?;
@@ -348,7 +387,7 @@ impl Session {
     }
 
     fn finish_commit(&self, txn: Transaction) -> Result<()> {
-        let db = self.db().clone();
+        let db = self.db();
         let result = match (db.wal(), txn.last_lsn) {
             (Some(wal), Some(_)) => wal
                 .append(&Record::Commit { txn: txn.id })
@@ -364,8 +403,8 @@ impl Session {
     }
 
     fn finish_rollback(&self, mut txn: Transaction) -> Result<()> {
-        let undone = self.undo_to(&mut txn, 0);
-        let db = self.db().clone();
+        let undone = self.undo_to(&mut txn, 0, None);
+        let db = self.db();
         db.note_rollback();
         let logged = match (db.wal(), txn.last_lsn, &undone) {
             // The abort record is flushed like a commit (for FULL durability): the rolled-back
