@@ -81,11 +81,14 @@ pub struct DurableCell {
     pub rows: u64,
     /// Transactions committed.
     pub commits: u64,
-    /// Wall time from the start signal until the last thread finished.
+    /// Wall time the rate is measured over: from the start signal to the deadline (or until
+    /// the last thread finished, in a run limited by rows).
     pub elapsed_sec: f64,
-    /// `rows / elapsed_sec`.
+    /// Rows committed within `elapsed_sec`, per second (in a timed run, commits still in
+    /// flight at the deadline are in `rows` but not in the rate).
     pub rows_per_sec: f64,
-    /// Latency of one commit (one row for autocommit, one batch for batch), microseconds.
+    /// Latency of one commit (one row for autocommit, one batch for batch), microseconds, over
+    /// the commits that count toward `rows_per_sec`.
     pub latency_us: LatencyReport,
     /// Commits per fdatasync.
     pub commits_per_fsync: Option<f64>,
@@ -168,7 +171,13 @@ impl DurableReport {
 
 /// What the threads of one cell did.
 struct Driven {
+    /// Statements committed, all of them (what the verification expects to find).
     statements: u64,
+    /// Statements that count toward the rate: in a timed run, those that completed by the
+    /// deadline (a statement still waiting then, for SQLite's mutex behind a queue of 300
+    /// threads say, would otherwise stretch the run by its whole queue and lower the rate).
+    measured_statements: u64,
+    /// The time the measured statements took: the deadline, or the last thread's finish.
     elapsed_sec: f64,
     latency_ns: Histogram<u64>,
 }
@@ -198,85 +207,99 @@ where
     let gate = StartGate::new();
     let stop = AtomicBool::new(false);
     let first_error = std::sync::Mutex::new(None::<String>);
+    let deadline = std::sync::OnceLock::new();
     let mut start = Instant::now();
-    let results = std::thread::scope(
-        |scope| -> Result<Vec<(u64, Histogram<u64>, Instant)>, BenchError> {
-            let closed = gate.close();
-            let mut handles = Vec::with_capacity(threads);
-            for thread in 0..threads {
-                let (gate, stop, first_error, make_op) = (&gate, &stop, &first_error, &make_op);
-                let quota = per_thread(thread);
-                let spawned = std::thread::Builder::new()
-                    .name(format!("durable-{thread}"))
-                    .spawn_scoped(scope, move || {
-                        let mut latency_ns = Histogram::<u64>::new(3).ok();
-                        let mut op = make_op(thread);
-                        let go = gate.arrive_and_wait();
-                        let mut done = 0;
-                        while go && done < quota && !stop.load(Ordering::Relaxed) {
-                            let started = Instant::now();
-                            if let Err(error) = op() {
-                                first_error
-                                    .lock()
-                                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                                    .get_or_insert(error);
-                                stop.store(true, Ordering::Relaxed);
-                                break;
-                            }
-                            let nanos =
-                                u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                            if let Some(histogram) = latency_ns.as_mut()
-                                && histogram.record(nanos).is_err()
-                            {
-                                histogram.saturating_record(nanos);
-                            }
-                            done += 1;
+    let results = std::thread::scope(|scope| -> Result<Vec<ThreadResult>, BenchError> {
+        let closed = gate.close();
+        let mut handles = Vec::with_capacity(threads);
+        for thread in 0..threads {
+            let (gate, stop, first_error, make_op, deadline) =
+                (&gate, &stop, &first_error, &make_op, &deadline);
+            let quota = per_thread(thread);
+            let spawned = std::thread::Builder::new()
+                .name(format!("durable-{thread}"))
+                .spawn_scoped(scope, move || {
+                    let mut latency_ns = Histogram::<u64>::new(3).ok();
+                    let mut op = make_op(thread);
+                    let go = gate.arrive_and_wait();
+                    // Set before the gate opened; `None` in a run limited by rows.
+                    let deadline: Option<Instant> = deadline.get().copied().flatten();
+                    let (mut done, mut measured) = (0, 0);
+                    while go && done < quota && !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        if let Err(error) = op() {
+                            first_error
+                                .lock()
+                                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                                .get_or_insert(error);
+                            stop.store(true, Ordering::Relaxed);
+                            break;
                         }
-                        (done, latency_ns, Instant::now())
-                    });
-                match spawned {
-                    Ok(handle) => handles.push(handle),
-                    Err(error) => {
-                        // The threads already started see `run == false` and return at once.
-                        gate.open(closed, false);
-                        return Err(failed(
-                            &format!("cannot start thread {} of {threads}", thread + 1),
-                            &error,
-                        ));
+                        let finished = Instant::now();
+                        let nanos = u64::try_from(finished.duration_since(started).as_nanos())
+                            .unwrap_or(u64::MAX);
+                        done += 1;
+                        if deadline.is_some_and(|deadline| finished > deadline) {
+                            continue;
+                        }
+                        measured += 1;
+                        if let Some(histogram) = latency_ns.as_mut()
+                            && histogram.record(nanos).is_err()
+                        {
+                            histogram.saturating_record(nanos);
+                        }
                     }
+                    (done, measured, latency_ns, Instant::now())
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    // The threads already started see `run == false` and return at once.
+                    gate.open(closed, false);
+                    return Err(failed(
+                        &format!("cannot start thread {} of {threads}", thread + 1),
+                        &error,
+                    ));
                 }
             }
-            gate.wait_ready(threads);
-            start = Instant::now();
-            gate.open(closed, true);
-            if budget.rows.is_none() {
-                let deadline = start + Duration::from_secs_f64(budget.seconds.max(0.0));
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break;
-                    }
-                    std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+        }
+        gate.wait_ready(threads);
+        start = Instant::now();
+        let timed = budget
+            .rows
+            .is_none()
+            .then(|| start + Duration::from_secs_f64(budget.seconds.max(0.0)));
+        let _ = deadline.set(timed);
+        gate.open(closed, true);
+        if let Some(deadline) = timed {
+            while !stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
                 }
-                stop.store(true, Ordering::Relaxed);
+                std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
             }
-            let mut results = Vec::with_capacity(threads);
-            for handle in handles {
-                match handle.join() {
-                    Ok((done, Some(histogram), finished)) => {
-                        results.push((done, histogram, finished))
-                    }
-                    Ok((_, None, _)) => {
-                        return Err(BenchError::Failed("cannot create a histogram".into()));
-                    }
-                    Err(_) => {
-                        return Err(BenchError::Failed("an inserting thread panicked".into()));
-                    }
+            stop.store(true, Ordering::Relaxed);
+        }
+        let mut results = Vec::with_capacity(threads);
+        for handle in handles {
+            match handle.join() {
+                Ok((done, measured, Some(histogram), finished)) => results.push(ThreadResult {
+                    done,
+                    measured,
+                    histogram,
+                    finished,
+                }),
+                Ok((_, _, None, _)) => {
+                    return Err(BenchError::Failed("cannot create a histogram".into()));
+                }
+                Err(_) => {
+                    return Err(BenchError::Failed("an inserting thread panicked".into()));
                 }
             }
-            Ok(results)
-        },
-    )?;
+        }
+        Ok(results)
+    })?;
     if let Some(error) = first_error
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -285,23 +308,35 @@ where
     }
     let mut latency_ns =
         Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
-    let mut statements = 0;
+    let (mut statements, mut measured_statements) = (0, 0);
     let mut finished = start;
-    for (done, histogram, at) in &results {
-        statements += done;
-        finished = finished.max(*at);
+    for result in &results {
+        statements += result.done;
+        measured_statements += result.measured;
+        finished = finished.max(result.finished);
         latency_ns
-            .add(histogram)
+            .add(&result.histogram)
             .map_err(|error| failed("cannot merge latency histograms", &error))?;
     }
+    // A timed run that ended early (an error) is measured to the last finish instead.
+    let end = match deadline.get().copied().flatten() {
+        Some(deadline) => deadline.min(finished),
+        None => finished,
+    };
     Ok(Driven {
         statements,
-        elapsed_sec: finished
-            .saturating_duration_since(start)
-            .as_secs_f64()
-            .max(1e-9),
+        measured_statements,
+        elapsed_sec: end.saturating_duration_since(start).as_secs_f64().max(1e-9),
         latency_ns,
     })
+}
+
+/// What one thread of [`drive`] did.
+struct ThreadResult {
+    done: u64,
+    measured: u64,
+    histogram: Histogram<u64>,
+    finished: Instant,
 }
 
 fn latency_report(histogram: &Histogram<u64>) -> LatencyReport {
@@ -375,7 +410,9 @@ fn lastpage_cell(
         rows,
         commits: driven.statements,
         elapsed_sec: round6(driven.elapsed_sec),
-        rows_per_sec: (rows as f64 / driven.elapsed_sec).round(),
+        rows_per_sec: (driven.measured_statements as f64 * rows_per_commit as f64
+            / driven.elapsed_sec)
+            .round(),
         latency_us: latency_report(&driven.latency_ns),
         commits_per_fsync: wal.and_then(|wal| wal.commits_per_fsync()).map(round3),
         commits_per_fsync_source: "the log writer's counters (commits acknowledged / fdatasync calls)",
@@ -454,7 +491,9 @@ fn sqlite_cell(
         rows,
         commits: driven.statements,
         elapsed_sec: round6(driven.elapsed_sec),
-        rows_per_sec: (rows as f64 / driven.elapsed_sec).round(),
+        rows_per_sec: (driven.measured_statements as f64 * rows_per_commit as f64
+            / driven.elapsed_sec)
+            .round(),
         latency_us: latency_report(&driven.latency_ns),
         commits_per_fsync: Some(1.0),
         commits_per_fsync_source: "by construction: SQLite in WAL mode with synchronous=FULL syncs the WAL at every commit (not measured)",
@@ -730,6 +769,7 @@ mod tests {
         })
         .expect("drive");
         assert_eq!(driven.statements, 1003);
+        assert_eq!(driven.measured_statements, 1003);
         assert_eq!(counted.load(Ordering::Relaxed), 1003);
         assert_eq!(driven.latency_ns.len(), 1003);
     }
