@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: every crate's unit, integration and doc tests, then the loom model checks of
-# the latches, flow control, the default insert path and the log writer (in their own target
-# directory, because `--cfg loom` rebuilds every dependency).
+# the latches, flow control, the default insert path, the log writer and the row lock manager
+# (in their own target directory, because `--cfg loom` rebuilds every dependency).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +10,5 @@ cargo test --workspace --doc
 
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${LOOM_TARGET_DIR:-target-loom}" \
     cargo test -p lastpage-storage --release --test latch_loom --test btree_loom --test wal_loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${LOOM_TARGET_DIR:-target-loom}" \
+    cargo test -p lastpage-engine --release --test locks_loom

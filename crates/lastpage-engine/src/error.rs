@@ -164,6 +164,9 @@ pub enum EngineError {
     /// A stored catalog failed to decode: it is corrupt, truncated or of an unknown version.
     #[error("The stored catalog is corrupt: {0}")]
     CorruptCatalog(String),
+    /// A page could not be read from or written to the data file, or is corrupt there.
+    #[error("storage error: {0}")]
+    Storage(String),
     /// The integrity check found a broken invariant.
     #[error("integrity check failed: {0}")]
     Integrity(String),

@@ -17,7 +17,7 @@ use lastpage_storage::btree::{
 };
 use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
-use lastpage_storage::sync::{AtomicI64, AtomicU64, Ordering};
+use lastpage_storage::sync::{AtomicI64, Ordering};
 
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
@@ -137,7 +137,10 @@ struct IdentityState {
 /// once, so concurrent inserts into a non-unique clustered index never touch a common cache
 /// line for it.
 fn next_uniquifier() -> u64 {
-    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    // A plain counter, not part of any protocol a model check looks at, so it is std's: loom's
+    // atomics cannot live in a static, and the engine must build under `--cfg loom` for the
+    // lock manager's model checks.
+    static NEXT_BLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     thread_local! {
         static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
     }
@@ -635,7 +638,8 @@ impl Table {
         }
         if let Some((_, error)) = failure {
             for (index, partition, key) in done.iter().rev() {
-                index.tree(*partition).delete(key);
+                // Undo is best effort: a page that cannot be read leaves the entry behind.
+                let _ = index.tree(*partition).delete(key);
             }
             return Err(error);
         }
@@ -844,6 +848,7 @@ impl Table {
             },
             BTreeError::RecordTooLarge { len, max } => EngineError::RowTooLarge { size: len, max },
             BTreeError::PoolFull(full) => EngineError::PoolFull(full),
+            BTreeError::Storage(error) => EngineError::Storage(error.to_string()),
         }
     }
 
@@ -895,7 +900,8 @@ impl Table {
         let entries = match self.nonclustered_entries(&values, &key) {
             Ok(entries) => entries,
             Err(error) => {
-                self.clustered.tree(0).delete(&key);
+                // Undo is best effort: a page that cannot be read leaves the entry behind.
+                let _ = self.clustered.tree(0).delete(&key);
                 return Err(error);
             }
         };
@@ -934,9 +940,11 @@ impl Table {
                 for (earlier, (earlier_key, _)) in
                     self.nonclustered.iter().zip(entries).take(position)
                 {
-                    earlier.tree(partition).delete(earlier_key);
+                    // Undo is best effort: a page that cannot be read leaves the entry behind.
+                    let _ = earlier.tree(partition).delete(earlier_key);
                 }
-                self.clustered.tree(partition).delete(key);
+                // Undo is best effort: a page that cannot be read leaves the entry behind.
+                let _ = self.clustered.tree(partition).delete(key);
                 return Err(self.storage_error(index, error, values));
             }
         }
@@ -1009,7 +1017,9 @@ impl Table {
         for partition in partitions {
             let tree = self.clustered.tree(partition);
             let found = if self.is_exact_clustered_key(key) {
-                tree.get(&encoded).map(|value| (encoded.clone(), value))
+                tree.get(&encoded)
+                    .map_err(storage_failure)?
+                    .map(|value| (encoded.clone(), value))
             } else {
                 let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
                 tree.range(Bound::Included(&encoded), upper, Direction::Forward)
@@ -1069,7 +1079,12 @@ impl Table {
                     continue;
                 }
                 let locator = self.locator(index, &index_key, &index_value)?;
-                if let Some(value) = self.clustered.tree(partition).get(&locator) {
+                if let Some(value) = self
+                    .clustered
+                    .tree(partition)
+                    .get(&locator)
+                    .map_err(storage_failure)?
+                {
                     rows.push(self.decode_record(&locator, &value)?);
                 }
             }
@@ -1216,7 +1231,8 @@ impl Table {
             }
             let undo = |added: &[(&Index, Vec<u8>)]| {
                 for (index, key) in added {
-                    index.tree(partition).delete(key);
+                    // Undo is best effort: a page that cannot be read leaves the entry behind.
+                    let _ = index.tree(partition).delete(key);
                 }
             };
             if let Some(error) = failure {
@@ -1231,7 +1247,8 @@ impl Table {
             {
                 CompareAndUpdate::Updated => {
                     for (index, key) in removed {
-                        index.tree(partition).delete(&key);
+                        // Undo is best effort: a page that cannot be read leaves the entry behind.
+                        let _ = index.tree(partition).delete(&key);
                     }
                     return Ok(true);
                 }
@@ -1267,12 +1284,21 @@ impl Table {
 
     /// Removes a record and its nonclustered entries.
     fn delete_record(&self, partition: usize, key: &[u8], row: &[Value]) -> bool {
-        if self.clustered.tree(partition).delete(key).is_none() {
+        // A delete that fails to read its page counts as not found, like a concurrent delete.
+        if self
+            .clustered
+            .tree(partition)
+            .delete(key)
+            .ok()
+            .flatten()
+            .is_none()
+        {
             return false;
         }
         for index in &self.nonclustered {
             if let Ok((entry_key, _)) = self.nonclustered_entry(index, row, key) {
-                index.tree(partition).delete(&entry_key);
+                // Undo is best effort: a page that cannot be read leaves the entry behind.
+                let _ = index.tree(partition).delete(&entry_key);
             }
         }
         true
@@ -1333,7 +1359,11 @@ impl Table {
                 }
                 for index in &self.nonclustered {
                     let (entry_key, entry_value) = self.nonclustered_entry(index, &row, &key)?;
-                    if index.tree(partition).get(&entry_key).as_deref()
+                    if index
+                        .tree(partition)
+                        .get(&entry_key)
+                        .map_err(storage_failure)?
+                        .as_deref()
                         != Some(entry_value.as_slice())
                     {
                         return Err(EngineError::Integrity(format!(
@@ -1443,6 +1473,14 @@ impl Iterator for RowIter<'_> {
         let next = self.partitions[best].next();
         let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
         Some(self.table.decode_record(&key, &value))
+    }
+}
+
+/// Maps a tree error from a read path (no key or row to describe) to an engine error.
+fn storage_failure(error: BTreeError) -> EngineError {
+    match error {
+        BTreeError::PoolFull(full) => EngineError::PoolFull(full),
+        other => EngineError::Storage(other.to_string()),
     }
 }
 

@@ -1,34 +1,134 @@
 //! The buffer pool: the page table and every page frame, with all access through latch guards.
 //!
-//! Today every page lives in memory for the life of the pool. The shape is the one a disk-backed
-//! pool needs: pages are found by id through the page table, and code outside this module can
-//! only touch a page's bytes through a [`SharedGuard`] or [`ExclusiveGuard`], which hold the
-//! page's latch. The write-ahead-log work adds a data file, dirty-page flushing and eviction
-//! behind [`BufferPool::latch_shared`] and friends without changing their callers.
+//! A pool is either memory-only ([`BufferPool::new`]: unbounded, every page resident for the
+//! life of the pool, as fast as a plain array of pages) or backed by a data file
+//! ([`BufferPool::open_file`]): then a memory budget bounds the resident pages, pages missing
+//! from memory are read on demand, and checkpoints write shadow-paged images
+//! (`docs/data-file.md`). Code outside this module only touches a page's bytes through a
+//! [`SharedGuard`] or [`ExclusiveGuard`], which hold the page's latch.
 //!
 //! The page table is a two-level array: a fixed array of chunk slots, each filled once with a
 //! chunk of `PAGE_TABLE_CHUNK_PAGES` frame slots, each filled once with a frame. Lookups are two
 //! acquire loads and never take a lock; page allocation is one atomic increment plus one
 //! initialisation of a `OnceLock`.
+//!
+//! A frame stays allocated for ever; its 8 KiB of bytes come and go. The bytes pointer is only
+//! changed by a thread that holds the frame's latch exclusively (loading a page on a miss, or
+//! evicting it), and only read by a thread that holds the latch in some mode, so the latch alone
+//! orders every access to it: the latch doubles as the pin, and a latched page cannot be
+//! evicted. The frame's other metadata (dirty, slot, CRC) follows the same rule; those fields are
+//! atomics only so that a checkpoint may update them under a shared latch while writers are
+//! quiesced. The CLOCK `referenced` bit and the `resident` flag are hints read without the latch
+//! and rechecked under it. Because this protocol adds no synchronization of its own beyond the
+//! latch (which `tests/latch_loom.rs` model-checks), it has no loom model of its own.
 
 use std::cell::UnsafeCell;
-use std::sync::OnceLock;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32 as PlainU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use lastpage_io::{FileSystem, OpenOptions};
+
+use crate::datafile::{DataFile, zeroed_page};
 use crate::latch::{Latch, LatchClass, LatchMode, LatchPolicy};
-use crate::limits::{MAX_PAGES, PAGE_SIZE_BYTES, PAGE_TABLE_CHUNK_PAGES};
+use crate::limits::{
+    DEFAULT_MEMORY_BUDGET_BYTES, EVICTION_BATCH_PAGES, MAX_PAGES, PAGE_SIZE_BYTES,
+    PAGE_TABLE_CHUNK_PAGES,
+};
 use crate::page::{Page, PageBytes, PageId, PageKind, PageMut};
 use crate::sync::{AtomicU32, Ordering};
 
-/// One page in memory and its latch.
+/// One page's frame: its latch, its bytes while resident, and what the pool knows about it.
 struct Frame {
     latch: Latch,
-    bytes: UnsafeCell<PageBytes>,
+    /// The page's bytes, or null while the page is not resident. Owned by the frame (a leaked
+    /// `Box<PageBytes>`); changed only under the exclusive latch, read only under the latch.
+    bytes: UnsafeCell<*mut PageBytes>,
+    /// A hint for the eviction sweep, kept equal to `!bytes.is_null()` under the exclusive
+    /// latch and rechecked under the latch before it is trusted.
+    resident: AtomicBool,
+    /// The bytes differ from what the page's slot holds (or it has no slot yet).
+    dirty: AtomicBool,
+    /// The CLOCK bit: set on every latch, cleared by the eviction sweep.
+    referenced: AtomicBool,
+    /// The data-file slot holding the page's last written image (0 = none).
+    slot: PlainU32,
+    /// CRC32C of the bytes in `slot`.
+    crc: PlainU32,
 }
 
-// SAFETY: the page bytes are only reached through `SharedGuard` (which holds the frame's latch
-// in shared or update mode, so nobody writes) and `ExclusiveGuard` (which holds it exclusively,
-// so nobody else reads or writes). The latch itself is a thread-safe type.
+// SAFETY: the page bytes (and the pointer to them) are only reached through `SharedGuard`
+// (which holds the frame's latch in shared mode, so nobody writes) and `ExclusiveGuard` or the
+// pool's load and eviction paths (which hold it exclusively, so nobody else reads or writes).
+// Every other field is an atomic or a thread-safe latch.
 unsafe impl Sync for Frame {}
+// SAFETY: the frame owns its page buffer outright; moving the frame moves that ownership.
+unsafe impl Send for Frame {}
+
+impl Frame {
+    fn new(policy: LatchPolicy, bytes: Option<Box<PageBytes>>, slot: u32, crc: u32) -> Frame {
+        let resident = bytes.is_some();
+        Frame {
+            latch: Latch::new(policy, LatchClass::Buffer),
+            bytes: UnsafeCell::new(bytes.map_or(std::ptr::null_mut(), Box::into_raw)),
+            resident: AtomicBool::new(resident),
+            dirty: AtomicBool::new(false),
+            referenced: AtomicBool::new(true),
+            slot: PlainU32::new(slot),
+            crc: PlainU32::new(crc),
+        }
+    }
+
+    /// The bytes pointer. The caller must hold the latch in some mode.
+    #[inline]
+    fn bytes_ptr(&self) -> *mut PageBytes {
+        // SAFETY: the caller holds the latch, so no thread is changing the pointer (that needs
+        // the latch exclusively, and an exclusive holder is this caller if anyone).
+        unsafe { *self.bytes.get() }
+    }
+
+    /// Sets the CLOCK bit, writing only if it is clear so that readers of a hot page do not
+    /// bounce its cache line.
+    #[inline]
+    fn touch(&self) {
+        if !self.referenced.load(Ordering::Relaxed) {
+            self.referenced.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Installs `bytes` as the page's contents. The caller holds the latch exclusively and the
+    /// page is not resident.
+    fn install(&self, bytes: Box<PageBytes>) {
+        // SAFETY: the caller holds the latch exclusively, so nobody else reads or writes the
+        // pointer; the old value is null, so nothing leaks.
+        unsafe { *self.bytes.get() = Box::into_raw(bytes) };
+        self.resident.store(true, Ordering::Relaxed);
+    }
+
+    /// Drops the page's bytes. The caller holds the latch exclusively and the page is resident.
+    fn discard(&self) {
+        // SAFETY: the caller holds the latch exclusively; the pointer came from
+        // `Box::into_raw` and is replaced by null before anyone can see it again.
+        unsafe {
+            let bytes = std::mem::replace(&mut *self.bytes.get(), std::ptr::null_mut());
+            if !bytes.is_null() {
+                drop(Box::from_raw(bytes));
+            }
+        }
+        self.resident.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        let bytes = *self.bytes.get_mut();
+        if !bytes.is_null() {
+            // SAFETY: `&mut self` means no guard exists; the pointer came from `Box::into_raw`.
+            drop(unsafe { Box::from_raw(bytes) });
+        }
+    }
+}
 
 type Chunk = Box<[OnceLock<Box<Frame>>]>;
 
@@ -40,10 +140,115 @@ pub struct PoolFull {
     pub max_pages: usize,
 }
 
+/// Why a page could not be latched or the data file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageError {
+    /// The pool has no more page ids.
+    #[error("the buffer pool is full: all {max_pages} pages are in use")]
+    PoolFull {
+        /// The pool's page limit.
+        max_pages: usize,
+    },
+    /// Reading or writing the data file failed (page 0: the file itself).
+    #[error("I/O error on page {page} of the data file: {message}")]
+    Io {
+        /// The page concerned, or 0 for the file as a whole.
+        page: PageId,
+        /// What failed.
+        message: String,
+    },
+    /// The data file holds something other than what was written (a checksum mismatch, an
+    /// impossible slot or page number).
+    #[error("page {page} of the data file is corrupt: {reason}")]
+    Corrupt {
+        /// The page concerned, or 0 for the file as a whole.
+        page: PageId,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl From<PoolFull> for PageError {
+    fn from(full: PoolFull) -> Self {
+        PageError::PoolFull {
+            max_pages: full.max_pages,
+        }
+    }
+}
+
+/// How a file-backed pool is sized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// How many bytes of page buffers may be resident (rounded down to whole pages, at least
+    /// `EVICTION_BATCH_PAGES * 2` pages). A soft limit: when every resident page is latched, a
+    /// thread that needs a frame goes over it rather than wait.
+    pub memory_budget_bytes: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
+        }
+    }
+}
+
+/// Counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pages whose bytes are in memory.
+    pub resident: usize,
+    /// Resident pages changed since they were last written.
+    pub dirty: usize,
+    /// The budget, in pages (`usize::MAX` for a memory-only pool).
+    pub budget: usize,
+    /// Pages read from the data file.
+    pub reads: u64,
+    /// Pages written to the data file (by eviction and by checkpoints).
+    pub writes: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Eviction writes (or write hooks) that failed; the page stayed in memory.
+    pub eviction_failures: u64,
+}
+
+/// What a finished checkpoint did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// The generation of the new durable image.
+    pub generation: u64,
+    /// Pages in the image.
+    pub pages: usize,
+    /// Dirty pages the capture wrote.
+    pub pages_written: usize,
+    /// Slots of the previous image that became free.
+    pub slots_freed: usize,
+    /// The data file's size in slots.
+    pub file_slots: u32,
+}
+
+/// The hook run before dirty pages are written: the engine flushes its write-ahead log there.
+pub type BeforeWriteHook = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The installed hook, shared so that it can be called without holding the pool's mutex.
+type SharedHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// The page table and frames of one database.
 pub struct BufferPool {
     chunks: Box<[OnceLock<Chunk>]>,
     next_page_id: AtomicU32,
+    /// Pages whose bytes are in memory (and frames reserved for pages being loaded).
+    resident: AtomicUsize,
+    /// The budget in pages; `usize::MAX` for a memory-only pool, so the check never fires.
+    budget_pages: usize,
+    file: Option<Arc<DataFile>>,
+    /// The CLOCK hand; held while a thread evicts, so one thread sweeps at a time.
+    evictor: Mutex<usize>,
+    before_write: Mutex<Option<SharedHook>>,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    evictions: AtomicU64,
+    eviction_failures: AtomicU64,
 }
 
 impl Default for BufferPool {
@@ -52,16 +257,109 @@ impl Default for BufferPool {
     }
 }
 
+/// A page id that may be corrupt (it came from page contents) and names no allocated page.
+fn unallocated(page_id: PageId) -> PageError {
+    PageError::Corrupt {
+        page: page_id,
+        reason: "a link names a page that was never allocated".into(),
+    }
+}
+
 impl BufferPool {
-    /// An empty pool.
+    /// An empty memory-only pool: unbounded, no data file.
     pub fn new() -> Self {
+        Self::with_parts(usize::MAX, None)
+    }
+
+    fn with_parts(budget_pages: usize, file: Option<Arc<DataFile>>) -> Self {
         BufferPool {
             chunks: (0..MAX_PAGES / PAGE_TABLE_CHUNK_PAGES)
                 .map(|_| OnceLock::new())
                 .collect(),
             // Page 0 is `NO_PAGE`.
             next_page_id: AtomicU32::new(1),
+            resident: AtomicUsize::new(0),
+            budget_pages,
+            file,
+            evictor: Mutex::new(0),
+            before_write: Mutex::new(None),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            eviction_failures: AtomicU64::new(0),
         }
+    }
+
+    /// Opens (or creates) the data file at `path` and returns a pool over it with the user blob
+    /// of its last durable image (`None` for a new file, or one that never finished a
+    /// checkpoint). Pages are read lazily, on their first latch. Pages allocated after the last
+    /// durable image are gone: the caller's log recovery rebuilds them.
+    pub fn open_file(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        config: PoolConfig,
+    ) -> Result<(BufferPool, Option<Vec<u8>>), PageError> {
+        let io = |what: &str, error: std::io::Error| PageError::Io {
+            page: 0,
+            message: format!("{what} {}: {error}", path.display()),
+        };
+        let budget_pages = (config.memory_budget_bytes / PAGE_SIZE_BYTES).max(MIN_BUDGET_PAGES);
+        let exists = fs
+            .exists(path)
+            .map_err(|error| io("checking for the data file", error))?;
+        if exists {
+            let file = fs
+                .open(path, OpenOptions::existing())
+                .map_err(|error| io("opening the data file", error))?;
+            if let Some((data_file, image)) = DataFile::open(file)? {
+                let pool = Self::with_parts(budget_pages, Some(Arc::new(data_file)));
+                for (index, &(slot, crc)) in image.map.iter().enumerate() {
+                    let page_id = index as PageId + 1;
+                    // The latch flavour is a property of the index, not of the file; pages
+                    // come back with the default one. (A later issue can persist it.)
+                    pool.install_frame(
+                        page_id,
+                        Frame::new(LatchPolicy::default(), None, slot, crc),
+                    )?;
+                }
+                pool.next_page_id
+                    .store(image.map.len() as PageId + 1, Ordering::Relaxed);
+                return Ok((pool, image.blob));
+            }
+        }
+        // A new file, or one whose creation a crash interrupted before its first meta slot was
+        // durable: (re)initialise it and make its name durable.
+        let file = fs
+            .open(path, OpenOptions::create())
+            .map_err(|error| io("creating the data file", error))?;
+        let data_file = DataFile::create(file)?;
+        let dir = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        fs.sync_dir(dir)
+            .map_err(|error| io("syncing the directory of the data file", error))?;
+        Ok((
+            Self::with_parts(budget_pages, Some(Arc::new(data_file))),
+            None,
+        ))
+    }
+
+    /// The generation of the data file's last durable image (`None` for a memory-only pool).
+    pub fn durable_generation(&self) -> Option<u64> {
+        self.file.as_ref().map(|file| file.generation())
+    }
+
+    /// Whether the pool has a data file.
+    pub fn is_file_backed(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Installs the run-once-per-batch hook that eviction calls before it writes dirty pages
+    /// (the WAL rule: the log must be durable up to a page's changes before the page is
+    /// written). If the hook fails, dirty pages stay in memory.
+    pub fn set_before_write_hook(&self, hook: BeforeWriteHook) {
+        *lock(&self.before_write) = Some(Arc::from(hook));
     }
 
     /// Pages allocated so far.
@@ -69,13 +367,56 @@ impl BufferPool {
         self.next_page_id.load(Ordering::Relaxed).saturating_sub(1) as usize
     }
 
-    fn frame(&self, page_id: PageId) -> &Frame {
+    /// The pool's counters.
+    pub fn stats(&self) -> PoolStats {
+        let mut dirty = 0;
+        for page_id in 1..=self.page_count() as PageId {
+            if let Some(frame) = self.try_frame(page_id)
+                && frame.resident.load(Ordering::Relaxed)
+                && frame.dirty.load(Ordering::Relaxed)
+            {
+                dirty += 1;
+            }
+        }
+        PoolStats {
+            resident: self.resident.load(Ordering::Relaxed),
+            dirty,
+            budget: self.budget_pages,
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            eviction_failures: self.eviction_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    #[inline]
+    fn try_frame(&self, page_id: PageId) -> Option<&Frame> {
         let index = page_id as usize;
         self.chunks
             .get(index / PAGE_TABLE_CHUNK_PAGES)
             .and_then(OnceLock::get)
             .and_then(|chunk| chunk[index % PAGE_TABLE_CHUNK_PAGES].get())
-            .unwrap_or_else(|| panic!("page {page_id} is not allocated"))
+            .map(|frame| &**frame)
+    }
+
+    #[inline]
+    fn frame(&self, page_id: PageId) -> Result<&Frame, PageError> {
+        self.try_frame(page_id).ok_or_else(|| unallocated(page_id))
+    }
+
+    fn install_frame(&self, page_id: PageId, frame: Frame) -> Result<(), PageError> {
+        let index = page_id as usize;
+        let chunk = self.chunks[index / PAGE_TABLE_CHUNK_PAGES].get_or_init(|| {
+            (0..PAGE_TABLE_CHUNK_PAGES)
+                .map(|_| OnceLock::new())
+                .collect()
+        });
+        chunk[index % PAGE_TABLE_CHUNK_PAGES]
+            .set(Box::new(frame))
+            .map_err(|_| PageError::Corrupt {
+                page: page_id,
+                reason: "the page id was handed out twice".into(),
+            })
     }
 
     /// Allocates a new page, formats it and returns it latched exclusively. Nobody else can
@@ -95,58 +436,433 @@ impl BufferPool {
                 max_pages: MAX_PAGES,
             });
         }
-        let chunk = self.chunks[index / PAGE_TABLE_CHUNK_PAGES].get_or_init(|| {
-            (0..PAGE_TABLE_CHUNK_PAGES)
-                .map(|_| OnceLock::new())
-                .collect()
-        });
-        let frame = Box::new(Frame {
-            latch: Latch::new(policy, LatchClass::Buffer),
-            bytes: UnsafeCell::new([0u8; PAGE_SIZE_BYTES]),
-        });
-        let installed = chunk[index % PAGE_TABLE_CHUNK_PAGES].set(frame).is_ok();
+        self.reserve_frame();
+        let frame = Frame::new(policy, Some(zeroed_page()), 0, 0);
+        frame.dirty.store(true, Ordering::Relaxed);
+        let installed = self.install_frame(page_id, frame).is_ok();
         assert!(installed, "page id {page_id} was handed out twice");
-        let mut guard = self.latch_exclusive(page_id);
+        let frame = self
+            .try_frame(page_id)
+            .expect("the frame was installed just above");
+        frame.latch.acquire(LatchMode::Exclusive);
+        let mut guard = ExclusiveGuard {
+            frame,
+            page_id,
+            bytes: NonNull::new(frame.bytes_ptr()).expect("a new frame is resident"),
+        };
         guard.page_mut().format(page_id, kind, level, index_id);
         Ok(guard)
     }
 
-    /// Latches a page in shared mode, waiting if a writer holds it.
-    pub fn latch_shared(&self, page_id: PageId) -> SharedGuard<'_> {
-        let frame = self.frame(page_id);
+    /// Latches a page in shared mode, waiting if a writer holds it; reads it from the data file
+    /// first if it is not in memory.
+    #[inline]
+    pub fn latch_shared(&self, page_id: PageId) -> Result<SharedGuard<'_>, PageError> {
+        let frame = self.frame(page_id)?;
         frame.latch.acquire(LatchMode::Shared);
-        SharedGuard { frame, page_id }
+        match NonNull::new(frame.bytes_ptr()) {
+            Some(bytes) => {
+                frame.touch();
+                Ok(SharedGuard {
+                    frame,
+                    page_id,
+                    bytes,
+                })
+            }
+            None => {
+                frame.latch.release(LatchMode::Shared);
+                frame.latch.acquire(LatchMode::Exclusive);
+                Ok(self.load(frame, page_id)?.downgrade())
+            }
+        }
     }
 
-    /// Latches a page exclusively, waiting for every other holder to leave.
-    pub fn latch_exclusive(&self, page_id: PageId) -> ExclusiveGuard<'_> {
-        let frame = self.frame(page_id);
+    /// Latches a page exclusively, waiting for every other holder to leave; reads it from the
+    /// data file first if it is not in memory.
+    #[inline]
+    pub fn latch_exclusive(&self, page_id: PageId) -> Result<ExclusiveGuard<'_>, PageError> {
+        let frame = self.frame(page_id)?;
         frame.latch.acquire(LatchMode::Exclusive);
-        ExclusiveGuard { frame, page_id }
+        match NonNull::new(frame.bytes_ptr()) {
+            Some(bytes) => {
+                frame.touch();
+                Ok(ExclusiveGuard {
+                    frame,
+                    page_id,
+                    bytes,
+                })
+            }
+            None => self.load(frame, page_id),
+        }
     }
 
-    /// Latches a page exclusively if that is possible without waiting.
-    pub fn try_latch_exclusive(&self, page_id: PageId) -> Option<ExclusiveGuard<'_>> {
-        let frame = self.frame(page_id);
-        // `then`, not `then_some`: a guard built eagerly would be dropped, releasing a latch
-        // this thread does not hold, whenever the attempt fails.
-        frame
-            .latch
-            .try_acquire(LatchMode::Exclusive)
-            .then(|| ExclusiveGuard { frame, page_id })
+    /// Latches a page exclusively if that is possible without waiting for another holder
+    /// (reading it from the data file if needed, which waits for I/O but never for a latch).
+    pub fn try_latch_exclusive(
+        &self,
+        page_id: PageId,
+    ) -> Result<Option<ExclusiveGuard<'_>>, PageError> {
+        let frame = self.frame(page_id)?;
+        if !frame.latch.try_acquire(LatchMode::Exclusive) {
+            return Ok(None);
+        }
+        match NonNull::new(frame.bytes_ptr()) {
+            Some(bytes) => {
+                frame.touch();
+                Ok(Some(ExclusiveGuard {
+                    frame,
+                    page_id,
+                    bytes,
+                }))
+            }
+            None => self.load(frame, page_id).map(Some),
+        }
     }
 
-    /// The latch flavour of a page.
+    /// The latch flavour of a page (the default flavour for a page id that was never
+    /// allocated).
     pub fn latch_policy(&self, page_id: PageId) -> LatchPolicy {
-        self.frame(page_id).latch.policy()
+        self.try_frame(page_id)
+            .map_or_else(LatchPolicy::default, |frame| frame.latch.policy())
+    }
+
+    /// Reads a non-resident page into its frame. The caller holds the frame's latch
+    /// exclusively; on failure the latch is released and the page stays non-resident.
+    #[cold]
+    #[inline(never)]
+    fn load<'a>(
+        &'a self,
+        frame: &'a Frame,
+        page_id: PageId,
+    ) -> Result<ExclusiveGuard<'a>, PageError> {
+        if let Some(bytes) = NonNull::new(frame.bytes_ptr()) {
+            // Another thread loaded it while this one switched from a shared latch to an
+            // exclusive one.
+            frame.touch();
+            return Ok(ExclusiveGuard {
+                frame,
+                page_id,
+                bytes,
+            });
+        }
+        let result = self.read_page(frame, page_id);
+        match result {
+            Ok(bytes) => {
+                frame.install(bytes);
+                frame.touch();
+                let bytes = NonNull::new(frame.bytes_ptr()).expect("the bytes were just installed");
+                Ok(ExclusiveGuard {
+                    frame,
+                    page_id,
+                    bytes,
+                })
+            }
+            Err(error) => {
+                frame.latch.release(LatchMode::Exclusive);
+                Err(error)
+            }
+        }
+    }
+
+    /// Reserves a frame and reads the page's slot, verifying its checksum and header.
+    fn read_page(&self, frame: &Frame, page_id: PageId) -> Result<Box<PageBytes>, PageError> {
+        let Some(file) = &self.file else {
+            // A memory-only pool never drops a page's bytes.
+            return Err(PageError::Corrupt {
+                page: page_id,
+                reason: "the page has no bytes in a memory-only pool".into(),
+            });
+        };
+        self.reserve_frame();
+        let mut bytes = zeroed_page();
+        let slot = frame.slot.load(Ordering::Relaxed);
+        if slot != 0 {
+            let checked = file.read_slot(page_id, slot, &mut bytes).and_then(|()| {
+                let crc = crc32c::crc32c(bytes.as_slice());
+                let expected = frame.crc.load(Ordering::Relaxed);
+                if crc != expected {
+                    return Err(PageError::Corrupt {
+                        page: page_id,
+                        reason: format!(
+                            "slot {slot} has checksum {crc:#010x}, the page map says {expected:#010x}"
+                        ),
+                    });
+                }
+                let page = Page::new(&bytes);
+                if page.page_id() != page_id {
+                    return Err(PageError::Corrupt {
+                        page: page_id,
+                        reason: format!("slot {slot} holds page {}", page.page_id()),
+                    });
+                }
+                if page.kind() != Some(PageKind::Free) {
+                    page.check_layout().map_err(|reason| PageError::Corrupt {
+                        page: page_id,
+                        reason,
+                    })?;
+                }
+                Ok(())
+            });
+            if let Err(error) = checked {
+                self.resident.fetch_sub(1, Ordering::Relaxed);
+                return Err(error);
+            }
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    /// Counts a page about to become resident, and evicts a batch if that goes over budget.
+    #[inline]
+    fn reserve_frame(&self) {
+        let resident = self.resident.fetch_add(1, Ordering::Relaxed) + 1;
+        if resident > self.budget_pages {
+            self.evict_batch();
+        }
+    }
+
+    /// A CLOCK sweep over page ids that evicts up to a batch of pages: referenced pages get
+    /// their bit cleared and a second chance; a page whose latch cannot be taken at once is
+    /// skipped (the evicting thread may hold other latches, so it never waits for one); dirty
+    /// victims are written after the before-write hook ran once for the batch. One thread
+    /// sweeps at a time; others that go over budget meanwhile carry on (the budget is soft).
+    #[cold]
+    #[inline(never)]
+    fn evict_batch(&self) {
+        let Some(file) = &self.file else { return };
+        let Ok(mut hand) = self.evictor.try_lock() else {
+            return;
+        };
+        let page_count = self.page_count();
+        if page_count == 0 {
+            return;
+        }
+        let batch = EVICTION_BATCH_PAGES.min(self.budget_pages / 4).max(1);
+        let mut victims: Vec<(&Frame, PageId)> = Vec::with_capacity(batch);
+        // Two full turns: the first may only clear referenced bits.
+        for _ in 0..2 * page_count {
+            if victims.len() >= batch {
+                break;
+            }
+            *hand = (*hand % page_count) + 1;
+            let page_id = *hand as PageId;
+            let Some(frame) = self.try_frame(page_id) else {
+                continue;
+            };
+            if !frame.resident.load(Ordering::Relaxed) {
+                continue;
+            }
+            if frame.referenced.swap(false, Ordering::Relaxed) {
+                continue;
+            }
+            if !frame.latch.try_acquire(LatchMode::Exclusive) {
+                continue;
+            }
+            if frame.bytes_ptr().is_null() {
+                frame.latch.release(LatchMode::Exclusive);
+                continue;
+            }
+            victims.push((frame, page_id));
+        }
+        drop(hand);
+        let any_dirty = victims
+            .iter()
+            .any(|(frame, _)| frame.dirty.load(Ordering::Relaxed));
+        let hook_ok = !any_dirty || self.run_before_write_hook();
+        for (frame, page_id) in victims {
+            if frame.dirty.load(Ordering::Relaxed) {
+                let written = hook_ok && self.write_frame(file, frame, page_id).is_ok();
+                if !written {
+                    self.eviction_failures.fetch_add(1, Ordering::Relaxed);
+                    frame.latch.release(LatchMode::Exclusive);
+                    continue;
+                }
+            }
+            frame.discard();
+            self.resident.fetch_sub(1, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            frame.latch.release(LatchMode::Exclusive);
+        }
+    }
+
+    fn run_before_write_hook(&self) -> bool {
+        let hook = lock(&self.before_write).clone();
+        hook.is_none_or(|hook| hook().is_ok())
+    }
+
+    /// Writes a resident page to a slot no image protects and records the slot and CRC. The
+    /// caller holds the frame's latch (exclusively, or shared while writers are quiesced).
+    fn write_frame(
+        &self,
+        file: &DataFile,
+        frame: &Frame,
+        page_id: PageId,
+    ) -> Result<(), PageError> {
+        // SAFETY: the caller holds the latch and the page is resident, so the pointer is valid
+        // and no writer exists.
+        let bytes: &PageBytes = unsafe { &*frame.bytes_ptr() };
+        let crc = crc32c::crc32c(bytes.as_slice());
+        let slot = file.write_page(page_id, frame.slot.load(Ordering::Relaxed), bytes)?;
+        frame.slot.store(slot, Ordering::Relaxed);
+        frame.crc.store(crc, Ordering::Relaxed);
+        frame.dirty.store(false, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The first step of a checkpoint. The caller has quiesced every writer: no
+    /// `ExclusiveGuard` is held or taken during the call (readers may hold and take shared
+    /// latches). Writes every dirty resident page to a slot outside the durable image, records
+    /// every page's slot and CRC as of now, and marks the pages clean. Writers may resume as
+    /// soon as it returns; [`PendingCheckpoint::finish`] makes the image durable.
+    pub fn checkpoint_capture(&self) -> Result<PendingCheckpoint, PageError> {
+        let Some(file) = &self.file else {
+            return Err(PageError::Io {
+                page: 0,
+                message: "a memory-only pool has no data file to checkpoint to".into(),
+            });
+        };
+        let generation = file.begin_capture()?;
+        let page_count = self.page_count();
+        let mut map = Vec::with_capacity(page_count);
+        let mut pages_written = 0;
+        let hook_ok = self.run_before_write_hook();
+        for page_id in 1..=page_count as PageId {
+            let Some(frame) = self.try_frame(page_id) else {
+                // Only an allocation in flight, which quiesced writers cannot have.
+                map.push((0, 0));
+                continue;
+            };
+            frame.latch.acquire(LatchMode::Shared);
+            let mut result = Ok(());
+            if !frame.bytes_ptr().is_null() && frame.dirty.load(Ordering::Relaxed) {
+                result = if hook_ok {
+                    self.write_frame(file, frame, page_id)
+                } else {
+                    Err(PageError::Io {
+                        page: page_id,
+                        message: "the before-write hook (the log flush) failed".into(),
+                    })
+                };
+                pages_written += 1;
+            }
+            let slot = frame.slot.load(Ordering::Relaxed);
+            let crc = frame.crc.load(Ordering::Relaxed);
+            if result.is_ok() {
+                // Under the latch, so an eviction of this page (which needs the latch
+                // exclusively) sees the protection before it picks a slot.
+                file.protect_pending(slot);
+            }
+            frame.latch.release(LatchMode::Shared);
+            if let Err(error) = result {
+                file.fail();
+                let slots: Vec<u32> = map.iter().map(|&(slot, _)| slot).collect();
+                file.abandon(&slots);
+                return Err(error);
+            }
+            map.push((slot, crc));
+        }
+        Ok(PendingCheckpoint {
+            file: Arc::clone(file),
+            generation,
+            map,
+            pages_written,
+            done: false,
+        })
     }
 }
+
+/// A captured, not yet durable checkpoint image (see [`BufferPool::checkpoint_capture`]).
+/// Dropping it without [`PendingCheckpoint::finish`] abandons it.
+pub struct PendingCheckpoint {
+    /// The data file, shared rather than borrowed from the pool so that an abandoned capture
+    /// can release its slots when dropped.
+    file: Arc<DataFile>,
+    generation: u64,
+    map: Vec<(u32, u32)>,
+    pages_written: usize,
+    done: bool,
+}
+
+impl PendingCheckpoint {
+    /// Pages in the captured image.
+    pub fn page_count(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Makes the captured image durable with `user_blob` (the engine's catalog) attached. May
+    /// run while writers continue and pages are evicted. On any I/O error the checkpoint fails,
+    /// the previous image stays the durable one, and `pool` refuses further checkpoints.
+    pub fn finish(
+        mut self,
+        pool: &BufferPool,
+        user_blob: &[u8],
+    ) -> Result<CheckpointStats, PageError> {
+        if !pool
+            .file
+            .as_ref()
+            .is_some_and(|file| Arc::ptr_eq(file, &self.file))
+        {
+            return Err(PageError::Io {
+                page: 0,
+                message: "the checkpoint was captured from another pool".into(),
+            });
+        }
+        self.done = true;
+        let file = &self.file;
+        match file.finish(self.generation, &self.map, user_blob) {
+            Ok((slots_freed, file_slots)) => Ok(CheckpointStats {
+                generation: self.generation,
+                pages: self.map.len(),
+                pages_written: self.pages_written,
+                slots_freed,
+                file_slots,
+            }),
+            Err(error) => {
+                file.fail();
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        if !self.done {
+            // An abandoned capture: its slots stop being protected. Those still current for
+            // their pages are reused in place by later writes; the others leak until the file
+            // is reopened (every slot outside the durable image is free then).
+            let slots: Vec<u32> = self.map.iter().map(|&(slot, _)| slot).collect();
+            self.file.abandon(&slots);
+        }
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: the data behind the pool's mutexes (the CLOCK hand, the
+/// hook) stays consistent whatever a panicking holder did.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The smallest budget a file-backed pool accepts, in pages: enough for the latches one
+/// operation holds at once (a descent path plus a split's new pages).
+const MIN_BUDGET_PAGES: usize = 4;
 
 /// A page latched in shared mode: readable by this and other readers, writable by nobody.
 pub struct SharedGuard<'a> {
     frame: &'a Frame,
     page_id: PageId,
+    bytes: NonNull<PageBytes>,
 }
+
+// SAFETY: the guard is a held shared latch plus a pointer to bytes that stay valid and unwritten
+// while that latch is held; both may move to and be used from another thread, as `&Frame` could
+// before the pointer was cached.
+unsafe impl Send for SharedGuard<'_> {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for SharedGuard<'_> {}
 
 impl SharedGuard<'_> {
     /// The page's id.
@@ -156,9 +872,10 @@ impl SharedGuard<'_> {
 
     /// The page's contents.
     pub fn page(&self) -> Page<'_> {
-        // SAFETY: this guard holds the frame's latch in shared mode, so no exclusive guard (the
-        // only writer) exists until it is dropped; shared references may coexist.
-        Page::new(unsafe { &*self.frame.bytes.get() })
+        // SAFETY: this guard holds the frame's latch in shared mode, so the page stays resident
+        // (eviction needs the latch exclusively) and no exclusive guard (the only writer)
+        // exists until it is dropped; shared references may coexist.
+        Page::new(unsafe { self.bytes.as_ref() })
     }
 }
 
@@ -172,7 +889,14 @@ impl Drop for SharedGuard<'_> {
 pub struct ExclusiveGuard<'a> {
     frame: &'a Frame,
     page_id: PageId,
+    bytes: NonNull<PageBytes>,
 }
+
+// SAFETY: the guard is a held exclusive latch plus a pointer to bytes only it may touch while
+// that latch is held; it may move to another thread like the `&Frame` it wraps.
+unsafe impl Send for ExclusiveGuard<'_> {}
+// SAFETY: `&ExclusiveGuard` only reads (`page`); writing needs `&mut`.
+unsafe impl Sync for ExclusiveGuard<'_> {}
 
 impl<'a> ExclusiveGuard<'a> {
     /// The page's id.
@@ -182,25 +906,33 @@ impl<'a> ExclusiveGuard<'a> {
 
     /// The page's contents.
     pub fn page(&self) -> Page<'_> {
-        // SAFETY: this guard holds the frame's latch exclusively, so no other guard exists;
-        // the shared borrow of `self` stops `page_mut` from being called meanwhile.
-        Page::new(unsafe { &*self.frame.bytes.get() })
+        // SAFETY: this guard holds the frame's latch exclusively, so the page stays resident
+        // and no other guard exists; the shared borrow of `self` stops `page_mut` meanwhile.
+        Page::new(unsafe { self.bytes.as_ref() })
     }
 
-    /// The page's contents, writable.
+    /// The page's contents, writable. Marks the page dirty.
+    #[inline]
     pub fn page_mut(&mut self) -> PageMut<'_> {
-        // SAFETY: this guard holds the frame's latch exclusively, so no other guard exists;
-        // the mutable borrow of `self` makes this the only reference through this guard.
-        PageMut::new(unsafe { &mut *self.frame.bytes.get() })
+        self.frame.dirty.store(true, Ordering::Relaxed);
+        // SAFETY: this guard holds the frame's latch exclusively, so the page stays resident
+        // and no other guard exists; the mutable borrow of `self` makes this the only reference
+        // through this guard.
+        PageMut::new(unsafe { self.bytes.as_mut() })
     }
 
     /// Turns the exclusive latch into a shared one without letting any writer in between.
     pub fn downgrade(self) -> SharedGuard<'a> {
         let frame = self.frame;
         let page_id = self.page_id;
+        let bytes = self.bytes;
         std::mem::forget(self);
         frame.latch.downgrade();
-        SharedGuard { frame, page_id }
+        SharedGuard {
+            frame,
+            page_id,
+            bytes,
+        }
     }
 }
 
@@ -235,18 +967,22 @@ mod tests {
             for _ in 0..4 {
                 scope.spawn(|| {
                     for (i, id) in ids.iter().enumerate() {
-                        let guard = pool.latch_shared(*id);
+                        let guard = pool.latch_shared(*id).unwrap();
                         assert_eq!(guard.page().key(0), u32::to_be_bytes(i as u32));
                         assert_eq!(guard.page().index_id(), 9);
                     }
                 });
             }
         });
-        let exclusive = pool.latch_exclusive(ids[0]);
-        assert!(pool.try_latch_exclusive(ids[0]).is_none());
+        let exclusive = pool.latch_exclusive(ids[0]).unwrap();
+        assert!(pool.try_latch_exclusive(ids[0]).unwrap().is_none());
         let shared = exclusive.downgrade();
-        assert!(pool.try_latch_exclusive(ids[0]).is_none());
+        assert!(pool.try_latch_exclusive(ids[0]).unwrap().is_none());
         drop(shared);
-        assert!(pool.try_latch_exclusive(ids[0]).is_some());
+        assert!(pool.try_latch_exclusive(ids[0]).unwrap().is_some());
+        assert!(matches!(
+            pool.latch_shared(1 << 20),
+            Err(PageError::Corrupt { .. })
+        ));
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod btree;
 pub mod buffer;
+mod datafile;
 pub mod latch;
 pub mod limits;
 pub mod page;

@@ -36,6 +36,15 @@ pub const MAX_PAGES: usize = 1 << 24;
 /// Pages per chunk of the page table (and per allocation of frames).
 pub const PAGE_TABLE_CHUNK_PAGES: usize = 1024;
 
+/// Default memory budget of a file-backed buffer pool: resident page bytes, 1 GiB (131,072
+/// pages). Memory-only pools are unbounded.
+pub const DEFAULT_MEMORY_BUDGET_BYTES: usize = 1 << 30;
+
+/// Most pages one eviction sweep evicts. A batch amortises the before-write hook (a log flush)
+/// over many dirty pages; a pool whose budget is small evicts at most a quarter of it at once,
+/// so a sweep never empties the pool of the pages its threads are about to latch again.
+pub const EVICTION_BATCH_PAGES: usize = 32;
+
 /// Deepest B+tree the tree code accepts (levels from the root down to the leaves). With 8 KiB
 /// pages and keys of at most `MAX_KEY_BYTES`, 32 levels address far more than `MAX_PAGES`.
 pub const MAX_INDEX_LEVELS: usize = 32;

@@ -107,8 +107,16 @@ fn random_operations_match_a_btreemap() {
                     }
                     assert_eq!(tree.update(&key, &value).unwrap(), old, "step {step}");
                 }
-                6 => assert_eq!(tree.delete(&key), oracle.remove(&key), "step {step}"),
-                7 => assert_eq!(tree.get(&key), oracle.get(&key).cloned(), "step {step}"),
+                6 => assert_eq!(
+                    tree.delete(&key).unwrap(),
+                    oracle.remove(&key),
+                    "step {step}"
+                ),
+                7 => assert_eq!(
+                    tree.get(&key).unwrap(),
+                    oracle.get(&key).cloned(),
+                    "step {step}"
+                ),
                 _ => {
                     let lower = random_bound(&mut rng, space);
                     let upper = random_bound(&mut rng, space);
@@ -278,8 +286,8 @@ fn concurrent_writers_and_scanners_match_their_oracles() {
                                         oracle.insert(key, value);
                                     }
                                 }
-                                5 => assert_eq!(tree.delete(&key), oracle.remove(&key)),
-                                6 => assert_eq!(tree.get(&key), oracle.get(&key).cloned()),
+                                5 => assert_eq!(tree.delete(&key).unwrap(), oracle.remove(&key)),
+                                6 => assert_eq!(tree.get(&key).unwrap(), oracle.get(&key).cloned()),
                                 _ => {
                                     let n =
                                         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

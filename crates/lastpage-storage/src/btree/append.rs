@@ -59,7 +59,10 @@ impl BTree {
             return Some(Err(error));
         }
         let _gate = self.enter_tail_gate();
-        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
+        let mut leaf = match self.latch_tail(self.tail_hint.load(Ordering::Relaxed)) {
+            Ok(leaf) => leaf,
+            Err(error) => return Some(Err(error)),
+        };
         if !self.is_tail(&leaf) || key <= leaf.page().key(0) {
             return None;
         }
@@ -97,7 +100,7 @@ impl BTree {
         // The gate is held until the row is in, whichever way it goes in, so generated keys
         // reach the tree in the order they were made.
         let _gate = self.enter_tail_gate();
-        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed));
+        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed))?;
         make_key(&mut key).map_err(GeneratedKeyError::Key)?;
         check_record_size(&key, value)?;
         if self.is_last_leaf(&leaf) {
@@ -202,7 +205,10 @@ impl BTree {
         } else {
             super::write::ascending_split_point(leaf_count, insert_position)
         };
-        let mut parent = self.try_latch_eagerly(parent_id)?;
+        let mut parent = match self.try_latch_eagerly(parent_id) {
+            Ok(parent) => parent?,
+            Err(error) => return Some(Err(error)),
+        };
         let page = parent.page();
         let count = page.slot_count();
         let last_child = if count == 0 {
@@ -228,7 +234,7 @@ impl BTree {
         let separator = separator.to_vec();
         let mut right = match self.take_spare_leaf() {
             Ok(right) => right,
-            Err(full) => return Some(Err(full.into())),
+            Err(error) => return Some(Err(error)),
         };
         let right_id = right.page_id();
         {
@@ -288,31 +294,32 @@ impl BTree {
 
     /// A new leaf for a split of the last leaf: a prepared spare if there is one, else a fresh
     /// allocation. The page is unreachable until linked, so its latch is free.
-    fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, crate::buffer::PoolFull> {
+    fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
         let spare = sync::lock(&self.spare_leaves).pop();
         match spare {
-            Some(page) => Ok(self.pool.latch_exclusive(page)),
-            None => self
+            // A spare may have been evicted while it waited; latching reads it back.
+            Some(page) => Ok(self.pool.latch_exclusive(page)?),
+            None => Ok(self
                 .pool
-                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id),
+                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?),
         }
     }
 
     /// Latches the last leaf for the gate holder. Other appenders are held at the gate, so the
     /// latch is normally free; a reader or a classic writer may hold it briefly.
-    fn latch_tail(&self, page: PageId) -> ExclusiveGuard<'_> {
-        match self.pool.try_latch_exclusive(page) {
-            Some(guard) => guard,
-            None => self.pool.latch_exclusive(page),
+    fn latch_tail(&self, page: PageId) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        match self.pool.try_latch_exclusive(page)? {
+            Some(guard) => Ok(guard),
+            None => Ok(self.pool.latch_exclusive(page)?),
         }
     }
 
     /// Tries to latch `page` exclusively for `TAIL_LATCH_ROUNDS` rounds of spinning and then
     /// yielding, never queueing (the caller holds a page below it, so it must not wait). The
     /// retries count as one PAGELATCH_EX wait.
-    fn try_latch_eagerly(&self, page: PageId) -> Option<ExclusiveGuard<'_>> {
-        if let Some(guard) = self.pool.try_latch_exclusive(page) {
-            return Some(guard);
+    fn try_latch_eagerly(&self, page: PageId) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
+        if let Some(guard) = self.pool.try_latch_exclusive(page)? {
+            return Ok(Some(guard));
         }
         let wait = stats::begin_wait(WaitType::PageLatchEx, Some(LatchClass::Buffer));
         for round in 0..TRY_ROUNDS {
@@ -323,13 +330,16 @@ impl BTree {
             } else {
                 sync::yield_now();
             }
-            if let Some(guard) = self.pool.try_latch_exclusive(page) {
-                wait.end(None);
-                return Some(guard);
+            match self.pool.try_latch_exclusive(page) {
+                Ok(None) => {}
+                found => {
+                    wait.end(None);
+                    return Ok(found?);
+                }
             }
         }
         wait.end(None);
-        None
+        Ok(None)
     }
 }
 

@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 
 use super::BTree;
+use crate::buffer::PageError;
 use crate::page::{NO_PAGE, Page, PageId, PageKind};
 
 /// What the checker found in a healthy tree.
@@ -62,7 +63,10 @@ impl BTree {
             used_leaf_bytes: 0,
         };
         let root_level = {
-            let root = self.pool.latch_shared(self.root);
+            let root = self
+                .pool
+                .latch_shared(self.root)
+                .map_err(|error| self.unreadable(self.root, &error))?;
             root.page().level()
         };
         walk.check.levels = root_level + 1;
@@ -93,6 +97,11 @@ impl BTree {
         Ok(walk.check)
     }
 
+    /// A page the checker could not read (an I/O error or a corrupt page in the data file).
+    fn unreadable(&self, page_id: PageId, error: &PageError) -> IntegrityError {
+        self.error(page_id, format!("the page cannot be read: {error}"))
+    }
+
     fn error(&self, page_id: PageId, message: String) -> IntegrityError {
         IntegrityError {
             index_id: self.index_id,
@@ -115,7 +124,10 @@ impl BTree {
                 "page is reachable twice (a cycle or a shared child)".into(),
             ));
         }
-        let guard = self.pool.latch_shared(page_id);
+        let guard = self
+            .pool
+            .latch_shared(page_id)
+            .map_err(|error| self.unreadable(page_id, &error))?;
         let page = guard.page();
         page.check_layout()
             .map_err(|message| self.error(page_id, message))?;

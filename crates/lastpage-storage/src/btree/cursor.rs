@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
-use super::BTree;
+use super::{BTree, BTreeError};
 use crate::buffer::SharedGuard;
 
 /// Scan order.
@@ -33,7 +33,15 @@ enum Seek<'k> {
     Last,
 }
 
+/// A leaf latched for a scan and its fences: the separators that bound its key range (`None`
+/// at the ends of the index).
+type ScanLeaf<'a> = (SharedGuard<'a>, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// An iterator over `(key, value)` pairs of a key range, in either direction.
+///
+/// If a page cannot be read (an I/O error or a corrupt page in a file-backed pool), the
+/// iterator stops early and [`RangeIter::error`] says why: a caller that must not mistake a
+/// failed scan for a short one checks it after the loop.
 pub struct RangeIter<'a> {
     tree: &'a BTree,
     lower: Bound<Vec<u8>>,
@@ -41,6 +49,7 @@ pub struct RangeIter<'a> {
     direction: Direction,
     buffer: VecDeque<(Vec<u8>, Vec<u8>)>,
     exhausted: bool,
+    error: Option<BTreeError>,
 }
 
 impl BTree {
@@ -58,16 +67,14 @@ impl BTree {
             direction,
             buffer: VecDeque::new(),
             exhausted: false,
+            error: None,
         }
     }
 
     /// Descends with shared latch coupling; returns the leaf and its fences (the separators
     /// that bound its key range; `None` at the ends of the index).
-    fn descend_for_scan(
-        &self,
-        seek: Seek<'_>,
-    ) -> (SharedGuard<'_>, Option<Vec<u8>>, Option<Vec<u8>>) {
-        let mut node = self.pool.latch_shared(self.root);
+    fn descend_for_scan(&self, seek: Seek<'_>) -> Result<ScanLeaf<'_>, BTreeError> {
+        let mut node = self.pool.latch_shared(self.root)?;
         let mut low: Option<Vec<u8>> = None;
         let mut high: Option<Vec<u8>> = None;
         while !node.page().is_leaf() {
@@ -92,29 +99,43 @@ impl BTree {
             if next_separator < count {
                 high = Some(page.key(next_separator).to_vec());
             }
-            node = self.pool.latch_shared(child);
+            node = self.pool.latch_shared(child)?;
         }
-        (node, low, high)
+        Ok((node, low, high))
     }
 }
 
 impl RangeIter<'_> {
+    /// Why the scan stopped early, if it did.
+    pub fn error(&self) -> Option<&BTreeError> {
+        self.error.as_ref()
+    }
+
+    /// Takes the error that stopped the scan early, if any.
+    pub fn take_error(&mut self) -> Option<BTreeError> {
+        self.error.take()
+    }
+
     /// Reads the next leaf's worth of rows into the buffer.
     fn fill(&mut self) {
         while self.buffer.is_empty() && !self.exhausted {
-            match self.direction {
+            let filled = match self.direction {
                 Direction::Forward => self.fill_forward(),
                 Direction::Backward => self.fill_backward(),
+            };
+            if let Err(error) = filled {
+                self.error = Some(error);
+                self.exhausted = true;
             }
         }
     }
 
-    fn fill_forward(&mut self) {
+    fn fill_forward(&mut self) -> Result<(), BTreeError> {
         let seek = match &self.lower {
             Bound::Included(key) | Bound::Excluded(key) => Seek::Covering(key),
             Bound::Unbounded => Seek::Covering(&[]),
         };
-        let (leaf, _, high) = self.tree.descend_for_scan(seek);
+        let (leaf, _, high) = self.tree.descend_for_scan(seek)?;
         let page = leaf.page();
         let start = match &self.lower {
             Bound::Unbounded => 0,
@@ -132,7 +153,7 @@ impl RangeIter<'_> {
             };
             if beyond {
                 self.exhausted = true;
-                return;
+                return Ok(());
             }
             self.buffer
                 .push_back((key.to_vec(), page.value(index).to_vec()));
@@ -141,15 +162,16 @@ impl RangeIter<'_> {
             Some(fence) => self.lower = Bound::Included(fence),
             None => self.exhausted = true,
         }
+        Ok(())
     }
 
-    fn fill_backward(&mut self) {
+    fn fill_backward(&mut self) -> Result<(), BTreeError> {
         let seek = match &self.upper {
             Bound::Included(key) => Seek::Covering(key),
             Bound::Excluded(key) => Seek::Below(key),
             Bound::Unbounded => Seek::Last,
         };
-        let (leaf, low, _) = self.tree.descend_for_scan(seek);
+        let (leaf, low, _) = self.tree.descend_for_scan(seek)?;
         let page = leaf.page();
         let end = match &self.upper {
             Bound::Unbounded => page.slot_count(),
@@ -167,7 +189,7 @@ impl RangeIter<'_> {
             };
             if beyond {
                 self.exhausted = true;
-                return;
+                return Ok(());
             }
             self.buffer
                 .push_back((key.to_vec(), page.value(index).to_vec()));
@@ -176,6 +198,7 @@ impl RangeIter<'_> {
             Some(fence) => self.upper = Bound::Excluded(fence),
             None => self.exhausted = true,
         }
+        Ok(())
     }
 }
 

@@ -33,7 +33,7 @@ pub use append::GeneratedKeyError;
 pub use check::{IntegrityError, TreeCheck};
 pub use cursor::{Direction, RangeIter};
 
-use crate::buffer::{BufferPool, ExclusiveGuard, PoolFull, SharedGuard};
+use crate::buffer::{BufferPool, ExclusiveGuard, PageError, PoolFull, SharedGuard};
 use crate::latch::{Latch, LatchClass, LatchPolicy};
 use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
 use crate::page::{NO_PAGE, Page, PageId, PageKind};
@@ -127,6 +127,19 @@ pub enum BTreeError {
     /// The buffer pool has no more pages.
     #[error(transparent)]
     PoolFull(#[from] PoolFull),
+    /// A page could not be read from (or written to) the data file, or is corrupt there.
+    #[error(transparent)]
+    Storage(PageError),
+}
+
+impl From<PageError> for BTreeError {
+    fn from(error: PageError) -> Self {
+        match error {
+            // Callers already handle a full pool as its own error; keep it that way.
+            PageError::PoolFull { max_pages } => BTreeError::PoolFull(PoolFull { max_pages }),
+            other => BTreeError::Storage(other),
+        }
+    }
 }
 
 /// Checks a key and value against the size limits.
@@ -210,7 +223,24 @@ impl BTree {
         let root = pool
             .allocate(options.latch_policy, PageKind::Leaf, 0, index_id)?
             .page_id();
-        Ok(BTree {
+        Ok(Self::open(pool, index_id, root, options, 0))
+    }
+
+    /// Reattaches a tree that already exists in `pool` (after the pool was reopened from its
+    /// data file) from its root page. Nothing is read here: the hints start at the root, and
+    /// every hint is checked under a latch before it is trusted, so the first inserts fall back
+    /// to the classic path until an end-of-index split points the hints at the real last leaf.
+    /// `row_count` is what the caller recorded with the checkpoint.
+    pub fn open(
+        pool: Arc<BufferPool>,
+        index_id: u32,
+        root: PageId,
+        options: TreeOptions,
+        row_count: u64,
+    ) -> BTree {
+        let rows = StripedCounter::default();
+        rows.add(i64::try_from(row_count).unwrap_or(i64::MAX));
+        BTree {
             pool,
             root,
             index_id,
@@ -226,9 +256,9 @@ impl BTree {
                 options.optimize_for_sequential_key,
             ),
             root_level_hint: AtomicU8::new(0),
-            rows: StripedCounter::default(),
+            rows,
             stats: write::SplitCounters::default(),
-        })
+        }
     }
 
     /// The root page's id.
@@ -282,32 +312,35 @@ impl BTree {
     }
 
     /// Latches the leaf that covers `key` in shared mode, coupling shared latches down.
-    fn leaf_shared(&self, key: &[u8]) -> SharedGuard<'_> {
-        let mut node = self.pool.latch_shared(self.root);
+    fn leaf_shared(&self, key: &[u8]) -> Result<SharedGuard<'_>, BTreeError> {
+        let mut node = self.pool.latch_shared(self.root)?;
         while !node.page().is_leaf() {
             let (child, _) = node.page().child_for(key);
-            node = self.pool.latch_shared(child);
+            node = self.pool.latch_shared(child)?;
         }
-        node
+        Ok(node)
     }
 
     /// Latches the leaf that covers `key` exclusively: shared latches down to its parent, then
     /// the leaf exclusively.
-    fn leaf_exclusive(&self, key: &[u8]) -> ExclusiveGuard<'_> {
+    fn leaf_exclusive(&self, key: &[u8]) -> Result<ExclusiveGuard<'_>, BTreeError> {
         self.leaf_exclusive_observing(key, |_, _| {})
     }
 
     /// Like [`BTree::leaf_exclusive`], and also returns the leaf's high fence: the separator
     /// above which keys belong to the next leaf (`None` for the last leaf).
-    fn leaf_exclusive_with_high_fence(&self, key: &[u8]) -> (ExclusiveGuard<'_>, Option<Vec<u8>>) {
+    fn leaf_exclusive_with_high_fence(
+        &self,
+        key: &[u8],
+    ) -> Result<(ExclusiveGuard<'_>, Option<Vec<u8>>), BTreeError> {
         let mut high: Option<Vec<u8>> = None;
         let leaf = self.leaf_exclusive_observing(key, |page, chosen| {
             let next_separator = chosen.map_or(0, |index| index + 1);
             if next_separator < page.slot_count() {
                 high = Some(page.key(next_separator).to_vec());
             }
-        });
-        (leaf, high)
+        })?;
+        Ok((leaf, high))
     }
 
     /// The descent of [`BTree::leaf_exclusive`]; `observe` sees every inner page on the way and
@@ -317,18 +350,18 @@ impl BTree {
         &self,
         key: &[u8],
         mut observe: impl FnMut(&Page<'_>, Option<usize>),
-    ) -> ExclusiveGuard<'_> {
+    ) -> Result<ExclusiveGuard<'_>, BTreeError> {
         loop {
             if self.root_level_hint.load(Ordering::Relaxed) == 0 {
-                let root = self.pool.latch_exclusive(self.root);
+                let root = self.pool.latch_exclusive(self.root)?;
                 if root.page().is_leaf() {
-                    return root;
+                    return Ok(root);
                 }
                 self.root_level_hint
                     .store(root.page().level(), Ordering::Relaxed);
                 continue;
             }
-            let mut node = self.pool.latch_shared(self.root);
+            let mut node = self.pool.latch_shared(self.root)?;
             if node.page().is_leaf() {
                 // Only possible if the hint was wrong, which it cannot be (levels only grow),
                 // but restarting costs nothing and keeps the loop obviously correct.
@@ -340,33 +373,39 @@ impl BTree {
                 let (child, chosen) = page.child_for(key);
                 observe(&page, chosen);
                 if page.level() == 1 {
-                    return self.pool.latch_exclusive(child);
+                    return Ok(self.pool.latch_exclusive(child)?);
                 }
-                node = self.pool.latch_shared(child);
+                node = self.pool.latch_shared(child)?;
             }
         }
     }
 
     /// Looks `key` up and passes its value to `read` while the leaf is latched.
-    pub fn get_with<R>(&self, key: &[u8], read: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let leaf = self.leaf_shared(key);
+    pub fn get_with<R>(
+        &self,
+        key: &[u8],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, BTreeError> {
+        let leaf = self.leaf_shared(key)?;
         let page = leaf.page();
-        page.search(key).ok().map(|index| read(page.value(index)))
+        Ok(page.search(key).ok().map(|index| read(page.value(index))))
     }
 
     /// Looks `key` up and returns a copy of its value.
-    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BTreeError> {
         self.get_with(key, <[u8]>::to_vec)
     }
 
     /// Removes `key` and returns its value, or `None` if it was not there.
-    pub fn delete(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut leaf = self.leaf_exclusive(key);
-        let index = leaf.page().search(key).ok()?;
+    pub fn delete(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BTreeError> {
+        let mut leaf = self.leaf_exclusive(key)?;
+        let Ok(index) = leaf.page().search(key) else {
+            return Ok(None);
+        };
         let old = leaf.page().value(index).to_vec();
         leaf.page_mut().remove(index);
         drop(leaf);
         self.rows.add(-1);
-        Some(old)
+        Ok(Some(old))
     }
 }

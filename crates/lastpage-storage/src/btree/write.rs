@@ -173,7 +173,15 @@ impl BTree {
         let mut next = 0;
         while next < order.len() {
             let (first_key, _) = entries[order[next]];
-            let (mut leaf, high_fence) = self.leaf_exclusive_with_high_fence(first_key);
+            let (mut leaf, high_fence) = match self.leaf_exclusive_with_high_fence(first_key) {
+                Ok(found) => found,
+                Err(error) => {
+                    // The leaf could not be read: this entry fails, the rest try again.
+                    results[order[next]] = Err(error);
+                    next += 1;
+                    continue;
+                }
+            };
             let mut leaf_full = false;
             while let Some(&position) = order.get(next) {
                 let (key, value) = entries[position];
@@ -241,7 +249,7 @@ impl BTree {
 
     fn write(&self, key: &[u8], value: &[u8], mode: WriteMode<'_>) -> Result<Applied, BTreeError> {
         {
-            let mut leaf = self.leaf_exclusive(key);
+            let mut leaf = self.leaf_exclusive(key)?;
             if let Attempt::Done(applied) = self.try_apply(&mut leaf, key, value, mode)? {
                 return Ok(applied);
             }
@@ -252,7 +260,7 @@ impl BTree {
         // root.
         let mut exclusive_from_level = 1u8;
         loop {
-            let mut path = self.descend_exclusive(key, exclusive_from_level);
+            let mut path = self.descend_exclusive(key, exclusive_from_level)?;
             let leaf_index = path.len() - 1;
             if let Attempt::Done(applied) =
                 self.try_apply(&mut path[leaf_index], key, value, mode)?
@@ -339,25 +347,29 @@ impl BTree {
     /// Latches the path to the leaf for `key` exclusively from `exclusive_from_level` down
     /// (shared coupling above it), releasing exclusive ancestors above any inner page that can
     /// absorb a split. Returns the held path, top first, leaf last.
-    fn descend_exclusive(&self, key: &[u8], exclusive_from_level: u8) -> Vec<ExclusiveGuard<'_>> {
+    fn descend_exclusive(
+        &self,
+        key: &[u8],
+        exclusive_from_level: u8,
+    ) -> Result<Vec<ExclusiveGuard<'_>>, BTreeError> {
         let mut path: Vec<ExclusiveGuard<'_>> = Vec::with_capacity(4);
         loop {
-            let root = self.pool.latch_shared(self.root);
+            let root = self.pool.latch_shared(self.root)?;
             if root.page().level() > exclusive_from_level {
                 let mut node = root;
                 loop {
                     let (child, _) = node.page().child_for(key);
                     if node.page().level() - 1 > exclusive_from_level {
-                        node = self.pool.latch_shared(child);
+                        node = self.pool.latch_shared(child)?;
                     } else {
-                        path.push(self.pool.latch_exclusive(child));
+                        path.push(self.pool.latch_exclusive(child)?);
                         break;
                     }
                 }
                 break;
             }
             drop(root);
-            let root = self.pool.latch_exclusive(self.root);
+            let root = self.pool.latch_exclusive(self.root)?;
             if root.page().level() > exclusive_from_level {
                 // The root grew while it was unlatched; start again.
                 continue;
@@ -368,10 +380,10 @@ impl BTree {
         loop {
             let top = path.last().expect("the path holds at least one page");
             if top.page().is_leaf() {
-                return path;
+                return Ok(path);
             }
             let (child, _) = top.page().child_for(key);
-            let child = self.pool.latch_exclusive(child);
+            let child = self.pool.latch_exclusive(child)?;
             if !child.page().is_leaf()
                 && child.page().total_free_bytes() >= inner_entry_bytes(MAX_KEY_BYTES)
             {
@@ -426,8 +438,10 @@ impl BTree {
         }
         if old_next != NO_PAGE {
             // Left to right at the same level, as the latch order requires.
+            // Before the left page changes, so a failure here leaves the tree as it was (the
+            // new right page stays unlinked, as a page that is never used).
             self.pool
-                .latch_exclusive(old_next)
+                .latch_exclusive(old_next)?
                 .page_mut()
                 .set_prev(right_id);
         }

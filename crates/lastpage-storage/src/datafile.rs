@@ -1,0 +1,557 @@
+//! The data file behind a file-backed [`BufferPool`](crate::buffer::BufferPool): 8 KiB slots
+//! holding shadow-paged checkpoint images. See `docs/data-file.md`.
+//!
+//! Slots 0 and 1 are meta slots, written alternately (generation `g` goes to slot `g % 2`), so
+//! a torn meta write leaves the other, older meta slot intact. A meta slot names the image's
+//! *stream*: a chain of slots holding the page map (slot and CRC32C of every page id) followed
+//! by the caller's opaque user blob. Every other slot holds one page.
+//!
+//! The shadow-paging rule: a slot that belongs to the last durable image (its pages, its
+//! stream) is never written until a newer image is durable, and a slot that belongs to a
+//! captured but not yet durable image is never written either. Page writes outside those sets
+//! are harmless whatever a crash does to them, because no durable meta slot points at them.
+//!
+//! Everything here is bookkeeping under one mutex plus positional I/O through the
+//! [`lastpage_io::File`] trait; no latch is taken, so the pool may call in while it holds page
+//! latches.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lastpage_io::File;
+
+use crate::buffer::PageError;
+use crate::limits::{MAX_PAGES, PAGE_SIZE_BYTES};
+use crate::page::{PageBytes, PageId};
+
+/// Identifies a lastpage data file. The last byte is the major format version.
+pub(crate) const MAGIC: [u8; 8] = *b"LPDATAF\x01";
+/// The format version written into every meta slot.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Bytes of a meta slot that carry fields; the rest of the slot is zero.
+const META_BYTES: usize = 64;
+/// Bytes at the start of every stream slot: the next slot of the chain (0 = none).
+const STREAM_HEADER_BYTES: usize = 4;
+/// Payload bytes of one stream slot.
+const STREAM_PAYLOAD_BYTES: usize = PAGE_SIZE_BYTES - STREAM_HEADER_BYTES;
+/// Bytes of one page map entry: slot (u32) and CRC32C (u32).
+const MAP_ENTRY_BYTES: usize = 8;
+/// The first slot that can hold a page or stream data.
+const FIRST_DATA_SLOT: u32 = 2;
+
+/// The slot is part of the last durable image.
+const MARK_DURABLE: u8 = 1;
+/// The slot is part of a captured image that is not durable yet.
+const MARK_PENDING: u8 = 2;
+
+/// One decoded meta slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub generation: u64,
+    pub page_count: u32,
+    pub stream_head: u32,
+    pub stream_len: u64,
+    pub stream_crc: u32,
+    pub blob_len: u64,
+}
+
+impl Meta {
+    fn encode(&self) -> Box<PageBytes> {
+        let mut bytes = zeroed_page();
+        bytes[0..8].copy_from_slice(&MAGIC);
+        bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        bytes[24..28].copy_from_slice(&self.page_count.to_le_bytes());
+        bytes[28..32].copy_from_slice(&self.stream_head.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.stream_len.to_le_bytes());
+        bytes[40..44].copy_from_slice(&self.stream_crc.to_le_bytes());
+        bytes[44..52].copy_from_slice(&self.blob_len.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[16..META_BYTES]);
+        bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a meta slot; `None` if it is not a valid one (never written, torn, corrupt).
+    fn decode(bytes: &[u8]) -> Option<Meta> {
+        if bytes.len() < META_BYTES || bytes[0..8] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let u64_at = |at: usize| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(word)
+        };
+        if u32_at(8) != FORMAT_VERSION || u32_at(12) != crc32c::crc32c(&bytes[16..META_BYTES]) {
+            return None;
+        }
+        Some(Meta {
+            generation: u64_at(16),
+            page_count: u32_at(24),
+            stream_head: u32_at(28),
+            stream_len: u64_at(32),
+            stream_crc: u32_at(40),
+            blob_len: u64_at(44),
+        })
+    }
+}
+
+/// A zeroed page buffer on the heap (allocated zeroed, never built on the stack).
+pub(crate) fn zeroed_page() -> Box<PageBytes> {
+    let boxed: Box<[u8]> = vec![0u8; PAGE_SIZE_BYTES].into_boxed_slice();
+    // A boxed slice of exactly PAGE_SIZE_BYTES always converts; the fallback keeps the function
+    // total without a panic path.
+    boxed
+        .try_into()
+        .unwrap_or_else(|_| Box::new([0u8; PAGE_SIZE_BYTES]))
+}
+
+/// What [`DataFile::open`] found: the last durable image.
+pub(crate) struct OpenedImage {
+    /// Slot and CRC of pages `1..=map.len()`.
+    pub map: Vec<(u32, u32)>,
+    /// The user blob, `None` for a file that has never completed a checkpoint.
+    pub blob: Option<Vec<u8>>,
+}
+
+/// Which slots are in use and by what.
+struct SlotState {
+    /// Slots in the file (the next slot an extension hands out).
+    end: u32,
+    /// Slots free for any write.
+    free: Vec<u32>,
+    /// `MARK_*` bits per slot.
+    marks: Vec<u8>,
+    /// The slots of the last durable image (pages and stream).
+    durable: Vec<u32>,
+    /// The generation of the last durable image.
+    generation: u64,
+    /// A capture was taken and its image is not durable (or abandoned) yet.
+    pending: bool,
+}
+
+impl SlotState {
+    fn mark(&self, slot: u32) -> u8 {
+        self.marks.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    fn set_mark(&mut self, slot: u32, bit: u8) {
+        let index = slot as usize;
+        if self.marks.len() <= index {
+            self.marks.resize(index + 1, 0);
+        }
+        self.marks[index] |= bit;
+    }
+
+    fn clear_mark(&mut self, slot: u32, bit: u8) {
+        if let Some(mark) = self.marks.get_mut(slot as usize) {
+            *mark &= !bit;
+        }
+    }
+
+    /// A slot nobody protects: from the free list, else one past the end of the file.
+    fn fresh(&mut self) -> u32 {
+        while let Some(slot) = self.free.pop() {
+            // A freed slot may have been protected again since (it cannot, by construction,
+            // but checking costs nothing and keeps the shadow-paging rule local).
+            if self.mark(slot) == 0 {
+                return slot;
+            }
+        }
+        let slot = self.end;
+        self.end += 1;
+        slot
+    }
+}
+
+/// The open data file and its slot bookkeeping.
+pub(crate) struct DataFile {
+    file: Box<dyn File>,
+    state: Mutex<SlotState>,
+    /// Set after any failed checkpoint I/O: later checkpoints are refused, because after a
+    /// failed `fdatasync` nothing about unsynced writes is known (see `lastpage_io`).
+    failed: AtomicBool,
+}
+
+fn io_error(page: PageId, what: &str, error: std::io::Error) -> PageError {
+    PageError::Io {
+        page,
+        message: format!("{what}: {error}"),
+    }
+}
+
+fn corrupt(page: PageId, reason: impl Into<String>) -> PageError {
+    PageError::Corrupt {
+        page,
+        reason: reason.into(),
+    }
+}
+
+fn slot_offset(slot: u32) -> u64 {
+    u64::from(slot) * PAGE_SIZE_BYTES as u64
+}
+
+impl DataFile {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        // The state stays consistent even if a holder panicked: every critical section is a few
+        // vector operations.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Initialises an empty file: generation 0, no pages, no blob. Durable when this returns.
+    pub(crate) fn create(file: Box<dyn File>) -> Result<DataFile, PageError> {
+        let meta = Meta {
+            generation: 0,
+            page_count: 0,
+            stream_head: 0,
+            stream_len: 0,
+            stream_crc: crc32c::crc32c(&[]),
+            blob_len: 0,
+        };
+        file.set_len(0)
+            .map_err(|error| io_error(0, "truncating the new data file", error))?;
+        file.write_all_at(0, meta.encode().as_slice())
+            .map_err(|error| io_error(0, "writing the first meta slot", error))?;
+        file.sync_data()
+            .map_err(|error| io_error(0, "syncing the new data file", error))?;
+        Ok(DataFile {
+            file,
+            state: Mutex::new(SlotState {
+                end: FIRST_DATA_SLOT,
+                free: Vec::new(),
+                marks: Vec::new(),
+                durable: Vec::new(),
+                generation: 0,
+                pending: false,
+            }),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// Reads the newest valid meta slot and its image. `Ok(None)` means the file holds no valid
+    /// meta slot and is too short to ever have completed a checkpoint (a crash during
+    /// creation): the caller initialises it anew.
+    pub(crate) fn open(file: Box<dyn File>) -> Result<Option<(DataFile, OpenedImage)>, PageError> {
+        let len = file
+            .len()
+            .map_err(|error| io_error(0, "reading the data file's size", error))?;
+        let mut metas = Vec::new();
+        for slot in 0..2u32 {
+            let mut bytes = vec![0u8; META_BYTES];
+            let read = file
+                .read_at(slot_offset(slot), &mut bytes)
+                .map_err(|error| io_error(0, "reading a meta slot", error))?;
+            if read == META_BYTES
+                && let Some(meta) = Meta::decode(&bytes)
+                && meta.generation % 2 == u64::from(slot)
+            {
+                metas.push(meta);
+            }
+        }
+        let Some(meta) = metas.into_iter().max_by_key(|meta| meta.generation) else {
+            if len <= PAGE_SIZE_BYTES as u64 {
+                return Ok(None);
+            }
+            return Err(corrupt(0, "neither meta slot of the data file is valid"));
+        };
+        let len_slots = u32::try_from(len.div_ceil(PAGE_SIZE_BYTES as u64))
+            .map_err(|_| corrupt(0, format!("the data file is too large ({len} bytes)")))?;
+        let end = len_slots.max(FIRST_DATA_SLOT);
+        if meta.page_count as usize >= MAX_PAGES {
+            return Err(corrupt(
+                0,
+                format!("the meta slot names {} pages", meta.page_count),
+            ));
+        }
+        let map_bytes = meta.page_count as u64 * MAP_ENTRY_BYTES as u64;
+        if meta.stream_len != map_bytes + meta.blob_len {
+            return Err(corrupt(
+                0,
+                "the meta slot's stream length does not match its map and blob",
+            ));
+        }
+        let mut state = SlotState {
+            end,
+            free: Vec::new(),
+            marks: vec![0; end as usize],
+            durable: Vec::new(),
+            generation: meta.generation,
+            pending: false,
+        };
+        // The stream: a chain of slots, each checked to lie inside the file and to be used once.
+        let mut stream = Vec::with_capacity(usize::try_from(meta.stream_len).unwrap_or(0));
+        let mut next = meta.stream_head;
+        let mut buffer = zeroed_page();
+        while (stream.len() as u64) < meta.stream_len {
+            if next < FIRST_DATA_SLOT || next >= end || state.mark(next) != 0 {
+                return Err(corrupt(0, format!("the image's stream names slot {next}")));
+            }
+            file.read_exact_at(slot_offset(next), buffer.as_mut_slice())
+                .map_err(|error| io_error(0, "reading the image's page map", error))?;
+            state.set_mark(next, MARK_DURABLE);
+            state.durable.push(next);
+            let want = (meta.stream_len - stream.len() as u64).min(STREAM_PAYLOAD_BYTES as u64);
+            stream.extend_from_slice(
+                &buffer[STREAM_HEADER_BYTES..STREAM_HEADER_BYTES + want as usize],
+            );
+            next = u32::from_le_bytes([buffer[0], buffer[1], buffer[2], buffer[3]]);
+        }
+        if crc32c::crc32c(&stream) != meta.stream_crc {
+            return Err(corrupt(
+                0,
+                "the image's page map and blob fail their checksum",
+            ));
+        }
+        let (map_part, blob) = stream.split_at(map_bytes as usize);
+        let mut map = Vec::with_capacity(meta.page_count as usize);
+        for (index, entry) in map_part.chunks_exact(MAP_ENTRY_BYTES).enumerate() {
+            let slot = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+            let crc = u32::from_le_bytes([entry[4], entry[5], entry[6], entry[7]]);
+            let page = index as PageId + 1;
+            if slot != 0 {
+                if slot < FIRST_DATA_SLOT || slot >= end || state.mark(slot) != 0 {
+                    return Err(corrupt(
+                        page,
+                        format!("the page map puts it in slot {slot}"),
+                    ));
+                }
+                state.set_mark(slot, MARK_DURABLE);
+                state.durable.push(slot);
+            }
+            map.push((slot, crc));
+        }
+        // Every slot outside the image is free: whatever a crash left there belongs to no image.
+        state.free = (FIRST_DATA_SLOT..end)
+            .rev()
+            .filter(|&slot| state.mark(slot) == 0)
+            .collect();
+        let blob = (meta.generation > 0).then(|| blob.to_vec());
+        Ok(Some((
+            DataFile {
+                file,
+                state: Mutex::new(state),
+                failed: AtomicBool::new(false),
+            },
+            OpenedImage { map, blob },
+        )))
+    }
+
+    /// Reads slot `slot` into `bytes`.
+    pub(crate) fn read_slot(
+        &self,
+        page: PageId,
+        slot: u32,
+        bytes: &mut PageBytes,
+    ) -> Result<(), PageError> {
+        self.file
+            .read_exact_at(slot_offset(slot), bytes)
+            .map_err(|error| io_error(page, &format!("reading slot {slot}"), error))
+    }
+
+    /// Writes a page whose current slot is `current` (0 = none) and returns the slot it went
+    /// to: `current` itself when no image protects it, else a fresh slot. On failure a fresh
+    /// slot goes back to the free list.
+    pub(crate) fn write_page(
+        &self,
+        page: PageId,
+        current: u32,
+        bytes: &PageBytes,
+    ) -> Result<u32, PageError> {
+        let (slot, fresh) = {
+            let mut state = self.lock();
+            if current >= FIRST_DATA_SLOT && state.mark(current) == 0 {
+                (current, false)
+            } else {
+                (state.fresh(), true)
+            }
+        };
+        match self.file.write_all_at(slot_offset(slot), bytes) {
+            // When a fresh slot replaces `current`, the old slot is protected by an image (else
+            // it would have been reused); it becomes free when that image is superseded.
+            Ok(()) => Ok(slot),
+            Err(error) => {
+                if fresh {
+                    self.lock().free.push(slot);
+                }
+                Err(io_error(page, &format!("writing slot {slot}"), error))
+            }
+        }
+    }
+
+    /// Starts a capture: refuses if an earlier checkpoint failed or another is pending.
+    pub(crate) fn begin_capture(&self) -> Result<u64, PageError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(refused());
+        }
+        let mut state = self.lock();
+        if state.pending {
+            return Err(PageError::Io {
+                page: 0,
+                message: "another checkpoint is in progress".into(),
+            });
+        }
+        state.pending = true;
+        Ok(state.generation + 1)
+    }
+
+    /// Protects `slot` as part of the pending image. The caller holds the page's latch, so no
+    /// eviction of that page can be choosing a slot meanwhile.
+    pub(crate) fn protect_pending(&self, slot: u32) {
+        if slot >= FIRST_DATA_SLOT {
+            self.lock().set_mark(slot, MARK_PENDING);
+        }
+    }
+
+    /// Gives up a capture that will not be finished: its slots stop being protected (they are
+    /// still some pages' current slots, or leak until the file is reopened).
+    pub(crate) fn abandon(&self, page_slots: &[u32]) {
+        let mut state = self.lock();
+        for &slot in page_slots {
+            state.clear_mark(slot, MARK_PENDING);
+        }
+        state.pending = false;
+    }
+
+    /// Marks the file failed: no more checkpoints.
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Whether an earlier checkpoint failed.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Makes a captured image durable: sync the pages, write map and blob, sync, write the meta
+    /// slot, sync; then free the slots of the previous image that the new one does not use.
+    /// Returns the number of slots freed and the file's size in slots.
+    pub(crate) fn finish(
+        &self,
+        generation: u64,
+        map: &[(u32, u32)],
+        blob: &[u8],
+    ) -> Result<(usize, u32), PageError> {
+        if self.has_failed() {
+            return Err(refused());
+        }
+        self.file
+            .sync_data()
+            .map_err(|error| io_error(0, "syncing the checkpoint's pages", error))?;
+        let mut stream = Vec::with_capacity(map.len() * MAP_ENTRY_BYTES + blob.len());
+        for (slot, crc) in map {
+            stream.extend_from_slice(&slot.to_le_bytes());
+            stream.extend_from_slice(&crc.to_le_bytes());
+        }
+        stream.extend_from_slice(blob);
+        let chunks: Vec<&[u8]> = stream.chunks(STREAM_PAYLOAD_BYTES).collect();
+        let stream_slots: Vec<u32> = {
+            let mut state = self.lock();
+            let slots: Vec<u32> = chunks.iter().map(|_| state.fresh()).collect();
+            for &slot in &slots {
+                state.set_mark(slot, MARK_PENDING);
+            }
+            slots
+        };
+        let mut buffer = zeroed_page();
+        for (index, chunk) in chunks.iter().enumerate() {
+            buffer.fill(0);
+            let next = stream_slots.get(index + 1).copied().unwrap_or(0);
+            buffer[..STREAM_HEADER_BYTES].copy_from_slice(&next.to_le_bytes());
+            buffer[STREAM_HEADER_BYTES..STREAM_HEADER_BYTES + chunk.len()].copy_from_slice(chunk);
+            self.file
+                .write_all_at(slot_offset(stream_slots[index]), buffer.as_slice())
+                .map_err(|error| io_error(0, "writing the checkpoint's page map", error))?;
+        }
+        self.file
+            .sync_data()
+            .map_err(|error| io_error(0, "syncing the checkpoint's page map", error))?;
+        let meta = Meta {
+            generation,
+            page_count: map.len() as u32,
+            stream_head: stream_slots.first().copied().unwrap_or(0),
+            stream_len: stream.len() as u64,
+            stream_crc: crc32c::crc32c(&stream),
+            blob_len: blob.len() as u64,
+        };
+        self.file
+            .write_all_at(
+                slot_offset((generation % 2) as u32),
+                meta.encode().as_slice(),
+            )
+            .map_err(|error| io_error(0, "writing the meta slot", error))?;
+        self.file
+            .sync_data()
+            .map_err(|error| io_error(0, "syncing the meta slot", error))?;
+        // The new image is durable: its slots become the protected set, and the previous
+        // image's slots that it does not use become free.
+        let mut state = self.lock();
+        let new_durable: Vec<u32> = map
+            .iter()
+            .map(|&(slot, _)| slot)
+            .filter(|&slot| slot >= FIRST_DATA_SLOT)
+            .chain(stream_slots)
+            .collect();
+        for &slot in &new_durable {
+            state.clear_mark(slot, MARK_PENDING);
+        }
+        let old = std::mem::take(&mut state.durable);
+        // Unmark the old image first, then re-mark the new one, so that slots both share stay
+        // protected.
+        for &slot in &old {
+            state.clear_mark(slot, MARK_DURABLE);
+        }
+        for &slot in &new_durable {
+            state.set_mark(slot, MARK_DURABLE);
+        }
+        let mut freed = 0;
+        for slot in old {
+            if state.mark(slot) == 0 {
+                state.free.push(slot);
+                freed += 1;
+            }
+        }
+        state.durable = new_durable;
+        state.generation = generation;
+        state.pending = false;
+        Ok((freed, state.end))
+    }
+
+    /// The generation of the last durable image.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+}
+
+fn refused() -> PageError {
+    PageError::Io {
+        page: 0,
+        message: "an earlier checkpoint failed, so the pool refuses further checkpoints".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_slots_round_trip_and_reject_damage() {
+        let meta = Meta {
+            generation: 7,
+            page_count: 3,
+            stream_head: 9,
+            stream_len: 24 + 5,
+            stream_crc: 42,
+            blob_len: 5,
+        };
+        let bytes = meta.encode();
+        assert_eq!(Meta::decode(bytes.as_slice()), Some(meta));
+        let mut torn = bytes.clone();
+        torn[20] ^= 1;
+        assert_eq!(Meta::decode(torn.as_slice()), None);
+        assert_eq!(Meta::decode(&[0u8; 64]), None);
+    }
+}

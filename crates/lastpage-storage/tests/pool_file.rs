@@ -1,0 +1,389 @@
+//! The file-backed buffer pool: trees far larger than the memory budget, concurrent use under a
+//! tiny budget, checkpoints that survive crashes, torn meta slots, corrupt pages and failed
+//! fsyncs. Randomized tests print their seed; rerun one with `LASTPAGE_SEED=<seed>`.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
+use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
+use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
+use lastpage_storage::limits::PAGE_SIZE_BYTES;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const PATH: &str = "db/data.lp";
+const INDEX: u32 = 7;
+
+fn seed() -> u64 {
+    let seed = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    seed
+}
+
+fn faulty(seed: u64) -> FaultyFileSystem {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+    fs.create_dir_all(Path::new("db")).unwrap();
+    fs
+}
+
+fn open(fs: &FaultyFileSystem, budget_pages: usize) -> (Arc<BufferPool>, Option<Vec<u8>>) {
+    let (pool, blob) = BufferPool::open_file(
+        Arc::new(fs.clone()),
+        Path::new(PATH),
+        PoolConfig {
+            memory_budget_bytes: budget_pages * PAGE_SIZE_BYTES,
+        },
+    )
+    .unwrap();
+    (Arc::new(pool), blob)
+}
+
+fn options(path: InsertPath) -> TreeOptions {
+    TreeOptions {
+        insert_path: path,
+        ..TreeOptions::default()
+    }
+}
+
+fn value_for(key: &[u8]) -> Vec<u8> {
+    let mut value = vec![0u8; 100];
+    for (index, byte) in value.iter_mut().enumerate() {
+        *byte = key[index % key.len()].wrapping_add(index as u8);
+    }
+    value
+}
+
+/// The whole tree, in order, failing the test if the scan stopped on an error.
+fn contents(tree: &BTree) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward);
+    let rows: Vec<_> = scan.by_ref().collect();
+    assert_eq!(scan.error(), None);
+    rows
+}
+
+fn assert_matches(tree: &BTree, oracle: &BTreeMap<Vec<u8>, Vec<u8>>) {
+    let check = tree.check_integrity().unwrap();
+    assert_eq!(check.rows, oracle.len() as u64);
+    let rows = contents(tree);
+    assert!(
+        rows.iter().map(|(k, v)| (k, v)).eq(oracle.iter()),
+        "the tree's rows differ from the oracle's"
+    );
+}
+
+/// What the engine would store as its catalog: the root and the row count.
+fn blob(tree: &BTree) -> Vec<u8> {
+    let mut blob = tree.root().to_le_bytes().to_vec();
+    blob.extend_from_slice(&tree.row_count().to_le_bytes());
+    blob
+}
+
+fn reattach(pool: Arc<BufferPool>, blob: &[u8]) -> BTree {
+    let root = u32::from_le_bytes(blob[0..4].try_into().unwrap());
+    let rows = u64::from_le_bytes(blob[4..12].try_into().unwrap());
+    BTree::open(pool, INDEX, root, options(InsertPath::Default), rows)
+}
+
+fn checkpoint(pool: &BufferPool, tree: &BTree) {
+    let pending = pool.checkpoint_capture().unwrap();
+    pending.finish(pool, &blob(tree)).unwrap();
+}
+
+#[test]
+fn a_tree_much_larger_than_the_budget_stays_correct_on_both_insert_paths() {
+    let seed = seed();
+    for path in InsertPath::ALL {
+        let fs = faulty(seed);
+        let (pool, blob) = open(&fs, 64);
+        assert_eq!(blob, None);
+        let tree = BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut oracle = BTreeMap::new();
+        for i in 0..40_000u64 {
+            // Mostly ascending (the default path's appends), some random (splits in the middle).
+            let key = if i % 4 == 0 {
+                rng.random::<u64>().to_be_bytes().to_vec()
+            } else {
+                (i << 20).to_be_bytes().to_vec()
+            };
+            let value = value_for(&key);
+            let expected_duplicate = oracle.contains_key(&key);
+            match tree.insert(&key, &value) {
+                Ok(()) => assert!(oracle.insert(key, value).is_none()),
+                Err(BTreeError::DuplicateKey) => assert!(expected_duplicate),
+                Err(other) => panic!("insert failed: {other}"),
+            }
+        }
+        for (key, value) in oracle.iter().step_by(97) {
+            assert_eq!(tree.get(key).unwrap().as_ref(), Some(value));
+        }
+        let deleted: Vec<Vec<u8>> = oracle.keys().step_by(13).cloned().collect();
+        for key in deleted {
+            assert_eq!(tree.delete(&key).unwrap(), oracle.remove(&key));
+        }
+        assert_matches(&tree, &oracle);
+        let stats = pool.stats();
+        println!("{path:?}: {stats:?}, {} pages", pool.page_count());
+        assert!(
+            pool.page_count() > 8 * 64,
+            "the tree is much larger than the budget"
+        );
+        assert!(stats.evictions > 0 && stats.reads > 0 && stats.writes > 0);
+        assert!(stats.resident <= 64 + 8, "resident {}", stats.resident);
+    }
+}
+
+#[test]
+fn concurrent_inserters_and_readers_under_a_tiny_budget() {
+    let seed = seed();
+    let fs = faulty(seed);
+    let (pool, _) = open(&fs, 16);
+    let hook_calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let calls = Arc::clone(&hook_calls);
+    pool.set_before_write_hook(Box::new(move || {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }));
+    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    const THREADS: u64 = 8;
+    const ROWS: u64 = 2_000;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let tree = &tree;
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ thread);
+                for i in 0..ROWS {
+                    // Half the threads append, half insert all over the key space.
+                    let key = if thread % 2 == 0 {
+                        ((i * THREADS + thread) << 24).to_be_bytes()
+                    } else {
+                        ((rng.random::<u64>() << 8) | thread).to_be_bytes()
+                    };
+                    match tree.insert(&key, &value_for(&key)) {
+                        Ok(()) | Err(BTreeError::DuplicateKey) => {}
+                        Err(other) => panic!("insert failed: {other}"),
+                    }
+                    if i % 8 == 0 {
+                        assert_eq!(tree.get(&key).unwrap(), Some(value_for(&key)));
+                        let mut scan = tree.range(
+                            Bound::Included(&key[..]),
+                            Bound::Unbounded,
+                            Direction::Forward,
+                        );
+                        assert_eq!(scan.next().map(|(k, _)| k), Some(key.to_vec()));
+                        assert_eq!(scan.error(), None);
+                    }
+                }
+            });
+        }
+    });
+    let rows = contents(&tree);
+    for (key, value) in &rows {
+        assert_eq!(value, &value_for(key));
+    }
+    assert_eq!(tree.check_integrity().unwrap().rows, rows.len() as u64);
+    assert!(rows.len() as u64 > THREADS * ROWS * 9 / 10);
+    let stats = pool.stats();
+    println!("{stats:?}");
+    assert!(stats.evictions > 0 && stats.reads > 0);
+    assert!(hook_calls.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
+    let base = seed();
+    for round in 0..40u64 {
+        let seed = base.wrapping_add(round);
+        let mode = match round % 3 {
+            0 => CrashMode::Random,
+            1 => CrashMode::LoseUnsynced,
+            _ => CrashMode::KeepUnsynced,
+        };
+        let fs = faulty(seed);
+        let (pool, _) = open(&fs, 24);
+        let path = InsertPath::ALL[round as usize % 2];
+        let tree = BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut oracle = BTreeMap::new();
+        let mut insert = |tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, rows: usize| {
+            for _ in 0..rows {
+                let key = rng.random::<u32>().to_be_bytes().to_vec();
+                let value = value_for(&key);
+                if tree.insert(&key, &value).is_ok() {
+                    oracle.insert(key, value);
+                }
+            }
+        };
+        insert(&tree, &mut oracle, 2_000);
+        checkpoint(&pool, &tree);
+        // A second image, so that slots get freed and reused.
+        insert(&tree, &mut oracle, 1_000);
+        for key in oracle.keys().step_by(5).cloned().collect::<Vec<_>>() {
+            tree.delete(&key).unwrap();
+            oracle.remove(&key);
+        }
+        checkpoint(&pool, &tree);
+        let snapshot = oracle.clone();
+        // Changes after the checkpoint, evicted to the file, then lost in the crash.
+        insert(&tree, &mut oracle, 1_500);
+        for key in snapshot.keys().step_by(3) {
+            tree.update(key, b"changed").unwrap();
+        }
+        let evictions = pool.stats().evictions;
+        assert!(evictions > 0);
+        // A capture that never finishes must not disturb the durable image either.
+        let abandoned = pool.checkpoint_capture().unwrap();
+        insert(&tree, &mut oracle, 300);
+        drop(abandoned);
+        drop(tree);
+        drop(pool);
+        let crashed = fs.crash_with(mode);
+        let (pool, blob) = open(&crashed, 24);
+        let tree = reattach(pool, &blob.expect("a checkpoint was finished"));
+        assert_matches(&tree, &snapshot);
+        // The reattached tree keeps working, on both insert paths.
+        let mut oracle = snapshot;
+        for i in 0..500u32 {
+            let key = (u32::MAX - i).to_be_bytes().to_vec();
+            tree.insert(&key, &value_for(&key)).unwrap();
+            oracle.insert(key.clone(), value_for(&key));
+        }
+        assert_matches(&tree, &oracle);
+    }
+}
+
+#[test]
+fn a_torn_meta_slot_falls_back_to_the_previous_image() {
+    let seed = seed();
+    let fs = faulty(seed);
+    let (pool, _) = open(&fs, 32);
+    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    let mut oracle = BTreeMap::new();
+    for i in 0..3_000u32 {
+        let key = i.to_be_bytes().to_vec();
+        tree.insert(&key, &value_for(&key)).unwrap();
+        oracle.insert(key.clone(), value_for(&key));
+    }
+    checkpoint(&pool, &tree); // generation 1, meta slot 1
+    let first = oracle.clone();
+    for i in 3_000..4_000u32 {
+        let key = i.to_be_bytes().to_vec();
+        tree.insert(&key, &value_for(&key)).unwrap();
+    }
+    checkpoint(&pool, &tree); // generation 2, meta slot 0
+    assert_eq!(pool.durable_generation(), Some(2));
+    drop(tree);
+    drop(pool);
+    // Tear the newer meta slot (slot 0) as a crash in the middle of its write would.
+    let file = fs.open(Path::new(PATH), OpenOptions::existing()).unwrap();
+    file.write_all_at(100, &[0xFF; 300]).unwrap();
+    file.write_all_at(20, &[0x5A; 4]).unwrap();
+    file.sync_data().unwrap();
+    drop(file);
+    let (pool, blob) = open(&fs, 32);
+    assert_eq!(pool.durable_generation(), Some(1));
+    let tree = reattach(pool, &blob.unwrap());
+    assert_matches(&tree, &first);
+}
+
+#[test]
+fn a_corrupt_page_slot_is_reported_not_a_panic() {
+    let seed = seed();
+    let fs = faulty(seed);
+    let (pool, _) = open(&fs, 32);
+    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    for i in 0..1_500u32 {
+        let key = i.to_be_bytes().to_vec();
+        tree.insert(&key, &value_for(&key)).unwrap();
+    }
+    checkpoint(&pool, &tree);
+    drop(tree);
+    drop(pool);
+    let pristine = fs.contents(Path::new(PATH)).unwrap();
+    let slots = pristine.len() / PAGE_SIZE_BYTES;
+    let mut corrupt_pages = 0;
+    for slot in 2..slots {
+        // Restore the file, then flip one byte in the middle of this slot.
+        let file = fs.open(Path::new(PATH), OpenOptions::existing()).unwrap();
+        file.write_all_at(0, &pristine).unwrap();
+        let offset = (slot * PAGE_SIZE_BYTES + 4000) as u64;
+        file.write_all_at(offset, &[pristine[offset as usize] ^ 0x40])
+            .unwrap();
+        file.sync_data().unwrap();
+        drop(file);
+        let opened =
+            BufferPool::open_file(Arc::new(fs.clone()), Path::new(PATH), PoolConfig::default());
+        let (pool, blob) = match opened {
+            // The slot held the page map: the image itself is reported corrupt.
+            Err(PageError::Corrupt { .. }) => continue,
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(opened) => opened,
+        };
+        let tree = reattach(Arc::new(pool), &blob.unwrap());
+        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Forward);
+        let rows = scan.by_ref().count();
+        match scan.take_error() {
+            Some(BTreeError::Storage(PageError::Corrupt { page, reason })) => {
+                println!("slot {slot}: page {page}: {reason}");
+                assert!(rows < 1_500);
+                assert!(tree.check_integrity().is_err());
+                corrupt_pages += 1;
+            }
+            Some(other) => panic!("unexpected error {other}"),
+            // A slot no page of the image uses.
+            None => assert_eq!(rows, 1_500),
+        }
+    }
+    assert!(corrupt_pages > 0);
+}
+
+#[test]
+fn a_failed_fsync_fails_the_checkpoint_and_reopening_gives_the_previous_image() {
+    let base = seed();
+    for nth in 1..=3u64 {
+        let fs = faulty(base.wrapping_add(nth));
+        let (pool, _) = open(&fs, 24);
+        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let mut oracle = BTreeMap::new();
+        for i in 0..2_000u32 {
+            let key = i.wrapping_mul(2_654_435_761).to_be_bytes().to_vec();
+            tree.insert(&key, &value_for(&key)).unwrap();
+            oracle.insert(key.clone(), value_for(&key));
+        }
+        checkpoint(&pool, &tree);
+        let first = oracle.clone();
+        for i in 2_000..3_000u32 {
+            let key = i.wrapping_mul(2_654_435_761).to_be_bytes().to_vec();
+            tree.insert(&key, &value_for(&key)).unwrap();
+            oracle.insert(key.clone(), value_for(&key));
+        }
+        let pending = pool.checkpoint_capture().unwrap();
+        // The finish syncs three times: pages, page map, meta slot.
+        fs.inject(FaultRule::sync_fails(nth));
+        let failed = pending.finish(&pool, &blob(&tree));
+        assert!(matches!(failed, Err(PageError::Io { .. })), "{failed:?}");
+        assert!(
+            pool.checkpoint_capture().is_err(),
+            "later checkpoints are refused"
+        );
+        drop(tree);
+        drop(pool);
+        let crashed = fs.crash();
+        let (pool, blob) = open(&crashed, 24);
+        let generation = pool.durable_generation();
+        let tree = reattach(pool, &blob.unwrap());
+        // A failed meta sync may still have written the meta slot, whose image was synced.
+        if nth == 3 && generation == Some(2) {
+            assert_matches(&tree, &oracle);
+        } else {
+            assert_eq!(generation, Some(1));
+            assert_matches(&tree, &first);
+        }
+    }
+}
