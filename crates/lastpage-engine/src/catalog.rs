@@ -14,7 +14,8 @@
 //! ```
 //!
 //! The body is the catalog's counters (`next_table_id` u32, `next_index_id` u32,
-//! `next_txn_id` u64, `checkpoint_lsn` u64, `oldest_active_lsn` u64), then a u32 count of
+//! `next_txn_id` u64, `checkpoint_lsn` u64, `oldest_active_lsn` u64, `clean_shutdown` a bool
+//! byte), then a u32 count of
 //! tables and each table in turn:
 //!
 //! * `table_id` u32, the name (a string: u32 byte length, then UTF-8);
@@ -28,6 +29,7 @@
 //!   tag byte), latch policy (a tag byte), insert path (a tag byte), optimize-for-sequential-key
 //!   (a bool byte);
 //! * partitioning (a bool byte, then the column name and the partition count u16 when set);
+//! * whether the table is logged (a bool byte);
 //! * the trees: a u32 count of indexes (the clustered one, which a heap has too, then the
 //!   nonclustered ones in order), each a u32 partition count and, per partition, the index id
 //!   u32, the root page id u32 and the row count u64;
@@ -118,6 +120,11 @@ pub struct Catalog {
     pub checkpoint_lsn: u64,
     /// The oldest log sequence number a transaction active at the checkpoint still needs.
     pub oldest_active_lsn: u64,
+    /// Whether this checkpoint was the last act of a clean shutdown ([`Database::close`]).
+    /// Tables that are not logged keep their rows only then.
+    ///
+    /// [`Database::close`]: crate::Database::close
+    pub clean_shutdown: bool,
     /// The tables.
     pub tables: Vec<CatalogEntry>,
 }
@@ -132,6 +139,7 @@ impl Default for Catalog {
             next_txn_id: 1,
             checkpoint_lsn: 0,
             oldest_active_lsn: 0,
+            clean_shutdown: false,
             tables: Vec::new(),
         }
     }
@@ -233,6 +241,7 @@ impl Catalog {
         out.extend_from_slice(&self.next_txn_id.to_le_bytes());
         out.extend_from_slice(&self.checkpoint_lsn.to_le_bytes());
         out.extend_from_slice(&self.oldest_active_lsn.to_le_bytes());
+        put_bool(&mut out, self.clean_shutdown);
         put_count(&mut out, self.tables.len())?;
         for entry in &self.tables {
             encode_entry(entry, &mut out)?;
@@ -286,8 +295,9 @@ impl Catalog {
         let next_txn_id = r.u64()?;
         let checkpoint_lsn = r.u64()?;
         let oldest_active_lsn = r.u64()?;
-        // A table takes at least 23 bytes: its id, an empty name, three counts and three flags.
-        let table_count = r.count(23)?;
+        let clean_shutdown = r.bool()?;
+        // A table takes at least 24 bytes: its id, an empty name, three counts and four flags.
+        let table_count = r.count(24)?;
         let mut tables = Vec::with_capacity(table_count);
         for _ in 0..table_count {
             tables.push(decode_entry(&mut r)?);
@@ -305,6 +315,7 @@ impl Catalog {
             next_txn_id,
             checkpoint_lsn,
             oldest_active_lsn,
+            clean_shutdown,
             tables,
         };
         catalog.check_consistency().map_err(corrupt)?;
@@ -449,6 +460,7 @@ fn encode_entry(entry: &CatalogEntry, out: &mut Vec<u8>) -> Result<()> {
         put_str(out, &partition.column)?;
         out.extend_from_slice(&partition.partitions.to_le_bytes());
     }
+    put_bool(out, def.logged);
     put_count(out, entry.index_trees.len())?;
     for trees in &entry.index_trees {
         // The consistency check has made the three vectors the same length.
@@ -617,6 +629,7 @@ fn decode_entry(r: &mut Cursor<'_>) -> Result<CatalogEntry> {
     } else {
         None
     };
+    let logged = r.bool()?;
     // A tree list takes at least its 4-byte partition count.
     let tree_count = r.count(4)?;
     let mut index_trees = Vec::with_capacity(tree_count);
@@ -644,6 +657,7 @@ fn decode_entry(r: &mut Cursor<'_>) -> Result<CatalogEntry> {
             clustered,
             nonclustered,
             partition,
+            logged,
         },
         index_trees,
         next_identity,

@@ -1,20 +1,125 @@
-//! The database: the buffer pool, the catalog of tables, and sessions.
+//! The database: the buffer pool, the catalog of tables, sessions, and (for a database opened
+//! from a directory) the write-ahead log, checkpoints and recovery.
+//!
+//! A durable database is a directory with two things in it: `data.lp`, the data file whose
+//! checkpoint images hold every page and the catalog (see `docs/data-file.md`), and `wal/`, the
+//! log (see `docs/wal-format.md`). The log is logical: it records rows inserted, deleted and
+//! updated, and schema changes, and recovery replays it onto the last checkpoint image (see
+//! `docs/recovery.md`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
+use std::time::{Duration, Instant};
 
-use lastpage_storage::buffer::BufferPool;
+use lastpage_io::{FileSystem, StdFileSystem};
+use lastpage_storage::buffer::{BufferPool, PoolConfig};
+use lastpage_storage::limits::{
+    CHECKPOINT_LOG_BYTES, DELAYED_FLUSH_INTERVAL_MS, LOCK_MANAGER_DEFAULT_SHARDS,
+    MEMORY_BUDGET_BYTES,
+};
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
-use lastpage_storage::sync::{AtomicU32, AtomicU64, Ordering};
+use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
+use lastpage_storage::wal::{LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
 
+use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
+use crate::locks::LockManager;
+use crate::recovery::{self, RecoveryStats};
 use crate::schema::TableDef;
 use crate::table::{Table, TableCheck};
+use crate::txn::{ActiveSlot, Durability, NO_ACTIVE_LSN, Transaction};
 
-/// How a database is opened. Durable storage (a directory with a data file and a log) comes
-/// with the write-ahead log; today every database lives in memory.
-#[derive(Clone, Debug, Default)]
-pub struct DatabaseOptions {}
+/// Transaction ids a thread takes at a time (see [`Database::next_txn_id`]).
+const TXN_ID_BLOCK: u64 = 1024;
+
+/// Name of the data file inside a database directory.
+pub const DATA_FILE_NAME: &str = "data.lp";
+/// Name of the log directory inside a database directory.
+pub const WAL_DIR_NAME: &str = "wal";
+
+/// How a database is opened.
+#[derive(Clone)]
+pub struct DatabaseOptions {
+    /// The durability of transactions that do not choose one.
+    pub durability: Durability,
+    /// Memory the buffer pool may use for pages of a durable database, in bytes. An in-memory
+    /// database ([`Database::create`]) keeps every page.
+    pub memory_budget_bytes: usize,
+    /// A checkpoint starts by itself once this much log was written since the last one.
+    pub checkpoint_log_bytes: u64,
+    /// How long a DELAYED commit may stay in the log buffer before a background flush.
+    pub delayed_flush_interval: Duration,
+    /// How long a lock request waits before failing (SET LOCK_TIMEOUT); `None` waits forever
+    /// (deadlocks are still detected).
+    pub lock_timeout: Option<Duration>,
+    /// The log's buffer and segment sizes.
+    pub wal: WalConfig,
+    /// The file system a durable database uses; `None` is the real one. Tests pass a
+    /// fault-injecting one.
+    pub file_system: Option<Arc<dyn FileSystem>>,
+}
+
+impl Default for DatabaseOptions {
+    fn default() -> Self {
+        DatabaseOptions {
+            durability: Durability::Full,
+            memory_budget_bytes: MEMORY_BUDGET_BYTES,
+            checkpoint_log_bytes: CHECKPOINT_LOG_BYTES,
+            delayed_flush_interval: Duration::from_millis(DELAYED_FLUSH_INTERVAL_MS),
+            lock_timeout: None,
+            wal: WalConfig::default(),
+            file_system: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for DatabaseOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseOptions")
+            .field("durability", &self.durability)
+            .field("memory_budget_bytes", &self.memory_budget_bytes)
+            .field("checkpoint_log_bytes", &self.checkpoint_log_bytes)
+            .field("delayed_flush_interval", &self.delayed_flush_interval)
+            .field("lock_timeout", &self.lock_timeout)
+            .field("wal", &self.wal)
+            .field("file_system", &self.file_system.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// What a checkpoint did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckpointStats {
+    /// Where recovery starts replaying committed work (the log's end when writers paused).
+    pub checkpoint_lsn: u64,
+    /// Where recovery starts reading (the first record of the oldest transaction then active).
+    pub recovery_start_lsn: u64,
+    /// How long writers were paused, in microseconds.
+    pub pause_us: u64,
+    /// The whole checkpoint, in microseconds.
+    pub duration_us: u64,
+    /// Log segment files removed.
+    pub segments_removed: usize,
+}
+
+/// The parts only a durable database has.
+pub(crate) struct Durable {
+    dir: PathBuf,
+    pub(crate) wal: LogWriter,
+    /// Writers hold it shared from their change to the trees until its log record is
+    /// appended; a checkpoint holds it exclusively while it captures the pages, so the image
+    /// it writes is exactly the effect of the log before its checkpoint LSN.
+    gate: RwLock<()>,
+    /// The failure that stopped the database, if one did: once the log could not be made
+    /// durable, nothing in memory can be trusted to match the disk, so every operation is
+    /// refused until the database is reopened (and recovered).
+    failure: std::sync::OnceLock<String>,
+    /// One checkpoint at a time; holds the LSN of the last one.
+    checkpoint: Mutex<u64>,
+    /// What recovery did, set once it is done.
+    recovery: std::sync::OnceLock<RecoveryStats>,
+}
 
 struct Inner {
     pool: Arc<BufferPool>,
@@ -24,6 +129,17 @@ struct Inner {
     next_table_id: AtomicU32,
     next_index_id: AtomicU32,
     next_session_id: AtomicU64,
+    next_txn_id: AtomicU64,
+    locks: LockManager,
+    options: DatabaseOptions,
+    durable: Option<Durable>,
+    /// Every live session's active-transaction slot, for checkpoints.
+    sessions: Mutex<Vec<Weak<ActiveSlot>>>,
+    /// This database object's number in the process, unique for the process's life (an
+    /// address could be reused by a later database).
+    instance: u64,
+    /// Statements and transactions rolled back so far (see `Table::committed_value`).
+    rollbacks: AtomicU64,
 }
 
 /// An embedded lastpage database. Cloning it is cheap and shares the database.
@@ -33,17 +149,385 @@ pub struct Database {
 }
 
 impl Database {
-    /// Creates an empty database.
-    pub fn create(_options: DatabaseOptions) -> Result<Database> {
-        Ok(Database {
+    /// Creates an empty in-memory database: nothing is logged or written to disk, and
+    /// transactions and locks work as in a durable one.
+    pub fn create(options: DatabaseOptions) -> Result<Database> {
+        Ok(Database::assemble(
+            Arc::new(BufferPool::new()),
+            options,
+            None,
+            None,
+        ))
+    }
+
+    fn assemble(
+        pool: Arc<BufferPool>,
+        options: DatabaseOptions,
+        durable: Option<Durable>,
+        catalog: Option<&Catalog>,
+    ) -> Database {
+        Database {
             inner: Arc::new(Inner {
-                pool: Arc::new(BufferPool::new()),
+                pool,
                 tables: RwLock::new(HashMap::new()),
-                next_table_id: AtomicU32::new(1),
-                next_index_id: AtomicU32::new(1),
+                next_table_id: AtomicU32::new(catalog.map_or(1, |c| c.next_table_id)),
+                next_index_id: AtomicU32::new(catalog.map_or(1, |c| c.next_index_id)),
                 next_session_id: AtomicU64::new(1),
+                next_txn_id: AtomicU64::new(catalog.map_or(1, |c| c.next_txn_id)),
+                locks: LockManager::new(LOCK_MANAGER_DEFAULT_SHARDS),
+                options,
+                durable,
+                sessions: Mutex::new(Vec::new()),
+                rollbacks: AtomicU64::new(0),
+                instance: {
+                    static INSTANCES: AtomicU64 = AtomicU64::new(1);
+                    INSTANCES.fetch_add(1, Ordering::Relaxed)
+                },
             }),
+        }
+    }
+
+    /// Opens the durable database in directory `dir`, creating it if it does not exist.
+    ///
+    /// An existing database is recovered: its last checkpoint image is loaded, the log after it
+    /// is replayed so that every committed transaction is present and no uncommitted change
+    /// is, the log's torn tail (if a crash left one) is cut off, and a checkpoint is taken.
+    /// [`Database::recovery_stats`] says what that took.
+    pub fn open(dir: impl AsRef<Path>, options: DatabaseOptions) -> Result<Database> {
+        let dir = dir.as_ref().to_path_buf();
+        let fs: Arc<dyn FileSystem> = options
+            .file_system
+            .clone()
+            .unwrap_or_else(|| Arc::new(StdFileSystem));
+        let io = |what: &str, error: std::io::Error| {
+            EngineError::Storage(format!("{what} {}: {error}", dir.display()))
+        };
+        fs.create_dir_all(&dir)
+            .map_err(|error| io("creating", error))?;
+        let started = Instant::now();
+        let (pool, image) = BufferPool::open_file(
+            Arc::clone(&fs),
+            &dir.join(DATA_FILE_NAME),
+            PoolConfig {
+                memory_budget_bytes: options.memory_budget_bytes,
+            },
+        )
+        .map_err(|error| EngineError::Storage(error.to_string()))?;
+        let catalog = image.as_deref().map(Catalog::decode).transpose()?;
+        let pool = Arc::new(pool);
+        // Recovery runs on a database without a log: replayed changes are not logged again.
+        let db = Database::assemble(Arc::clone(&pool), options.clone(), None, catalog.as_ref());
+        if let Some(catalog) = &catalog {
+            for entry in &catalog.tables {
+                db.attach_table(entry)?;
+            }
+        }
+        let wal_dir = dir.join(WAL_DIR_NAME);
+        let mut recovery = recovery::replay(&db, Arc::clone(&fs), &wal_dir, catalog.as_ref())?;
+        let wal = LogWriter::open(Arc::clone(&fs), wal_dir.clone(), options.wal)
+            .map_err(|error| EngineError::Storage(error.to_string()))?;
+        recovery.log_end = wal.start_lsn().0;
+        let checkpoint_lsn = catalog.as_ref().map_or(0, |catalog| catalog.checkpoint_lsn);
+        let inner = Arc::into_inner(db.inner).expect("nobody else holds the database yet");
+        let db = Database {
+            inner: Arc::new(Inner {
+                durable: Some(Durable {
+                    dir,
+                    wal,
+                    gate: RwLock::new(()),
+                    failure: std::sync::OnceLock::new(),
+                    checkpoint: Mutex::new(checkpoint_lsn),
+                    recovery: std::sync::OnceLock::new(),
+                }),
+                ..inner
+            }),
+        };
+        // Before the pool writes a dirty page out, the log must be durable up to every change
+        // the page holds (the WAL rule). The pool cannot know the page's LSN, so it flushes
+        // the whole log: evictions come in batches, so this is one flush per batch.
+        let weak = Arc::downgrade(&db.inner);
+        pool.set_before_write_hook(Box::new(move || {
+            let Some(inner) = weak.upgrade() else {
+                return Ok(());
+            };
+            match &inner.durable {
+                Some(durable) => durable
+                    .wal
+                    .flush_now()
+                    .map(|_| ())
+                    .map_err(|error| error.to_string()),
+                None => Ok(()),
+            }
+        }));
+        let replayed = recovery.records > 0 || catalog.is_none();
+        let clean = catalog
+            .as_ref()
+            .is_some_and(|catalog| catalog.clean_shutdown)
+            && !replayed;
+        if !clean {
+            // Not a clean shutdown: a table that is not logged may hold any mix of its
+            // changes, with no log to repair it, so it starts empty (as PostgreSQL's UNLOGGED
+            // tables do).
+            for table in db.tables().iter().filter(|table| !table.is_logged()) {
+                db.recreate_table(&table.catalog_entry())?;
+            }
+        }
+        // After a clean shutdown a checkpoint still clears the image's clean mark, so that a
+        // crash from here on is told apart from a clean shutdown.
+        let checkpoint = if replayed || clean {
+            Some(db.checkpoint()?)
+        } else {
+            None
+        };
+        recovery.checkpoint_us = checkpoint.map_or(0, |stats| stats.duration_us);
+        recovery.duration = started.elapsed();
+        if let Some(durable) = db.durable() {
+            let _ = durable.recovery.set(recovery);
+        }
+        db.start_background();
+        Ok(db)
+    }
+
+    /// Starts the threads that flush DELAYED commits and take automatic checkpoints. They hold
+    /// only a weak reference, and stop once the database is dropped.
+    fn start_background(&self) {
+        let interval = self.inner.options.delayed_flush_interval;
+        let weak = Arc::downgrade(&self.inner);
+        let _ = std::thread::Builder::new()
+            .name("lastpage-log-flusher".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(interval);
+                    // Once every handle is gone the upgrade fails and the thread ends.
+                    let Some(inner) = weak.upgrade() else { return };
+                    let db = Database { inner };
+                    let Some(durable) = db.durable() else { return };
+                    if durable.wal.durable_lsn() < durable.wal.end_lsn()
+                        && let Err(error) = durable.wal.flush_now()
+                    {
+                        db.fail(error);
+                        return;
+                    }
+                    let since = durable
+                        .wal
+                        .end_lsn()
+                        .0
+                        .saturating_sub(*sync::lock(&durable.checkpoint));
+                    if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
+                        // A failed automatic checkpoint leaves the previous image in force;
+                        // the next attempt (or an explicit CHECKPOINT) reports the error.
+                        let _ = db.checkpoint();
+                    }
+                }
+            });
+    }
+
+    /// How many statements and transactions were rolled back so far. A reader that sees it
+    /// change knows a row it read may since have been removed by a rollback.
+    pub(crate) fn rollbacks(&self) -> u64 {
+        self.inner.rollbacks.load(Ordering::Acquire)
+    }
+
+    /// Counts a rollback; called after the undo and before the locks are released.
+    pub(crate) fn note_rollback(&self) {
+        self.inner.rollbacks.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn durable(&self) -> Option<&Durable> {
+        self.inner.durable.as_ref()
+    }
+
+    /// Whether the database has a log and a data file.
+    pub fn is_durable(&self) -> bool {
+        self.inner.durable.is_some()
+    }
+
+    /// The directory of a durable database.
+    pub fn dir(&self) -> Option<&Path> {
+        self.durable().map(|durable| durable.dir.as_path())
+    }
+
+    pub(crate) fn wal(&self) -> Option<&LogWriter> {
+        self.durable().map(|durable| &durable.wal)
+    }
+
+    pub(crate) fn locks(&self) -> &LockManager {
+        &self.inner.locks
+    }
+
+    pub(crate) fn lock_timeout(&self) -> Option<Duration> {
+        self.inner.options.lock_timeout
+    }
+
+    pub(crate) fn default_durability(&self) -> Durability {
+        match self.durable() {
+            Some(_) => self.inner.options.durability,
+            // Nothing is logged in memory, so every commit is as durable as it gets at once.
+            None => Durability::None,
+        }
+    }
+
+    /// A new transaction id. Threads take ids in blocks, so that concurrent autocommit
+    /// statements do not all increment one shared counter; the counter (which checkpoints
+    /// record) stays above every id handed out.
+    pub(crate) fn next_txn_id(&self) -> lastpage_storage::wal::TxnId {
+        thread_local! {
+            /// The next id of this thread's block, the block's end, and whose block it is.
+            static BLOCK: std::cell::Cell<(u64, u64, u64)> =
+                const { std::cell::Cell::new((0, 0, 0)) };
+        }
+        let owner = self.inner.instance;
+        BLOCK.with(|block| {
+            let (mut next, mut end, block_owner) = block.get();
+            if block_owner != owner || next == end {
+                next = self
+                    .inner
+                    .next_txn_id
+                    .fetch_add(TXN_ID_BLOCK, Ordering::Relaxed);
+                end = next + TXN_ID_BLOCK;
+            }
+            block.set((next + 1, end, owner));
+            lastpage_storage::wal::TxnId(next)
         })
+    }
+
+    /// Enters the checkpoint gate (shared) if the database has one.
+    pub(crate) fn enter_gate(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.durable().map(|durable| {
+            durable
+                .gate
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        })
+    }
+
+    /// Records a log failure: from now on the database refuses every operation.
+    pub(crate) fn fail(&self, error: WalError) -> EngineError {
+        let message = error.to_string();
+        if let Some(durable) = self.durable() {
+            let _ = durable.failure.set(message.clone());
+        }
+        EngineError::LogFailed(message)
+    }
+
+    /// Fails if the database stopped after a log failure.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match self.durable().and_then(|durable| durable.failure.get()) {
+            Some(message) => Err(EngineError::DatabaseFailed(message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The log writer's counters (commits per fdatasync and so on), for a durable database.
+    pub fn wal_stats(&self) -> Option<WalStats> {
+        self.wal().map(LogWriter::stats)
+    }
+
+    /// What recovery did when the database was opened, for a durable database.
+    pub fn recovery_stats(&self) -> Option<RecoveryStats> {
+        self.durable()
+            .and_then(|durable| durable.recovery.get().copied())
+    }
+
+    /// Shuts the database down cleanly: flushes the log and takes a checkpoint, so the next
+    /// open has nothing to replay (and tables that are not logged keep their rows). Other
+    /// clones of this handle stay usable.
+    pub fn close(self) -> Result<()> {
+        self.flush_log()?;
+        self.take_checkpoint(true).map(|_| ())
+    }
+
+    /// Makes every commit so far durable, DELAYED ones included (`sys.sp_flush_log`).
+    pub fn flush_log(&self) -> Result<()> {
+        self.check_usable()?;
+        if let Some(wal) = self.wal() {
+            wal.flush_now().map_err(|error| self.fail(error))?;
+        }
+        Ok(())
+    }
+
+    /// Takes a checkpoint (CHECKPOINT): writes a new image of every page and the catalog to the
+    /// data file, after which recovery starts at this point and older log is removed. Writers
+    /// pause only while dirty pages are captured; the data file's fdatasyncs run while they
+    /// continue. Does nothing for an in-memory database.
+    pub fn checkpoint(&self) -> Result<CheckpointStats> {
+        self.take_checkpoint(false)
+    }
+
+    fn take_checkpoint(&self, clean_shutdown: bool) -> Result<CheckpointStats> {
+        self.check_usable()?;
+        let Some(durable) = self.durable() else {
+            return Ok(CheckpointStats::default());
+        };
+        let started = Instant::now();
+        let mut last = sync::lock(&durable.checkpoint);
+        let (pending, catalog, pause) = {
+            let _gate = durable
+                .gate
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let paused = Instant::now();
+            let checkpoint_lsn = durable.wal.end_lsn().0;
+            let recovery_start = self.oldest_active_lsn().min(checkpoint_lsn);
+            let mut catalog = self.catalog(checkpoint_lsn, recovery_start);
+            catalog.clean_shutdown = clean_shutdown;
+            let pending = self
+                .inner
+                .pool
+                .checkpoint_capture()
+                .map_err(|error| EngineError::Storage(error.to_string()))?;
+            (pending, catalog, paused.elapsed())
+        };
+        // The image holds changes of transactions that may not have committed; the log must be
+        // durable up to the checkpoint before the image is, or recovery could not undo them.
+        durable.wal.flush_now().map_err(|error| self.fail(error))?;
+        let blob = catalog.encode()?;
+        pending
+            .finish(&self.inner.pool, &blob)
+            .map_err(|error| EngineError::Storage(error.to_string()))?;
+        let segments_removed = durable
+            .wal
+            .remove_segments_before(Lsn(catalog.oldest_active_lsn))
+            .map_err(|error| EngineError::Storage(error.to_string()))?;
+        *last = catalog.checkpoint_lsn;
+        Ok(CheckpointStats {
+            checkpoint_lsn: catalog.checkpoint_lsn,
+            recovery_start_lsn: catalog.oldest_active_lsn,
+            pause_us: pause.as_micros() as u64,
+            duration_us: started.elapsed().as_micros() as u64,
+            segments_removed,
+        })
+    }
+
+    /// The first LSN of the oldest transaction that has written to the log and not ended.
+    fn oldest_active_lsn(&self) -> u64 {
+        let mut sessions = sync::lock(&self.inner.sessions);
+        sessions.retain(|slot| slot.strong_count() > 0);
+        sessions
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|slot| slot.first_lsn.load(Ordering::Acquire))
+            .filter(|&lsn| lsn != NO_ACTIVE_LSN)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The catalog as of now (called with writers paused).
+    fn catalog(&self, checkpoint_lsn: u64, oldest_active_lsn: u64) -> Catalog {
+        Catalog {
+            format_version: crate::catalog::CATALOG_FORMAT_VERSION,
+            next_table_id: self.inner.next_table_id.load(Ordering::Relaxed),
+            next_index_id: self.inner.next_index_id.load(Ordering::Relaxed),
+            next_txn_id: self.inner.next_txn_id.load(Ordering::Relaxed),
+            checkpoint_lsn,
+            oldest_active_lsn,
+            clean_shutdown: false,
+            tables: self
+                .tables()
+                .iter()
+                .map(|table| table.catalog_entry())
+                .collect(),
+        }
     }
 
     /// The buffer pool.
@@ -55,8 +539,14 @@ impl Database {
         name.to_ascii_lowercase()
     }
 
-    /// Creates a table.
+    /// Creates a table. In a durable database the new table is logged and the log flushed
+    /// before this returns, like any committed schema change.
     pub fn create_table(&self, definition: TableDef) -> Result<Arc<Table>> {
+        self.check_usable()?;
+        if self.is_durable() {
+            crate::catalog::check_persistable(&definition)?;
+        }
+        let _gate = self.enter_gate();
         let key = Self::catalog_key(&definition.name);
         let mut tables = self
             .inner
@@ -67,11 +557,124 @@ impl Database {
             return Err(EngineError::TableExists(definition.name));
         }
         let id = self.inner.next_table_id.fetch_add(1, Ordering::Relaxed);
-        let table = Arc::new(Table::create(id, definition, &self.inner.pool, || {
-            self.inner.next_index_id.fetch_add(1, Ordering::Relaxed)
+        let pool = &self.inner.pool;
+        let table = Arc::new(Table::create(id, definition, &mut |options| {
+            let index_id = self.inner.next_index_id.fetch_add(1, Ordering::Relaxed);
+            Ok(lastpage_storage::btree::BTree::create(
+                Arc::clone(pool),
+                index_id,
+                options,
+            )?)
         })?);
+        if let Some(wal) = self.wal() {
+            let description = recovery::describe_create(&table.catalog_entry())?;
+            wal.append(&Record::Schema {
+                description: description.into(),
+            })
+            .and_then(|end| wal.wait_durable(end))
+            .map_err(|error| self.fail(error))?;
+        }
         tables.insert(key, Arc::clone(&table));
         Ok(table)
+    }
+
+    /// Adds a table whose trees already exist (from a checkpoint image).
+    pub(crate) fn attach_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
+        let pool = &self.inner.pool;
+        let mut trees = entry.index_trees.iter().flat_map(|index| {
+            (0..index.index_id_per_partition.len()).map(move |partition| {
+                (
+                    index.index_id_per_partition[partition],
+                    index.root_per_partition.get(partition).copied(),
+                    index
+                        .rows_per_partition
+                        .get(partition)
+                        .copied()
+                        .unwrap_or(0),
+                )
+            })
+        });
+        let table = Table::create(entry.table_id, entry.definition.clone(), &mut |options| {
+            let Some((index_id, Some(root), rows)) = trees.next() else {
+                return Err(EngineError::Storage(format!(
+                    "the catalog entry of table {} lists fewer trees than its indexes need",
+                    entry.table_id
+                )));
+            };
+            Ok(lastpage_storage::btree::BTree::open(
+                Arc::clone(pool),
+                index_id,
+                root,
+                options,
+                rows,
+            ))
+        })?;
+        if let Some(next) = entry.next_identity {
+            table.raise_identity(next);
+        }
+        self.register_table(Arc::new(table));
+        Ok(())
+    }
+
+    /// Adds a table created by a logged schema change during recovery: fresh trees with the
+    /// index ids the log's records name.
+    pub(crate) fn recreate_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
+        let pool = &self.inner.pool;
+        let mut ids = entry
+            .index_trees
+            .iter()
+            .flat_map(|index| index.index_id_per_partition.iter().copied());
+        let table = Table::create(entry.table_id, entry.definition.clone(), &mut |options| {
+            let index_id = ids.next().ok_or_else(|| {
+                EngineError::Storage(format!(
+                    "the logged definition of table {} lists fewer trees than its indexes need",
+                    entry.table_id
+                ))
+            })?;
+            Ok(lastpage_storage::btree::BTree::create(
+                Arc::clone(pool),
+                index_id,
+                options,
+            )?)
+        })?;
+        let max_index = entry
+            .index_trees
+            .iter()
+            .flat_map(|index| index.index_id_per_partition.iter().copied())
+            .max()
+            .unwrap_or(0);
+        self.inner
+            .next_index_id
+            .fetch_max(max_index + 1, Ordering::Relaxed);
+        self.inner
+            .next_table_id
+            .fetch_max(entry.table_id + 1, Ordering::Relaxed);
+        self.register_table(Arc::new(table));
+        Ok(())
+    }
+
+    fn register_table(&self, table: Arc<Table>) {
+        self.inner
+            .tables
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(Self::catalog_key(table.name()), table);
+    }
+
+    /// Removes a table dropped by a logged schema change during recovery.
+    pub(crate) fn forget_table(&self, table_id: u32) {
+        self.inner
+            .tables
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|_, table| table.id() != table_id);
+    }
+
+    /// Raises the next transaction id above one seen in the log.
+    pub(crate) fn saw_txn_id(&self, txn: u64) {
+        self.inner
+            .next_txn_id
+            .fetch_max(txn.saturating_add(1), Ordering::Relaxed);
     }
 
     /// The table called `name` (case-insensitive).
@@ -85,16 +688,30 @@ impl Database {
             .ok_or_else(|| EngineError::UnknownTable(name.to_owned()))
     }
 
-    /// Removes a table from the catalog. Its pages stay allocated until the database closes:
-    /// page reuse arrives with the data file's free-space map.
+    /// Removes a table from the catalog. Its pages are not reused yet (page reuse arrives with
+    /// a free-space map). In a durable database the drop is logged and flushed.
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        self.inner
+        self.check_usable()?;
+        let _gate = self.enter_gate();
+        let mut tables = self
+            .inner
             .tables
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&Self::catalog_key(name))
-            .map(|_| ())
-            .ok_or_else(|| EngineError::UnknownTable(name.to_owned()))
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = Self::catalog_key(name);
+        let table = tables
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownTable(name.to_owned()))?;
+        if let Some(wal) = self.wal() {
+            wal.append(&Record::Schema {
+                description: recovery::describe_drop(table.id()).into(),
+            })
+            .and_then(|end| wal.wait_durable(end))
+            .map_err(|error| self.fail(error))?;
+        }
+        tables.remove(&key);
+        Ok(())
     }
 
     /// Every table, in name order.
@@ -113,14 +730,20 @@ impl Database {
 
     /// Opens a session: the unit that wait statistics are attributed to.
     pub fn session(&self) -> Session {
+        let active = Arc::new(ActiveSlot::new());
+        sync::lock(&self.inner.sessions).push(Arc::downgrade(&active));
         Session {
             id: self.inner.next_session_id.fetch_add(1, Ordering::Relaxed),
             waits: Arc::new(WaitAccumulator::new()),
+            db: self.clone(),
+            active,
+            txn: Mutex::new(None),
         }
     }
 
     /// Checks every table (see [`Table::check_integrity`]).
     pub fn check_integrity(&self) -> Result<Vec<TableCheck>> {
+        self.check_usable()?;
         self.tables()
             .iter()
             .map(|table| table.check_integrity())
@@ -139,13 +762,41 @@ impl Database {
 }
 
 /// A session. Every operation takes one, and the waits it incurs are attributed to it (like
-/// `sys.dm_exec_session_wait_stats`). A session is used by one thread at a time.
+/// `sys.dm_exec_session_wait_stats`). A session is used by one thread at a time, and holds at
+/// most one explicit transaction; dropping it rolls that transaction back.
 pub struct Session {
     id: u64,
     waits: Arc<WaitAccumulator>,
+    db: Database,
+    active: Arc<ActiveSlot>,
+    txn: Mutex<Option<Transaction>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.abandon();
+    }
 }
 
 impl Session {
+    /// The database the session belongs to.
+    pub fn db(&self) -> &Database {
+        &self.db
+    }
+
+    pub(crate) fn active_slot(&self) -> &ActiveSlot {
+        &self.active
+    }
+
+    pub(crate) fn txn_slot(&self) -> MutexGuard<'_, Option<Transaction>> {
+        sync::lock(&self.txn)
+    }
+
+    /// The explicit transaction's id, if one is open.
+    pub(crate) fn current_txn_id(&self) -> Option<lastpage_storage::wal::TxnId> {
+        self.txn_slot().as_ref().map(|txn| txn.id)
+    }
+
     /// The session id.
     pub fn id(&self) -> u64 {
         self.id

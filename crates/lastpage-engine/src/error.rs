@@ -145,6 +145,22 @@ pub enum EngineError {
     /// The buffer pool is out of pages.
     #[error(transparent)]
     PoolFull(#[from] PoolFull),
+    /// A lock request failed: a timeout or a deadlock (with SQL Server's messages).
+    #[error(transparent)]
+    Lock(#[from] crate::locks::LockError),
+    /// A transaction statement in the wrong state (COMMIT without BEGIN, nested BEGIN).
+    #[error("{0}")]
+    Transaction(String),
+    /// The log could not be made durable: this commit was not acknowledged, and the database
+    /// refuses everything from now on.
+    #[error("{0}")]
+    LogFailed(String),
+    /// The database stopped after a log failure; reopening it recovers from the log.
+    #[error(
+        "the database stopped after a write-ahead log failure and must be reopened to recover: \
+         {0}"
+    )]
+    DatabaseFailed(String),
     /// A table cannot be stored in a durable database's catalog, because a column holds a
     /// closure (a computed expression or a function default) or a default that does not fit
     /// its column.

@@ -26,17 +26,21 @@ pub mod database;
 pub mod encoding;
 pub mod error;
 pub mod locks;
+pub mod recovery;
 pub mod schema;
 pub mod table;
+pub mod txn;
 pub mod types;
 
-pub use database::{Database, DatabaseOptions, Session};
+pub use database::{CheckpointStats, Database, DatabaseOptions, Session};
 pub use error::{EngineError, Result};
 pub use lastpage_storage::btree::{Direction, InsertPath};
 pub use lastpage_storage::latch::LatchPolicy;
 pub use lastpage_storage::stats::{LatchClass, WaitSnapshot, WaitStat, WaitType};
+pub use recovery::RecoveryStats;
 pub use schema::{
     ColumnDef, DefaultValue, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
 };
 pub use table::{InsertRow, KeyRange, Row, Table, TableCheck};
+pub use txn::Durability;
 pub use types::{DataType, Value};

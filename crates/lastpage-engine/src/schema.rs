@@ -193,6 +193,10 @@ pub struct TableDef {
     pub nonclustered: Vec<IndexDef>,
     /// Hash partitioning, if any.
     pub partition: Option<PartitionDef>,
+    /// Whether changes are logged (the default). A table that is not logged costs no log
+    /// writes, and recovery after a crash empties it, as PostgreSQL does with UNLOGGED tables;
+    /// after a clean shutdown it keeps its rows.
+    pub logged: bool,
 }
 
 /// Hash partitioning: rows go to partition `value % partitions` of an integer column, and every
@@ -215,7 +219,14 @@ impl TableDef {
             clustered: None,
             nonclustered: Vec::new(),
             partition: None,
+            logged: true,
         }
+    }
+
+    /// Makes the table non-logged (see [`TableDef::logged`]).
+    pub fn not_logged(mut self) -> Self {
+        self.logged = false;
+        self
     }
 
     /// Adds a column.

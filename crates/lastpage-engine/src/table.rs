@@ -15,14 +15,17 @@ use lastpage_storage::btree::{
     BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, RangeIter, TreeCheck,
     TreeOptions,
 };
-use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
 use lastpage_storage::sync::{AtomicI64, Ordering};
+use lastpage_storage::wal::{Record, TxnId};
+use std::borrow::Cow;
 
+use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
+use crate::txn::WriteScope;
 use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
 
 /// A row: one value per column, in column order.
@@ -160,6 +163,142 @@ const UNIQUIFIER_BYTES: usize = 8;
 /// A clustered record found by a lookup: its partition, key and value.
 type FoundRecord = (usize, Vec<u8>, Vec<u8>);
 
+/// A row ready to insert: its partition, clustered key and value, and nonclustered entries.
+type PreparedRow = (usize, Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// One change to one row, as clustered records (the nonclustered entries follow from them):
+/// what the log records, what undo inverts and what recovery replays.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RowChange {
+    /// A row was inserted.
+    Insert {
+        partition: usize,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// A row was deleted.
+    Delete {
+        partition: usize,
+        key: Vec<u8>,
+        old_value: Vec<u8>,
+    },
+    /// A row's value changed (its clustered key did not; a key change is a delete and an
+    /// insert).
+    Update {
+        partition: usize,
+        key: Vec<u8>,
+        old_value: Vec<u8>,
+        new_value: Vec<u8>,
+    },
+}
+
+impl RowChange {
+    /// The change that undoes this one.
+    pub(crate) fn inverse(&self) -> RowChange {
+        match self.clone() {
+            RowChange::Insert {
+                partition,
+                key,
+                value,
+            } => RowChange::Delete {
+                partition,
+                key,
+                old_value: value,
+            },
+            RowChange::Delete {
+                partition,
+                key,
+                old_value,
+            } => RowChange::Insert {
+                partition,
+                key,
+                value: old_value,
+            },
+            RowChange::Update {
+                partition,
+                key,
+                old_value,
+                new_value,
+            } => RowChange::Update {
+                partition,
+                key,
+                old_value: new_value,
+                new_value: old_value,
+            },
+        }
+    }
+
+    /// The log record of this change by `txn` to `table`. Records name the partition's
+    /// clustered tree.
+    pub(crate) fn to_record<'a>(&'a self, txn: TxnId, table: &Table) -> Record<'a> {
+        match self {
+            RowChange::Insert {
+                partition,
+                key,
+                value,
+            } => Record::Insert {
+                txn,
+                index_id: table.clustered.tree(*partition).index_id(),
+                key: Cow::Borrowed(key),
+                value: Cow::Borrowed(value),
+            },
+            RowChange::Delete {
+                partition,
+                key,
+                old_value,
+            } => Record::Delete {
+                txn,
+                index_id: table.clustered.tree(*partition).index_id(),
+                key: Cow::Borrowed(key),
+                old_value: Cow::Borrowed(old_value),
+            },
+            RowChange::Update {
+                partition,
+                key,
+                old_value,
+                new_value,
+            } => Record::Update {
+                txn,
+                index_id: table.clustered.tree(*partition).index_id(),
+                key: Cow::Borrowed(key),
+                old_value: Cow::Borrowed(old_value),
+                new_value: Cow::Borrowed(new_value),
+            },
+        }
+    }
+
+    /// The change a log record describes, in `partition`.
+    pub(crate) fn from_record(partition: usize, record: Record<'_>) -> Result<RowChange> {
+        match record {
+            Record::Insert { key, value, .. } => Ok(RowChange::Insert {
+                partition,
+                key: key.into_owned(),
+                value: value.into_owned(),
+            }),
+            Record::Delete { key, old_value, .. } => Ok(RowChange::Delete {
+                partition,
+                key: key.into_owned(),
+                old_value: old_value.into_owned(),
+            }),
+            Record::Update {
+                key,
+                old_value,
+                new_value,
+                ..
+            } => Ok(RowChange::Update {
+                partition,
+                key: key.into_owned(),
+                old_value: old_value.into_owned(),
+                new_value: new_value.into_owned(),
+            }),
+            other => Err(EngineError::Storage(format!(
+                "a {:?} log record is not a row change",
+                other.kind()
+            ))),
+        }
+    }
+}
+
 /// A table.
 pub struct Table {
     id: u32,
@@ -180,6 +319,8 @@ pub struct Table {
     identity_keyed: bool,
     /// Hash partitioning, if the table is partitioned.
     partitioning: Option<Partitioning>,
+    /// The definition the table was created from, for the catalog.
+    definition: TableDef,
 }
 
 /// How a partitioned table spreads its rows: by the value of an integer column modulo the
@@ -223,13 +364,14 @@ impl std::fmt::Debug for Table {
 }
 
 impl Table {
-    /// Builds the table and its trees. `next_index_id` hands out index ids.
+    /// Builds the table. `make_tree` makes each index's tree, one per partition, clustered
+    /// index first: a new one, or one reattached from a checkpoint image.
     pub(crate) fn create(
         id: u32,
         def: TableDef,
-        pool: &Arc<BufferPool>,
-        mut next_index_id: impl FnMut() -> u32,
+        make_tree: &mut dyn FnMut(TreeOptions) -> Result<BTree>,
     ) -> Result<Table> {
+        let definition = def.clone();
         let invalid = |reason: String| EngineError::InvalidDefinition {
             table: def.name.clone(),
             reason,
@@ -309,8 +451,8 @@ impl Table {
                 optimize_for_sequential_key: index.options.optimize_for_sequential_key,
             };
             let trees = (0..partition_count)
-                .map(|_| BTree::create(Arc::clone(pool), next_index_id(), options))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+                .map(|_| make_tree(options))
+                .collect::<Result<Vec<_>>>()?;
             Ok(Index {
                 types: column_ids
                     .iter()
@@ -413,6 +555,7 @@ impl Table {
             _ => None,
         };
         Ok(Table {
+            definition,
             value_columns_range,
             partitioning,
             identity_keyed,
@@ -535,13 +678,16 @@ impl Table {
     }
 
     /// Inserts one row; returns its identity value, if the table has an identity column.
-    pub fn insert(&self, session: &Session, row: InsertRow) -> Result<Option<i64>> {
-        let _attribution = session.attribute();
-        self.insert_row(row)
+    pub fn insert(self: &Arc<Self>, session: &Session, row: InsertRow) -> Result<Option<i64>> {
+        session.write(self, |scope| self.insert_row(scope, row))
     }
 
     /// Inserts one row, naming its columns.
-    pub fn insert_named(&self, session: &Session, values: &[(&str, Value)]) -> Result<Option<i64>> {
+    pub fn insert_named(
+        self: &Arc<Self>,
+        session: &Session,
+        values: &[(&str, Value)],
+    ) -> Result<Option<i64>> {
         let mut row = InsertRow::new();
         for (name, value) in values {
             row = row.set(self.column_index(name)?, value.clone());
@@ -553,14 +699,20 @@ impl Table {
     /// run of rows that land on it, not once per row, and an identity table hands the batch a
     /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
     /// the batch already inserted are removed again and the first error (in row order) is
-    /// returned. Until transactions arrive, a concurrent reader may see the batch's rows before
-    /// such a removal.
+    /// returned; readers never see the batch's rows before it commits.
     pub fn insert_batch(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
-        let _attribution = session.attribute();
+        session.write(self, |scope| self.insert_batch_in(scope, rows))
+    }
+
+    fn insert_batch_in(
+        self: &Arc<Self>,
+        scope: &mut WriteScope<'_>,
+        rows: Vec<InsertRow>,
+    ) -> Result<Vec<Option<i64>>> {
         let mut next_identity = self.identity.as_ref().map(|identity| {
             let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
             identity
@@ -584,8 +736,35 @@ impl Table {
             let entries = self.nonclustered_entries(values, &key)?;
             records.push((self.partition_of_row(values), key, value, entries));
         }
-        // Clustered index first, then each nonclustered index, each as one batch per
-        // partition; `done` remembers what went in, for the undo.
+        if scope.needs_locks(self.key_has_identity()) {
+            for (_, key, _, entries) in &records {
+                self.lock_entries(scope, key, entries)?;
+            }
+        }
+        scope.logged(self, |changes| {
+            self.apply_batch(&records, &completed)?;
+            changes.extend(
+                records
+                    .iter()
+                    .map(|(partition, key, value, _)| RowChange::Insert {
+                        partition: *partition,
+                        key: key.clone(),
+                        value: value.clone(),
+                    }),
+            );
+            Ok(())
+        })?;
+        Ok(completed
+            .into_iter()
+            .map(|(_, identity)| identity)
+            .collect())
+    }
+
+    /// Inserts a batch's prepared records: clustered index first, then each nonclustered
+    /// index, each as one batch per partition. If any entry is rejected, removes everything
+    /// the batch inserted and returns the first error in row order.
+    fn apply_batch(&self, records: &[PreparedRow], completed: &[(Row, Option<i64>)]) -> Result<()> {
+        // `done` remembers what went in, for the undo.
         let mut done: Vec<(&Index, usize, Vec<u8>)> = Vec::new();
         let mut failure: Option<(usize, EngineError)> = None;
         for (position, index) in std::iter::once(&self.clustered)
@@ -643,22 +822,80 @@ impl Table {
             }
             return Err(error);
         }
-        Ok(completed
-            .into_iter()
-            .map(|(_, identity)| identity)
-            .collect())
+        Ok(())
     }
 
     /// Inserts one row: completes it, then either lets the clustered tree make the identity key
     /// under its last leaf's latch (see [`Table::identity_keyed`]) or inserts the finished row.
-    fn insert_row(&self, row: InsertRow) -> Result<Option<i64>> {
+    fn insert_row(
+        self: &Arc<Self>,
+        scope: &mut WriteScope<'_>,
+        row: InsertRow,
+    ) -> Result<Option<i64>> {
         if self.identity_keyed {
             let (values, _) = self.complete_row(row, IdentityFill::LeaveToTree)?;
-            return self.insert_with_identity_key(values).map(Some);
+            return self.insert_with_identity_key(scope, values).map(Some);
         }
         let (values, identity) = self.complete_row(row, IdentityFill::TakeNext)?;
-        self.insert_complete(values)?;
+        let key = self.clustered_key(&values)?;
+        let value = self.clustered_value(&values)?;
+        self.check_sizes(&self.clustered, &key, &value)?;
+        let entries = self.nonclustered_entries(&values, &key)?;
+        if scope.needs_locks(self.key_has_identity()) {
+            self.lock_entries(scope, &key, &entries)?;
+        }
+        let partition = self.partition_of_row(&values);
+        scope.logged(self, |changes| {
+            self.insert_prepared(partition, &values, &key, &value, &entries)?;
+            changes.push(RowChange::Insert {
+                partition,
+                key,
+                value,
+            });
+            Ok(())
+        })?;
         Ok(identity)
+    }
+
+    /// Whether the clustered key contains the identity column, so that every new row's key is
+    /// one nobody has seen (identity values are never reused).
+    fn key_has_identity(&self) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|identity| self.clustered.column_ids.contains(&identity.column))
+    }
+
+    /// Locks a new row's clustered key and its unique nonclustered keys (so that a key a
+    /// transaction deleted cannot be taken by another before the first one commits).
+    fn lock_entries(
+        &self,
+        scope: &mut WriteScope<'_>,
+        key: &[u8],
+        entries: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<()> {
+        scope.lock_row(self, 0, key)?;
+        for (position, (index, (entry_key, _))) in self.nonclustered.iter().zip(entries).enumerate()
+        {
+            if index.def.uniqueness.is_unique() {
+                scope.lock_row(self, position + 1, entry_key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Locks the unique nonclustered keys a row's stored value gives it.
+    fn lock_row_entries(&self, scope: &mut WriteScope<'_>, key: &[u8], value: &[u8]) -> Result<()> {
+        if self
+            .nonclustered
+            .iter()
+            .any(|index| index.def.uniqueness.is_unique())
+        {
+            let row = self.decode_record(key, value)?;
+            let entries = self.nonclustered_entries(&row, key)?;
+            self.lock_entries(scope, key, &entries)
+        } else {
+            scope.lock_row(self, 0, key)
+        }
     }
 
     /// Fills in identity (as `identity` says), defaults and computed columns, converts every
@@ -852,61 +1089,86 @@ impl Table {
         }
     }
 
-    /// Inserts a complete, converted row into every index, undoing what it did if any index
-    /// rejects it.
-    fn insert_complete(&self, values: Row) -> Result<()> {
-        let key = self.clustered_key(&values)?;
-        let value = self.clustered_value(&values)?;
-        self.check_sizes(&self.clustered, &key, &value)?;
-        let entries = self.nonclustered_entries(&values, &key)?;
-        let partition = self.partition_of_row(&values);
+    /// Inserts a prepared row into every index, undoing what it did if any index rejects it.
+    fn insert_prepared(
+        &self,
+        partition: usize,
+        values: &[Value],
+        key: &[u8],
+        value: &[u8],
+        entries: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<()> {
         self.clustered
             .tree(partition)
-            .insert(&key, &value)
-            .map_err(|error| self.storage_error(&self.clustered, error, &values))?;
-        self.insert_nonclustered(partition, &values, &key, &entries)
+            .insert(key, value)
+            .map_err(|error| self.storage_error(&self.clustered, error, values))?;
+        self.insert_nonclustered(partition, values, key, entries)
     }
 
     /// Inserts a row whose clustered key is its identity column alone: the clustered tree calls
     /// back for the key while it holds its last leaf, so identity values reach the index in the
     /// order they are handed out and every insert is an append. Returns the identity value.
-    fn insert_with_identity_key(&self, mut values: Row) -> Result<i64> {
+    ///
+    /// When the row needs a lock, the callback takes it too, before the leaf's latch is
+    /// released: from the moment a reader can see the row, the lock hides it until commit. The
+    /// lock cannot wait, as nobody else can know the new key yet.
+    fn insert_with_identity_key(
+        self: &Arc<Self>,
+        scope: &mut WriteScope<'_>,
+        mut values: Row,
+    ) -> Result<i64> {
         let identity = self
             .identity
             .as_ref()
             .expect("identity_keyed implies an identity column");
         let data_type = self.columns[identity.column].data_type;
         let value = self.clustered_value(&values)?;
+        let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let mut assigned = None;
-        let key = self
-            .clustered
-            .tree(0)
-            .insert_with_generated_key(&value, |key| {
-                let id = identity
-                    .next
-                    .fetch_add(identity.increment, Ordering::Relaxed);
-                assigned = Some(id);
-                encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
-                Ok::<(), EngineError>(())
-            })
-            .map_err(|error| match error {
-                GeneratedKeyError::Key(error) => error,
-                GeneratedKeyError::Tree(error) => {
-                    self.storage_error(&self.clustered, error, &values)
+        let id = scope.logged(self, |changes| {
+            let key = self
+                .clustered
+                .tree(0)
+                .insert_with_generated_key(&value, |key| {
+                    let id = identity
+                        .next
+                        .fetch_add(identity.increment, Ordering::Relaxed);
+                    assigned = Some(id);
+                    encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
+                    if let Some(locker) = &locker {
+                        locker.lock(key)?;
+                    }
+                    Ok::<(), EngineError>(())
+                })
+                .map_err(|error| match error {
+                    GeneratedKeyError::Key(error) => error,
+                    GeneratedKeyError::Tree(error) => {
+                        self.storage_error(&self.clustered, error, &values)
+                    }
+                })?;
+            let id = assigned.expect("the tree made the key");
+            values[identity.column] = identity_as_value(id, data_type)?;
+            let entries = match self.nonclustered_entries(&values, &key) {
+                Ok(entries) => entries,
+                Err(error) => {
+                    // Undo is best effort: a page that cannot be read leaves the entry behind,
+                    // and the statement's error says why.
+                    let _ = self.clustered.tree(0).delete(&key);
+                    return Err(error);
                 }
-            })?;
-        let id = assigned.expect("the tree made the key");
-        values[identity.column] = identity_as_value(id, data_type)?;
-        let entries = match self.nonclustered_entries(&values, &key) {
-            Ok(entries) => entries,
-            Err(error) => {
-                // Undo is best effort: a page that cannot be read leaves the entry behind.
-                let _ = self.clustered.tree(0).delete(&key);
-                return Err(error);
-            }
-        };
-        self.insert_nonclustered(0, &values, &key, &entries)?;
-        Ok(id)
+            };
+            self.insert_nonclustered(0, &values, &key, &entries)?;
+            changes.push(RowChange::Insert {
+                partition: 0,
+                key,
+                value: value.clone(),
+            });
+            Ok(id)
+        });
+        if let Some(locker) = locker {
+            scope.adopt_locks(locker);
+        }
+        id
     }
 
     /// The nonclustered entries of a row whose clustered key is `key`, size-checked.
@@ -1022,8 +1284,12 @@ impl Table {
                     .map(|value| (encoded.clone(), value))
             } else {
                 let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-                tree.range(Bound::Included(&encoded), upper, Direction::Forward)
-                    .next()
+                let mut range = tree.range(Bound::Included(&encoded), upper, Direction::Forward);
+                let first = range.next();
+                if let Some(error) = range.take_error() {
+                    return Err(storage_failure(error));
+                }
+                first
             };
             if let Some((found_key, value)) = found
                 && first.as_ref().is_none_or(|(_, best, _)| found_key < *best)
@@ -1037,9 +1303,55 @@ impl Table {
     /// Looks up a row by its clustered key.
     pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
         let _attribution = session.attribute();
-        match self.find_record(key)? {
-            Some((_, key, value)) => Ok(Some(self.decode_record(&key, &value)?)),
+        session.db().check_usable()?;
+        let rollbacks = session.db().rollbacks();
+        let Some((partition, key, value)) = self.find_record(key)? else {
+            return Ok(None);
+        };
+        let revalidate = session.db().rollbacks() != rollbacks;
+        match self.committed_value(session, partition, &key, value, revalidate)? {
+            Some(value) => Ok(Some(self.decode_record(&key, &value)?)),
             None => Ok(None),
+        }
+    }
+
+    /// READ COMMITTED: the committed value of clustered record `key`, which a lookup read as
+    /// `value`, or `None` if the row is not (or no longer) there.
+    ///
+    /// A row is committed when no other transaction holds an exclusive lock on it, because
+    /// writers lock a row before it becomes visible and release the lock only once the row is
+    /// final. The quick check (lock table only) is enough unless a rollback ran since the value
+    /// was read (`revalidate`): a rollback can remove a row and release its lock between the
+    /// read and the check. Otherwise the row is read again with the lock checked under the
+    /// leaf's latch; a locked row is waited for (LCK_M_S) and read again.
+    fn committed_value(
+        &self,
+        session: &Session,
+        partition: usize,
+        key: &[u8],
+        value: Vec<u8>,
+        revalidate: bool,
+    ) -> Result<Option<Vec<u8>>> {
+        let db = session.db();
+        let reader = session.current_txn_id();
+        let lock = crate::txn::lock_key(self.id, 0, key);
+        let locks = db.locks();
+        if !revalidate && !locks.is_locked_by_other(reader, &lock) {
+            return Ok(Some(value));
+        }
+        loop {
+            let read = self
+                .clustered
+                .tree(partition)
+                .get_with(key, |current| {
+                    (locks.is_locked_by_other(reader, &lock), current.to_vec())
+                })
+                .map_err(storage_failure)?;
+            match read {
+                None => return Ok(None),
+                Some((false, current)) => return Ok(Some(current)),
+                Some((true, _)) => locks.wait_for_shared(reader, &lock, db.lock_timeout())?,
+            }
         }
     }
 
@@ -1061,6 +1373,7 @@ impl Table {
         key: &[Value],
     ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
+        session.db().check_usable()?;
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
             return Ok(Vec::new());
@@ -1069,13 +1382,17 @@ impl Table {
         let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut rows = Vec::new();
         for partition in 0..self.partition_count() {
-            for (index_key, index_value) in
+            let mut range =
                 index
                     .tree(partition)
-                    .range(Bound::Included(&encoded), upper, Direction::Forward)
-            {
+                    .range(Bound::Included(&encoded), upper, Direction::Forward);
+            for (index_key, index_value) in range.by_ref() {
                 if std::ptr::eq(index, &self.clustered) {
-                    rows.push(self.decode_record(&index_key, &index_value)?);
+                    if let Some(value) =
+                        self.committed_value(session, partition, &index_key, index_value, true)?
+                    {
+                        rows.push(self.decode_record(&index_key, &value)?);
+                    }
                     continue;
                 }
                 let locator = self.locator(index, &index_key, &index_value)?;
@@ -1084,9 +1401,14 @@ impl Table {
                     .tree(partition)
                     .get(&locator)
                     .map_err(storage_failure)?
+                    && let Some(value) =
+                        self.committed_value(session, partition, &locator, value, true)?
                 {
                     rows.push(self.decode_record(&locator, &value)?);
                 }
+            }
+            if let Some(error) = range.take_error() {
+                return Err(storage_failure(error));
             }
         }
         Ok(rows)
@@ -1104,11 +1426,12 @@ impl Table {
     /// Scans rows in clustered key order within `range`.
     pub fn scan<'a>(
         &'a self,
-        session: &Session,
+        session: &'a Session,
         range: &KeyRange,
         direction: Direction,
     ) -> Result<RowIter<'a>> {
         let _attribution = session.attribute();
+        session.db().check_usable()?;
         let full = |key: &[Value]| self.is_exact_clustered_key(key);
         let lower = match &range.lower {
             Bound::Unbounded => Bound::Unbounded,
@@ -1120,7 +1443,7 @@ impl Table {
                 } else {
                     match prefix_end(&encoded) {
                         Some(end) => Bound::Included(end),
-                        None => return Ok(RowIter::empty(self)),
+                        None => return Ok(RowIter::empty(self, session)),
                     }
                 }
             }
@@ -1149,19 +1472,18 @@ impl Table {
                 )
             })
             .collect();
-        Ok(RowIter::new(self, partitions, direction))
+        Ok(RowIter::new(self, session, partitions, direction))
     }
 
     /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
     /// whether a row was found. Nonclustered indexes follow. Changing clustered key columns
     /// moves the row.
     pub fn update(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         key: &[Value],
         changes: &[(usize, Value)],
     ) -> Result<bool> {
-        let _attribution = session.attribute();
         for (column, _) in changes {
             let definition =
                 self.columns
@@ -1177,8 +1499,8 @@ impl Table {
                 });
             }
         }
-        loop {
-            let Some((partition, record_key, old_value)) = self.find_record(key)? else {
+        session.write(self, |scope| {
+            let Some((partition, record_key, old_value)) = self.find_locked(scope, key)? else {
                 return Ok(false);
             };
             let old_row = self.decode_record(&record_key, &old_value)?;
@@ -1195,129 +1517,286 @@ impl Table {
                 } else {
                     0
                 }];
-            if new_key != old_key_columns {
-                return self
-                    .move_row(partition, &record_key, &old_row, new_row)
-                    .map(|()| true);
+            if new_key != old_key_columns || self.partition_of_row(&new_row) != partition {
+                // The row moves: a delete and an insert, each logged; if the insert is
+                // rejected, the statement's rollback puts the old row back.
+                let key = self.clustered_key(&new_row)?;
+                let value = self.clustered_value(&new_row)?;
+                self.check_sizes(&self.clustered, &key, &value)?;
+                let entries = self.nonclustered_entries(&new_row, &key)?;
+                self.lock_entries(scope, &key, &entries)?;
+                let new_partition = self.partition_of_row(&new_row);
+                scope.logged(self, |changes| {
+                    let delete = RowChange::Delete {
+                        partition,
+                        key: record_key.clone(),
+                        old_value: old_value.clone(),
+                    };
+                    self.apply_change(&delete)?;
+                    changes.push(delete);
+                    self.insert_prepared(new_partition, &new_row, &key, &value, &entries)?;
+                    changes.push(RowChange::Insert {
+                        partition: new_partition,
+                        key,
+                        value,
+                    });
+                    Ok(())
+                })?;
+                return Ok(true);
             }
             let new_value = self.clustered_value(&new_row)?;
             self.check_sizes(&self.clustered, &record_key, &new_value)?;
-            // New nonclustered entries go in first, so a unique violation is found before the
-            // row changes; old ones are removed once the row has changed.
-            let mut added: Vec<(&Index, Vec<u8>)> = Vec::new();
-            let mut removed: Vec<(&Index, Vec<u8>)> = Vec::new();
-            let mut failure = None;
-            for index in &self.nonclustered {
-                let (old_key, _) = self.nonclustered_entry(index, &old_row, &record_key)?;
-                let (new_key, new_entry_value) =
-                    self.nonclustered_entry(index, &new_row, &record_key)?;
-                if old_key == new_key {
-                    continue;
-                }
-                if let Err(error) = self.check_sizes(index, &new_key, &new_entry_value) {
-                    failure = Some(error);
-                    break;
-                }
-                match index.tree(partition).insert(&new_key, &new_entry_value) {
-                    Ok(()) => {
-                        added.push((index, new_key));
-                        removed.push((index, old_key));
-                    }
-                    Err(error) => {
-                        failure = Some(self.storage_error(index, error, &new_row));
-                        break;
-                    }
+            let new_entries = self.nonclustered_entries(&new_row, &record_key)?;
+            for (position, (index, (entry_key, _))) in
+                self.nonclustered.iter().zip(&new_entries).enumerate()
+            {
+                if index.def.uniqueness.is_unique() {
+                    scope.lock_row(self, position + 1, entry_key)?;
                 }
             }
-            let undo = |added: &[(&Index, Vec<u8>)]| {
-                for (index, key) in added {
-                    // Undo is best effort: a page that cannot be read leaves the entry behind.
-                    let _ = index.tree(partition).delete(key);
-                }
+            let update = RowChange::Update {
+                partition,
+                key: record_key,
+                old_value,
+                new_value,
             };
-            if let Some(error) = failure {
-                undo(&added);
-                return Err(error);
-            }
+            scope.logged(self, |changes| {
+                self.apply_change(&update)?;
+                changes.push(update.clone());
+                Ok(true)
+            })
+        })
+    }
+
+    /// Finds the clustered record for a search key and locks it exclusively (and its unique
+    /// nonclustered keys), then reads it again: the version returned is the one the lock
+    /// protects.
+    fn find_locked(
+        &self,
+        scope: &mut WriteScope<'_>,
+        key: &[Value],
+    ) -> Result<Option<FoundRecord>> {
+        loop {
+            let Some((partition, record_key, value)) = self.find_record(key)? else {
+                return Ok(None);
+            };
+            self.lock_row_entries(scope, &record_key, &value)?;
             match self
                 .clustered
                 .tree(partition)
-                .compare_and_update(&record_key, &old_value, &new_value)
-                .map_err(|error| self.storage_error(&self.clustered, error, &new_row))?
+                .get(&record_key)
+                .map_err(storage_failure)?
             {
-                CompareAndUpdate::Updated => {
-                    for (index, key) in removed {
-                        // Undo is best effort: a page that cannot be read leaves the entry behind.
-                        let _ = index.tree(partition).delete(&key);
-                    }
-                    return Ok(true);
+                Some(current) if current == value => {
+                    return Ok(Some((partition, record_key, current)));
                 }
-                CompareAndUpdate::Changed => undo(&added),
-                CompareAndUpdate::NotFound => {
-                    undo(&added);
-                    return Ok(false);
-                }
+                // Changed or deleted while this transaction waited for the lock: look again
+                // (the old lock stays; holding a lock on a row that moved on is harmless).
+                _ => continue,
             }
         }
     }
 
-    /// Moves a row whose clustered key changed: removes the old row, inserts the new one, and
-    /// puts the old one back if the new one is rejected (a duplicate key, say). Until
-    /// transactions arrive, a concurrent reader can miss the row while it moves.
-    fn move_row(
+    /// Applies a change to the trees, nonclustered entries included: the forward half of an
+    /// update or a delete, an undo, or a replayed log record. Fails (changing nothing) if the
+    /// trees do not hold what the change expects.
+    pub(crate) fn apply_change(&self, change: &RowChange) -> Result<()> {
+        match change {
+            RowChange::Insert {
+                partition,
+                key,
+                value,
+            } => {
+                let row = self.decode_record(key, value)?;
+                let entries = self.nonclustered_entries(&row, key)?;
+                self.insert_prepared(*partition, &row, key, value, &entries)
+            }
+            RowChange::Delete {
+                partition,
+                key,
+                old_value,
+            } => {
+                let row = self.decode_record(key, old_value)?;
+                if self.delete_record(*partition, key, &row)? {
+                    Ok(())
+                } else {
+                    Err(EngineError::Storage(format!(
+                        "table '{}': the row to delete is not there",
+                        self.name
+                    )))
+                }
+            }
+            RowChange::Update {
+                partition,
+                key,
+                old_value,
+                new_value,
+            } => self.apply_update(*partition, key, old_value, new_value),
+        }
+    }
+
+    /// Replaces a row's value in place, moving its nonclustered entries whose keys change. New
+    /// entries go in first, so a unique violation is found before the row changes.
+    fn apply_update(
         &self,
         partition: usize,
-        old_key: &[u8],
-        old_row: &[Value],
-        new_row: Row,
+        key: &[u8],
+        old_value: &[u8],
+        new_value: &[u8],
     ) -> Result<()> {
-        if !self.delete_record(partition, old_key, old_row) {
-            // Deleted meanwhile by someone else: nothing to move.
-            return Ok(());
+        let old_row = self.decode_record(key, old_value)?;
+        let new_row = self.decode_record(key, new_value)?;
+        let mut added: Vec<(&Index, Vec<u8>)> = Vec::new();
+        let mut removed: Vec<(&Index, Vec<u8>)> = Vec::new();
+        let mut failure = None;
+        for index in &self.nonclustered {
+            let (old_key, _) = self.nonclustered_entry(index, &old_row, key)?;
+            let (new_key, new_entry_value) = self.nonclustered_entry(index, &new_row, key)?;
+            if old_key == new_key {
+                continue;
+            }
+            if let Err(error) = self.check_sizes(index, &new_key, &new_entry_value) {
+                failure = Some(error);
+                break;
+            }
+            match index.tree(partition).insert(&new_key, &new_entry_value) {
+                Ok(()) => {
+                    added.push((index, new_key));
+                    removed.push((index, old_key));
+                }
+                Err(error) => {
+                    failure = Some(self.storage_error(index, error, &new_row));
+                    break;
+                }
+            }
         }
-        if let Err(error) = self.insert_complete(new_row) {
-            self.insert_complete(old_row.to_vec())?;
+        let undo = |added: &[(&Index, Vec<u8>)]| {
+            for (index, key) in added {
+                // Undo is best effort: a page that cannot be read leaves the entry behind, and
+                // the statement's error says why.
+                let _ = index.tree(partition).delete(key);
+            }
+        };
+        if let Some(error) = failure {
+            undo(&added);
             return Err(error);
         }
-        Ok(())
+        match self
+            .clustered
+            .tree(partition)
+            .compare_and_update(key, old_value, new_value)
+            .map_err(|error| self.storage_error(&self.clustered, error, &new_row))?
+        {
+            CompareAndUpdate::Updated => {
+                for (index, key) in removed {
+                    index
+                        .tree(partition)
+                        .delete(&key)
+                        .map_err(storage_failure)?;
+                }
+                Ok(())
+            }
+            CompareAndUpdate::Changed | CompareAndUpdate::NotFound => {
+                undo(&added);
+                Err(EngineError::Storage(format!(
+                    "table '{}': the row to update does not hold the expected value",
+                    self.name
+                )))
+            }
+        }
     }
 
     /// Removes a record and its nonclustered entries.
-    fn delete_record(&self, partition: usize, key: &[u8], row: &[Value]) -> bool {
-        // A delete that fails to read its page counts as not found, like a concurrent delete.
+    fn delete_record(&self, partition: usize, key: &[u8], row: &[Value]) -> Result<bool> {
         if self
             .clustered
             .tree(partition)
             .delete(key)
-            .ok()
-            .flatten()
+            .map_err(storage_failure)?
             .is_none()
         {
-            return false;
+            return Ok(false);
         }
         for index in &self.nonclustered {
-            if let Ok((entry_key, _)) = self.nonclustered_entry(index, row, key) {
-                // Undo is best effort: a page that cannot be read leaves the entry behind.
-                let _ = index.tree(partition).delete(&entry_key);
-            }
+            let (entry_key, _) = self.nonclustered_entry(index, row, key)?;
+            index
+                .tree(partition)
+                .delete(&entry_key)
+                .map_err(storage_failure)?;
         }
-        true
+        Ok(true)
     }
 
     /// Deletes the row with clustered key `key` (the first match of a non-unique key); returns
     /// whether a row was deleted.
-    pub fn delete(&self, session: &Session, key: &[Value]) -> Result<bool> {
-        let _attribution = session.attribute();
-        loop {
-            let Some((partition, record_key, value)) = self.find_record(key)? else {
+    pub fn delete(self: &Arc<Self>, session: &Session, key: &[Value]) -> Result<bool> {
+        session.write(self, |scope| {
+            let Some((partition, record_key, value)) = self.find_locked(scope, key)? else {
                 return Ok(false);
             };
-            let row = self.decode_record(&record_key, &value)?;
-            if self.delete_record(partition, &record_key, &row) {
-                return Ok(true);
-            }
-            // Someone deleted it between the lookup and the delete; look again.
+            let delete = RowChange::Delete {
+                partition,
+                key: record_key,
+                old_value: value,
+            };
+            scope.logged(self, |changes| {
+                self.apply_change(&delete)?;
+                changes.push(delete.clone());
+                Ok(true)
+            })
+        })
+    }
+
+    /// Whether the table's changes are logged.
+    pub(crate) fn is_logged(&self) -> bool {
+        self.definition.logged
+    }
+
+    /// The table's catalog entry: its definition, trees and identity counter (read while
+    /// writers are paused, for a checkpoint).
+    pub(crate) fn catalog_entry(&self) -> CatalogEntry {
+        CatalogEntry {
+            table_id: self.id,
+            definition: self.definition.clone(),
+            index_trees: std::iter::once(&self.clustered)
+                .chain(&self.nonclustered)
+                .map(|index| IndexTrees {
+                    index_id_per_partition: index.trees.iter().map(BTree::index_id).collect(),
+                    root_per_partition: index.trees.iter().map(BTree::root).collect(),
+                    rows_per_partition: index.trees.iter().map(BTree::row_count).collect(),
+                })
+                .collect(),
+            next_identity: self.next_identity(),
         }
+    }
+
+    /// Raises the identity counter to at least `next`.
+    pub(crate) fn raise_identity(&self, next: i64) {
+        if let Some(identity) = &self.identity {
+            if identity.increment > 0 {
+                identity.next.fetch_max(next, Ordering::Relaxed);
+            } else {
+                identity.next.fetch_min(next, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Raises the identity counter past the value of a row a log record inserted.
+    pub(crate) fn note_recovered_identity(&self, change: &RowChange) -> Result<()> {
+        let (Some(identity), RowChange::Insert { key, value, .. }) = (&self.identity, change)
+        else {
+            return Ok(());
+        };
+        let row = self.decode_record(key, value)?;
+        let used = match &row[identity.column] {
+            Value::TinyInt(v) => i64::from(*v),
+            Value::SmallInt(v) => i64::from(*v),
+            Value::Int(v) => i64::from(*v),
+            Value::BigInt(v) => *v,
+            _ => return Ok(()),
+        };
+        self.raise_identity(used.saturating_add(identity.increment));
+        Ok(())
     }
 
     /// Checks every index's trees; that in every partition every index holds one entry per
@@ -1343,11 +1822,12 @@ impl Table {
             if self.nonclustered.is_empty() && self.partitioning.is_none() {
                 continue;
             }
-            for (key, value) in self.clustered.tree(partition).range(
+            let mut rows = self.clustered.tree(partition).range(
                 Bound::Unbounded,
                 Bound::Unbounded,
                 Direction::Forward,
-            ) {
+            );
+            for (key, value) in rows.by_ref() {
                 let row = self.decode_record(&key, &value)?;
                 if self.partition_of_row(&row) != partition {
                     return Err(EngineError::Integrity(format!(
@@ -1374,6 +1854,9 @@ impl Table {
                         )));
                     }
                 }
+            }
+            if let Some(error) = rows.take_error() {
+                return Err(storage_failure(error));
             }
         }
         Ok(TableCheck {
@@ -1424,25 +1907,38 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 /// next key.
 pub struct RowIter<'a> {
     table: &'a Table,
+    session: &'a Session,
     partitions: Vec<RangeIter<'a>>,
     /// The next record of each partition's scan, read ahead; `None` once that scan is done.
     heads: Vec<Option<(Vec<u8>, Vec<u8>)>>,
     direction: Direction,
+    /// The database's rollback count when the scan started: once it changes, every record
+    /// read ahead may be a rolled-back one, so each is read again (see
+    /// [`Table::committed_value`]).
+    rollbacks: u64,
 }
 
 impl<'a> RowIter<'a> {
-    fn new(table: &'a Table, mut partitions: Vec<RangeIter<'a>>, direction: Direction) -> Self {
+    fn new(
+        table: &'a Table,
+        session: &'a Session,
+        mut partitions: Vec<RangeIter<'a>>,
+        direction: Direction,
+    ) -> Self {
+        let rollbacks = session.db().rollbacks();
         let heads = partitions.iter_mut().map(Iterator::next).collect();
         RowIter {
             table,
+            session,
             partitions,
             heads,
             direction,
+            rollbacks,
         }
     }
 
-    fn empty(table: &'a Table) -> Self {
-        RowIter::new(table, Vec::new(), Direction::Forward)
+    fn empty(table: &'a Table, session: &'a Session) -> Self {
+        RowIter::new(table, session, Vec::new(), Direction::Forward)
     }
 }
 
@@ -1450,29 +1946,46 @@ impl Iterator for RowIter<'_> {
     type Item = Result<Row>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut best: Option<usize> = None;
-        for (position, head) in self.heads.iter().enumerate() {
-            let Some((key, _)) = head else {
-                continue;
-            };
-            let better = best.is_none_or(|best| {
-                let best_key = &self.heads[best]
-                    .as_ref()
-                    .expect("only heads that exist are chosen")
-                    .0;
-                match self.direction {
-                    Direction::Forward => key < best_key,
-                    Direction::Backward => key > best_key,
+        loop {
+            let mut best: Option<usize> = None;
+            for (position, head) in self.heads.iter().enumerate() {
+                let Some((key, _)) = head else {
+                    continue;
+                };
+                let better = best.is_none_or(|best| {
+                    let best_key = &self.heads[best]
+                        .as_ref()
+                        .expect("only heads that exist are chosen")
+                        .0;
+                    match self.direction {
+                        Direction::Forward => key < best_key,
+                        Direction::Backward => key > best_key,
+                    }
+                });
+                if better {
+                    best = Some(position);
                 }
-            });
-            if better {
-                best = Some(position);
+            }
+            let Some(best) = best else {
+                // Every partition's scan ended; one that ended on a read error says so.
+                return self
+                    .partitions
+                    .iter_mut()
+                    .find_map(RangeIter::take_error)
+                    .map(|error| Err(storage_failure(error)));
+            };
+            let next = self.partitions[best].next();
+            let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
+            let revalidate = self.session.db().rollbacks() != self.rollbacks;
+            match self
+                .table
+                .committed_value(self.session, best, &key, value, revalidate)
+            {
+                Ok(Some(value)) => return Some(self.table.decode_record(&key, &value)),
+                Ok(None) => continue,
+                Err(error) => return Some(Err(error)),
             }
         }
-        let best = best?;
-        let next = self.partitions[best].next();
-        let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
-        Some(self.table.decode_record(&key, &value))
     }
 }
 

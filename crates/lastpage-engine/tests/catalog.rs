@@ -195,6 +195,7 @@ fn rich_catalog() -> Catalog {
         next_txn_id: u64::MAX,
         checkpoint_lsn: 0x0123_4567_89ab_cdef,
         oldest_active_lsn: 0x0123_4567_0000_0000,
+        clean_shutdown: true,
         tables: vec![
             CatalogEntry {
                 table_id: 1,
@@ -449,14 +450,14 @@ fn specific_corruptions_are_reported() {
     // A table count far beyond what the bytes could hold is refused before anything is
     // reserved for it.
     let mut huge = unsealed(&bytes);
-    huge[HEADER_LEN + 32..HEADER_LEN + 36].copy_from_slice(&u32::MAX.to_le_bytes());
+    huge[HEADER_LEN + 33..HEADER_LEN + 37].copy_from_slice(&u32::MAX.to_le_bytes());
     let error = Catalog::decode(&reseal(huge)).unwrap_err();
     assert!(error.to_string().contains("does not fit"), "{error}");
 
-    // The first column's type tag of the first table sits after the counters (32 bytes), the
+    // The first column's type tag of the first table sits after the counters and the clean-shutdown flag (33 bytes), the
     // table count (4), the table id (4), the name "Orders" (4 + 6), the column count (4) and
     // the column name "Id" (4 + 2).
-    let tag_at = HEADER_LEN + 32 + 4 + 4 + 10 + 4 + 6;
+    let tag_at = HEADER_LEN + 33 + 4 + 4 + 10 + 4 + 6;
     let mut unknown_type = unsealed(&bytes);
     assert_eq!(unknown_type[tag_at], 4, "the tag of bigint");
     unknown_type[tag_at] = 99;
@@ -761,6 +762,7 @@ fn random_catalog(rng: &mut impl Rng) -> Catalog {
         next_txn_id: rng.random(),
         checkpoint_lsn: rng.random(),
         oldest_active_lsn: rng.random(),
+        clean_shutdown: rng.random(),
         tables,
     }
 }

@@ -133,3 +133,15 @@ pub const LOCK_MANAGER_MAX_SHARDS: usize = 1 << 16;
 const _: () = assert!(
     LOCK_MANAGER_DEFAULT_SHARDS >= 1 && LOCK_MANAGER_DEFAULT_SHARDS <= LOCK_MANAGER_MAX_SHARDS
 );
+
+/// Default memory budget of a durable database's buffer pool, in bytes.
+pub const MEMORY_BUDGET_BYTES: usize = 1 << 30;
+
+/// A durable database takes a checkpoint by itself once this many bytes of log were written
+/// since the last one. It bounds recovery time (replay runs at hundreds of MB/s) and the log's
+/// size on disk.
+pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+
+/// How long a DELAYED-durability commit may wait in the log buffer before the background
+/// flusher writes it, in milliseconds: the window of commits a crash can lose.
+pub const DELAYED_FLUSH_INTERVAL_MS: u64 = 20;

@@ -58,6 +58,8 @@ pub enum RecordKind {
     CheckpointEnd = 8,
     /// Identity values of a table up to a value were handed out.
     IdentityReserve = 9,
+    /// A schema change (a table created or dropped), described by the layer above.
+    Schema = 10,
 }
 
 impl RecordKind {
@@ -73,6 +75,7 @@ impl RecordKind {
             7 => RecordKind::CheckpointBegin,
             8 => RecordKind::CheckpointEnd,
             9 => RecordKind::IdentityReserve,
+            10 => RecordKind::Schema,
             _ => return None,
         })
     }
@@ -112,6 +115,7 @@ pub struct DirtyPage {
 ///   txn: u64, first_lsn: u64, last_lsn: u64; dirty count: u32, then per page page_id: u64,
 ///   rec_lsn: u64`.
 /// - `IdentityReserve`: `table_id: u32, up_to: i64`.
+/// - `Schema`: `description: bytes` (opaque to the log; the engine's catalog format).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record<'a> {
     /// A transaction started.
@@ -185,6 +189,12 @@ pub enum Record<'a> {
         /// The highest value that may have been handed out.
         up_to: i64,
     },
+    /// A schema change. The log does not interpret it: the engine writes its own description
+    /// of the change and reads it back at recovery, so this layer knows nothing of tables.
+    Schema {
+        /// The description.
+        description: Cow<'a, [u8]>,
+    },
 }
 
 /// Why a payload could not be decoded.
@@ -215,6 +225,7 @@ impl<'a> Record<'a> {
             Record::CheckpointBegin => RecordKind::CheckpointBegin,
             Record::CheckpointEnd { .. } => RecordKind::CheckpointEnd,
             Record::IdentityReserve { .. } => RecordKind::IdentityReserve,
+            Record::Schema { .. } => RecordKind::Schema,
         }
     }
 
@@ -250,6 +261,7 @@ impl<'a> Record<'a> {
                 ..
             } => 16 + 4 + 24 * active_txns.len() + 4 + 16 * dirty_pages.len(),
             Record::IdentityReserve { .. } => 12,
+            Record::Schema { description } => bytes_len(description),
         }
     }
 
@@ -326,6 +338,7 @@ impl<'a> Record<'a> {
                 sink(&table_id.to_le_bytes());
                 sink(&up_to.to_le_bytes());
             }
+            Record::Schema { description } => bytes(sink, description),
         }
     }
 
@@ -396,6 +409,9 @@ impl<'a> Record<'a> {
                 table_id: input.u32()?,
                 up_to: input.u64()? as i64,
             },
+            RecordKind::Schema => Record::Schema {
+                description: input.bytes()?,
+            },
         };
         if !input.rest.is_empty() {
             return Err(DecodeError(format!(
@@ -465,6 +481,9 @@ impl<'a> Record<'a> {
             Record::IdentityReserve { table_id, up_to } => {
                 Record::IdentityReserve { table_id, up_to }
             }
+            Record::Schema { description } => Record::Schema {
+                description: own(description),
+            },
         }
     }
 }

@@ -349,6 +349,28 @@ impl LogWriter {
         Ok(())
     }
 
+    /// Removes the segment files that hold only log before `lsn` (what a checkpoint no longer
+    /// needs: recovery starts at or after it). Returns how many were removed. The segment being
+    /// written is never removed. A removal lost in a crash only leaves an old file behind,
+    /// which recovery never reads, so the directory is not synced.
+    pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
+        let io = sync::lock(&self.io);
+        let current = io.current.as_ref().map(|(start, _)| *start);
+        let segments = segment::list(io.fs.as_ref(), &io.dir)?;
+        let mut removed = 0;
+        for pair in segments.windows(2) {
+            let ((start, path), (next_start, _)) = (&pair[0], &pair[1]);
+            if *next_start > lsn.0 || Some(*start) == current {
+                break;
+            }
+            io.fs
+                .remove(path)
+                .map_err(|error| WalError::io(format!("removing {}", path.display()), error))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
     /// Makes everything appended so far durable and returns the durable LSN.
     pub fn flush_now(&self) -> Result<Lsn, WalError> {
         let target = self.buffer.reserved();

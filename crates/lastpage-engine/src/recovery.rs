@@ -1,0 +1,221 @@
+//! Recovery: replaying the logical log onto the last checkpoint image.
+//!
+//! The image holds exactly the effect of every log record before its checkpoint LSN (writers
+//! change the trees and append their record inside the checkpoint gate, which the checkpoint
+//! holds exclusively while it captures the pages). Recovery reads the log once, from the
+//! first record of the oldest transaction active at the checkpoint:
+//!
+//! - A row change at or after the checkpoint LSN is kept with its transaction and applied when
+//!   the transaction's commit (or abort) record is read. An aborted transaction's rollback is
+//!   in the log as compensating changes, so applying everything nets it out.
+//! - A row change before the checkpoint LSN is already in the image; it is kept only so that it
+//!   can be undone if its transaction never ends.
+//! - Transactions with no commit or abort record at the end of the log are losers: their
+//!   changes in the image are undone, newest first, and their later changes were never applied.
+//!
+//! Applying a transaction at its commit rather than at each record's LSN is safe because a
+//! transaction holds exclusive locks on every row it changes until it ends, so no other
+//! transaction's change to those rows lies between its records and its commit.
+//!
+//! Every insert record raises its table's identity counter above the value it holds, whether
+//! or not its transaction committed: an identity value is never handed out twice.
+//!
+//! The log's end is the first record that fails its checksum or is cut short (a torn tail).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lastpage_io::FileSystem;
+use lastpage_storage::wal::{LogReader, Lsn, Record};
+
+use crate::catalog::{Catalog, CatalogEntry};
+use crate::database::Database;
+use crate::error::{EngineError, Result};
+use crate::table::{RowChange, Table};
+
+/// What recovery did when a durable database was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Where reading started.
+    pub log_start: u64,
+    /// The log's end (where new records go).
+    pub log_end: u64,
+    /// Bytes of log read.
+    pub log_bytes: u64,
+    /// Log records read.
+    pub records: u64,
+    /// Transactions whose changes after the checkpoint were applied.
+    pub committed_txns: u64,
+    /// Transactions that never ended, whose changes were undone.
+    pub loser_txns: u64,
+    /// Row changes applied.
+    pub redone_changes: u64,
+    /// Row changes undone.
+    pub undone_changes: u64,
+    /// Reading and applying the log.
+    pub replay_duration: Duration,
+    /// The checkpoint that ends recovery, in microseconds.
+    pub checkpoint_us: u64,
+    /// All of opening the database.
+    pub duration: Duration,
+}
+
+/// Schema-record tags (the first byte of a `Schema` record's description).
+const SCHEMA_CREATE: u8 = 1;
+const SCHEMA_DROP: u8 = 2;
+
+/// The description of a created table, for its `Schema` record.
+pub(crate) fn describe_create(entry: &CatalogEntry) -> Result<Vec<u8>> {
+    // The catalog format checks its ids against its counters; the counters of a one-table
+    // description are the ones just above the table's ids.
+    let next_index_id = entry
+        .index_trees
+        .iter()
+        .flat_map(|trees| trees.index_id_per_partition.iter().copied())
+        .max()
+        .map_or(1, |max| max + 1);
+    let catalog = Catalog {
+        format_version: crate::catalog::CATALOG_FORMAT_VERSION,
+        next_table_id: entry.table_id + 1,
+        next_index_id,
+        next_txn_id: 1,
+        checkpoint_lsn: 0,
+        oldest_active_lsn: 0,
+        clean_shutdown: false,
+        tables: vec![entry.clone()],
+    };
+    let mut description = vec![SCHEMA_CREATE];
+    description.extend_from_slice(&catalog.encode()?);
+    Ok(description)
+}
+
+/// The description of a dropped table, for its `Schema` record.
+pub(crate) fn describe_drop(table_id: u32) -> Vec<u8> {
+    let mut description = vec![SCHEMA_DROP];
+    description.extend_from_slice(&table_id.to_le_bytes());
+    description
+}
+
+/// A transaction's changes seen so far.
+#[derive(Default)]
+struct PendingTxn {
+    /// Changes at or after the checkpoint, applied at commit.
+    redo: Vec<(Arc<Table>, RowChange)>,
+    /// Changes before the checkpoint (in the image), undone if the transaction never ends.
+    in_image: Vec<(Arc<Table>, RowChange)>,
+}
+
+/// Replays the log in `wal_dir` onto `db`, which holds the checkpoint image's tables.
+pub(crate) fn replay(
+    db: &Database,
+    fs: Arc<dyn FileSystem>,
+    wal_dir: &Path,
+    catalog: Option<&Catalog>,
+) -> Result<RecoveryStats> {
+    let started = Instant::now();
+    let checkpoint_lsn = catalog.map_or(0, |catalog| catalog.checkpoint_lsn);
+    let start = catalog.map_or(0, |catalog| catalog.oldest_active_lsn.min(checkpoint_lsn));
+    let storage = |error: lastpage_storage::wal::WalError| EngineError::Storage(error.to_string());
+    let mut reader = LogReader::open(fs, wal_dir, Lsn(start)).map_err(storage)?;
+    let mut stats = RecoveryStats {
+        log_start: start,
+        ..RecoveryStats::default()
+    };
+    let mut trees = tree_map(db);
+    let mut pending: HashMap<u64, PendingTxn> = HashMap::new();
+    while let Some(entry) = reader.next_record().map_err(storage)? {
+        stats.records += 1;
+        let lsn = entry.lsn.0;
+        let record = entry.record;
+        if let Some(txn) = record.txn() {
+            db.saw_txn_id(txn.0);
+        }
+        match record {
+            Record::Insert { txn, index_id, .. }
+            | Record::Delete { txn, index_id, .. }
+            | Record::Update { txn, index_id, .. } => {
+                let Some((table, partition)) = trees.get(&index_id).cloned() else {
+                    // A table dropped later in the log: nothing of it survives.
+                    continue;
+                };
+                let change = RowChange::from_record(partition, record)?;
+                table.note_recovered_identity(&change)?;
+                let slot = pending.entry(txn.0).or_default();
+                if lsn >= checkpoint_lsn {
+                    slot.redo.push((table, change));
+                } else {
+                    slot.in_image.push((table, change));
+                }
+            }
+            Record::Commit { txn } | Record::Abort { txn } => {
+                if let Some(done) = pending.remove(&txn.0) {
+                    stats.committed_txns += 1;
+                    for (table, change) in done.redo {
+                        table.apply_change(&change).map_err(|error| {
+                            corrupt(lsn, format!("replaying a committed change failed: {error}"))
+                        })?;
+                        stats.redone_changes += 1;
+                    }
+                }
+            }
+            Record::Schema { description } if lsn >= checkpoint_lsn => {
+                apply_schema(db, &description, lsn)?;
+                trees = tree_map(db);
+            }
+            _ => {}
+        }
+    }
+    for (_, loser) in pending {
+        stats.loser_txns += 1;
+        for (table, change) in loser.in_image.into_iter().rev() {
+            table.apply_change(&change.inverse()).map_err(|error| {
+                corrupt(0, format!("undoing an uncommitted change failed: {error}"))
+            })?;
+            stats.undone_changes += 1;
+        }
+    }
+    stats.log_end = reader.position().0;
+    stats.log_bytes = stats.log_end.saturating_sub(start);
+    stats.replay_duration = started.elapsed();
+    Ok(stats)
+}
+
+fn corrupt(lsn: u64, reason: String) -> EngineError {
+    EngineError::Storage(format!(
+        "recovery cannot continue at log position {lsn}: {reason}"
+    ))
+}
+
+/// Every tree's index id, mapped to its table and partition (log records name trees).
+fn tree_map(db: &Database) -> HashMap<u32, (Arc<Table>, usize)> {
+    let mut map = HashMap::new();
+    for table in db.tables() {
+        for (partition, tree) in table.clustered_trees().iter().enumerate() {
+            map.insert(tree.index_id(), (Arc::clone(&table), partition));
+        }
+    }
+    map
+}
+
+fn apply_schema(db: &Database, description: &[u8], lsn: u64) -> Result<()> {
+    match description.split_first() {
+        Some((&SCHEMA_CREATE, rest)) => {
+            let catalog = Catalog::decode(rest)?;
+            for entry in &catalog.tables {
+                db.recreate_table(entry)?;
+            }
+            Ok(())
+        }
+        Some((&SCHEMA_DROP, rest)) => {
+            let id = rest
+                .try_into()
+                .map(u32::from_le_bytes)
+                .map_err(|_| corrupt(lsn, "a malformed drop-table record".into()))?;
+            db.forget_table(id);
+            Ok(())
+        }
+        _ => Err(corrupt(lsn, "an unknown schema record".into())),
+    }
+}

@@ -1,0 +1,426 @@
+//! Transactions: autocommit and explicit, statement atomicity, undo, logging and commit.
+//!
+//! Every write runs inside a [`WriteScope`]: the session's explicit transaction if it has one,
+//! otherwise an autocommit transaction that commits (or rolls back) when the statement ends.
+//! A write follows one protocol, whatever the operation:
+//!
+//! 1. Row locks first ([`WriteScope::lock_row`]), outside every latch and outside the
+//!    checkpoint gate, because they can wait.
+//! 2. Then, inside the checkpoint gate (shared), the change to the trees and its log record
+//!    ([`WriteScope::logged`]), so that a checkpoint sees either both or neither.
+//! 3. The change joins the transaction's undo list. Rolling back applies the inverse changes
+//!    in reverse order, and logs them too (compensation), so the log replays a rolled-back
+//!    statement inside a transaction that later commits to its net effect.
+//! 4. Commit appends a commit record, waits for it to be durable when the durability is FULL,
+//!    and only then releases the locks: nobody reads a row before its commit is on disk.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lastpage_storage::sync::{AtomicU64, Ordering};
+use lastpage_storage::wal::{Lsn, Record, TxnId};
+
+use crate::database::{Database, Session};
+use crate::error::{EngineError, Result};
+use crate::locks::{LockKey, LockMode};
+use crate::table::{RowChange, Table};
+
+/// When a commit returns, relative to its log record reaching the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// The commit returns once its log record is on disk (SQL Server's full durability).
+    #[default]
+    Full,
+    /// The commit returns at once; the log is flushed in the background within
+    /// [`crate::DatabaseOptions::delayed_flush_interval`] and by [`Database::flush_log`]
+    /// (SQL Server's delayed durability). A crash loses at most that window of commits.
+    Delayed,
+    /// Nothing is logged: changes reach the data file only through checkpoints, and a table
+    /// written this way is emptied by recovery after a crash (PostgreSQL's UNLOGGED tables).
+    None,
+}
+
+impl Durability {
+    /// The name used on the command line: `full`, `delayed` or `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Delayed => "delayed",
+            Durability::None => "none",
+        }
+    }
+
+    /// The durability called `name`.
+    pub fn from_name(name: &str) -> Option<Durability> {
+        match name {
+            "full" => Some(Durability::Full),
+            "delayed" => Some(Durability::Delayed),
+            "none" => Some(Durability::None),
+            _ => None,
+        }
+    }
+}
+
+/// One change a transaction made, as it would be undone.
+struct UndoEntry {
+    table: Arc<Table>,
+    change: RowChange,
+}
+
+/// A transaction in progress.
+pub(crate) struct Transaction {
+    pub(crate) id: TxnId,
+    /// Started by `begin` (true) or by a statement outside one (false).
+    explicit: bool,
+    durability: Durability,
+    /// End LSN of the transaction's last log record, if it wrote any.
+    last_lsn: Option<Lsn>,
+    undo: Vec<UndoEntry>,
+    locks: Vec<LockKey>,
+}
+
+/// A session's slot in the database's table of active transactions: the LSN of the first log
+/// record of the session's current transaction, or [`NO_ACTIVE_LSN`]. A checkpoint reads every
+/// slot to know how far back recovery may have to undo.
+pub(crate) struct ActiveSlot {
+    pub(crate) first_lsn: AtomicU64,
+}
+
+/// The value of an [`ActiveSlot`] whose session has no transaction that wrote to the log.
+pub(crate) const NO_ACTIVE_LSN: u64 = u64::MAX;
+
+impl ActiveSlot {
+    pub(crate) fn new() -> ActiveSlot {
+        ActiveSlot {
+            first_lsn: AtomicU64::new(NO_ACTIVE_LSN),
+        }
+    }
+}
+
+/// The lock resource of `key` in index `ordinal` of `table` (0: the clustered index).
+pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
+    let mut bytes = Vec::with_capacity(key.len() + 2);
+    bytes.extend_from_slice(&(ordinal as u16).to_be_bytes());
+    bytes.extend_from_slice(key);
+    LockKey::new(table_id, bytes)
+}
+
+/// Locks clustered keys that did not exist before: an identity key the tree makes under its
+/// last leaf's latch. Such a lock never waits (nobody else can name the key yet), so taking
+/// it under a latch cannot deadlock, and taking it there hides the row from readers from the
+/// first moment they could see it.
+pub(crate) struct FreshLocker {
+    db: Database,
+    txn: TxnId,
+    table_id: u32,
+    taken: RefCell<Vec<LockKey>>,
+}
+
+impl FreshLocker {
+    /// Locks `key` (a clustered key) exclusively.
+    pub(crate) fn lock(&self, key: &[u8]) -> Result<()> {
+        let lock_key = lock_key(self.table_id, 0, key);
+        self.db
+            .locks()
+            .acquire(self.txn, &lock_key, LockMode::Exclusive, None)?;
+        self.taken.borrow_mut().push(lock_key);
+        Ok(())
+    }
+}
+
+/// The transaction a write runs in, for the length of one statement.
+pub(crate) struct WriteScope<'s> {
+    session: &'s Session,
+    txn: &'s mut Transaction,
+    /// Whether this statement's changes are logged (a durable database and a logged table).
+    log_changes: bool,
+}
+
+impl WriteScope<'_> {
+    /// Whether this write must take row locks. An in-memory database's autocommit insert of a
+    /// key that contains a fresh identity value needs none: no other transaction can hold a
+    /// lock on a key that did not exist, and the insert commits the moment it is applied.
+    pub(crate) fn needs_locks(&self, fresh_key: bool) -> bool {
+        self.txn.explicit || self.session.db().is_durable() || !fresh_key
+    }
+
+    /// Locks a row exclusively until the transaction ends, waiting (LCK_M_X) if another
+    /// transaction holds it. `ordinal` says which index `key` belongs to (0 for the clustered
+    /// index, `1 + n` for nonclustered index `n`). Must be called outside the checkpoint gate
+    /// and every latch.
+    pub(crate) fn lock_row(&mut self, table: &Table, ordinal: usize, key: &[u8]) -> Result<()> {
+        let db = self.session.db();
+        let lock_key = lock_key(table.id(), ordinal, key);
+        if db.locks().holds(self.txn.id, &lock_key).is_some() {
+            return Ok(());
+        }
+        db.locks().acquire(
+            self.txn.id,
+            &lock_key,
+            LockMode::Exclusive,
+            db.lock_timeout(),
+        )?;
+        self.txn.locks.push(lock_key);
+        Ok(())
+    }
+
+    /// A locker for clustered keys made under a leaf latch (see [`FreshLocker`]).
+    pub(crate) fn fresh_locker(&self, table: &Table) -> FreshLocker {
+        FreshLocker {
+            db: self.session.db().clone(),
+            txn: self.txn.id,
+            table_id: table.id(),
+            taken: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Makes the locks a [`FreshLocker`] took the transaction's.
+    pub(crate) fn adopt_locks(&mut self, locker: FreshLocker) {
+        self.txn.locks.extend(locker.taken.into_inner());
+    }
+
+    /// Runs `apply` (which changes the trees and returns what it changed) inside the checkpoint
+    /// gate and logs the changes before leaving it; the changes join the undo list.
+    pub(crate) fn logged<T>(
+        &mut self,
+        table: &Arc<Table>,
+        apply: impl FnOnce(&mut Vec<RowChange>) -> Result<T>,
+    ) -> Result<T> {
+        let db = self.session.db().clone();
+        let _gate = db.enter_gate();
+        let mut changes = Vec::new();
+        let result = apply(&mut changes);
+        // Changes made before a failure are logged and kept in the undo list too: the
+        // statement's rollback undoes them with logged compensations.
+        if !changes.is_empty() {
+            if self.log_changes {
+                self.log(&db, table, &changes)?;
+            }
+            self.txn
+                .undo
+                .extend(changes.into_iter().map(|change| UndoEntry {
+                    table: Arc::clone(table),
+                    change,
+                }));
+        }
+        result
+    }
+
+    fn log(&mut self, db: &Database, table: &Table, changes: &[RowChange]) -> Result<()> {
+        let Some(wal) = db.wal() else {
+            return Ok(());
+        };
+        for change in changes {
+            let record = change.to_record(self.txn.id, table);
+            let (start, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
+            if self.txn.last_lsn.is_none() {
+                self.session
+                    .active_slot()
+                    .first_lsn
+                    .store(start.0, Ordering::Release);
+            }
+            self.txn.last_lsn = Some(end);
+        }
+        Ok(())
+    }
+}
+
+impl Session {
+    /// Begins an explicit transaction (BEGIN TRANSACTION) with the database's durability.
+    pub fn begin(&self) -> Result<()> {
+        self.begin_with(self.db().default_durability())
+    }
+
+    /// Begins an explicit transaction with a chosen durability (SQL Server's
+    /// `COMMIT WITH (DELAYED_DURABILITY = ON)` chosen up front).
+    pub fn begin_with(&self, durability: Durability) -> Result<()> {
+        self.db().check_usable()?;
+        let mut slot = self.txn_slot();
+        if slot.is_some() {
+            return Err(EngineError::Transaction(
+                "a transaction is already open in this session; nested transactions are not \
+                 supported"
+                    .into(),
+            ));
+        }
+        *slot = Some(self.db().new_transaction(true, durability));
+        Ok(())
+    }
+
+    /// Whether an explicit transaction is open.
+    pub fn in_transaction(&self) -> bool {
+        self.txn_slot().is_some()
+    }
+
+    /// Commits the explicit transaction.
+    pub fn commit(&self) -> Result<()> {
+        let txn = self.txn_slot().take().ok_or_else(|| {
+            EngineError::Transaction(
+                "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
+            )
+        })?;
+        let _attribution = self.attribute();
+        self.finish_commit(txn)
+    }
+
+    /// Rolls the explicit transaction back.
+    pub fn rollback(&self) -> Result<()> {
+        let txn = self.txn_slot().take().ok_or_else(|| {
+            EngineError::Transaction(
+                "The ROLLBACK TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
+            )
+        })?;
+        let _attribution = self.attribute();
+        self.finish_rollback(txn)
+    }
+
+    /// Runs one write statement: in the explicit transaction if one is open, otherwise in an
+    /// autocommit transaction. If the statement fails, everything it changed is undone (the
+    /// transaction stays open); an autocommit transaction commits when the statement succeeds.
+    pub(crate) fn write<T>(
+        &self,
+        table: &Arc<Table>,
+        statement: impl FnOnce(&mut WriteScope<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let db = self.db().clone();
+        db.check_usable()?;
+        let _attribution = self.attribute();
+        let mut slot = self.txn_slot();
+        let mut autocommit = None;
+        let txn: &mut Transaction = match slot.as_mut() {
+            Some(txn) => txn,
+            None => autocommit.insert(db.new_transaction(false, db.default_durability())),
+        };
+        let savepoint = txn.undo.len();
+        let log_changes =
+            db.wal().is_some() && txn.durability != Durability::None && table.is_logged();
+        let mut scope = WriteScope {
+            session: self,
+            txn,
+            log_changes,
+        };
+        let result = statement(&mut scope);
+        let mut result = result;
+        if result.is_err() {
+            // A failed statement may have shown rows to readers (inside the trees, before its
+            // own cleanup) that are now gone: count it as a rollback before its locks go.
+            if let Err(error) = self.undo_to(txn_of(&mut slot, &mut autocommit), savepoint) {
+                result = Err(error);
+            }
+            db.note_rollback();
+        }
+        drop(slot);
+        match (autocommit, result) {
+            (Some(txn), Ok(value)) => self.finish_commit(txn).map(|()| value),
+            (Some(txn), Err(error)) => {
+                self.finish_rollback(txn)?;
+                Err(error)
+            }
+            (None, result) => result,
+        }
+    }
+
+    /// Undoes the transaction's changes after `savepoint`, newest first, logging each inverse
+    /// change as the transaction's own.
+    fn undo_to(&self, txn: &mut Transaction, savepoint: usize) -> Result<()> {
+        let db = self.db().clone();
+        while txn.undo.len() > savepoint {
+            let entry = txn.undo.pop().expect("len > savepoint");
+            let inverse = entry.change.inverse();
+            let log_changes =
+                db.wal().is_some() && txn.durability != Durability::None && entry.table.is_logged();
+            let mut scope = WriteScope {
+                session: self,
+                txn: &mut *txn,
+                log_changes,
+            };
+            // The compensation is logged but not undoable itself: pop it off again.
+            let before = scope.txn.undo.len();
+            scope.logged(&entry.table, |changes| {
+                entry.table.apply_change(&inverse)?;
+                changes.push(inverse.clone());
+                Ok(())
+            })?;
+            txn.undo.truncate(before);
+        }
+        Ok(())
+    }
+
+    fn finish_commit(&self, txn: Transaction) -> Result<()> {
+        let db = self.db().clone();
+        let result = match (db.wal(), txn.last_lsn) {
+            (Some(wal), Some(_)) => wal
+                .append(&Record::Commit { txn: txn.id })
+                .and_then(|end| match txn.durability {
+                    Durability::Full => wal.wait_durable(end),
+                    Durability::Delayed | Durability::None => Ok(()),
+                })
+                .map_err(|error| db.fail(error)),
+            _ => Ok(()),
+        };
+        self.end_transaction(txn);
+        result
+    }
+
+    fn finish_rollback(&self, mut txn: Transaction) -> Result<()> {
+        let undone = self.undo_to(&mut txn, 0);
+        let db = self.db().clone();
+        db.note_rollback();
+        let logged = match (db.wal(), txn.last_lsn, &undone) {
+            // The abort record is flushed like a commit (for FULL durability): the rolled-back
+            // inserts' records then are on disk too, so recovery sees their identity values and
+            // never hands them out again.
+            (Some(wal), Some(_), Ok(())) => wal
+                .append(&Record::Abort { txn: txn.id })
+                .and_then(|end| match txn.durability {
+                    Durability::Full => wal.wait_durable(end),
+                    Durability::Delayed | Durability::None => Ok(()),
+                })
+                .map_err(|error| db.fail(error)),
+            _ => Ok(()),
+        };
+        self.end_transaction(txn);
+        undone.and(logged)
+    }
+
+    fn end_transaction(&self, txn: Transaction) {
+        self.active_slot()
+            .first_lsn
+            .store(NO_ACTIVE_LSN, Ordering::Release);
+        self.db().locks().release_all(txn.id, &txn.locks);
+    }
+
+    /// Rolls back an explicit transaction left open when the session goes away.
+    pub(crate) fn abandon(&self) {
+        if let Some(txn) = self.txn_slot().take() {
+            let _ = self.finish_rollback(txn);
+        }
+    }
+}
+
+fn txn_of<'a>(
+    slot: &'a mut Option<Transaction>,
+    autocommit: &'a mut Option<Transaction>,
+) -> &'a mut Transaction {
+    match slot.as_mut() {
+        Some(txn) => txn,
+        None => autocommit.as_mut().expect("one of the two is set"),
+    }
+}
+
+impl Database {
+    pub(crate) fn new_transaction(&self, explicit: bool, durability: Durability) -> Transaction {
+        Transaction {
+            id: self.next_txn_id(),
+            explicit,
+            durability,
+            last_lsn: None,
+            undo: Vec::new(),
+            locks: Vec::new(),
+        }
+    }
+}
+
+/// How long a lock request waits before failing, when the database sets no timeout.
+pub const DEFAULT_LOCK_TIMEOUT: Option<Duration> = None;

@@ -1,0 +1,575 @@
+//! Transactions, logging, checkpoints and recovery of a durable database, over the
+//! fault-injecting file system: simulated crashes (lost, applied and torn unsynced writes),
+//! failed fsyncs, a database larger than its memory budget, locks and READ COMMITTED.
+//!
+//! Randomized tests print their seed; rerun one with `LASTPAGE_SEED=<seed>`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, Durability, EngineError, IndexDef,
+    InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
+};
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem};
+use lastpage_storage::wal::WalConfig;
+
+const DIR: &str = "/db";
+
+fn seed() -> u64 {
+    let seed = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    seed
+}
+
+fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
+        file_system: Some(Arc::new(fs.clone())),
+        wal: WalConfig {
+            buffer_bytes: 1 << 20,
+            segment_bytes: 256 << 10,
+        },
+        ..DatabaseOptions::default()
+    }
+}
+
+fn open(fs: &FaultyFileSystem) -> Database {
+    Database::open(DIR, options(fs)).unwrap()
+}
+
+/// `Orders(Id BIGINT IDENTITY PRIMARY KEY, Payload VARCHAR(100) NOT NULL)`.
+fn orders() -> TableDef {
+    TableDef::new("Orders")
+        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+        .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+        .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey))
+}
+
+/// `Accounts(Id INT PRIMARY KEY, Balance INT NOT NULL)`: explicit keys, for lock tests.
+fn accounts() -> TableDef {
+    TableDef::new("Accounts")
+        .column(ColumnDef::new("Id", DataType::Int).not_null())
+        .column(ColumnDef::new("Balance", DataType::Int).not_null())
+        .clustered(IndexDef::new(
+            "PK_Accounts",
+            &["Id"],
+            Uniqueness::PrimaryKey,
+        ))
+}
+
+/// Every row of `Orders`: id -> payload.
+fn orders_rows(db: &Database) -> BTreeMap<i64, String> {
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    let mut rows = BTreeMap::new();
+    for row in table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+    {
+        let row = row.unwrap();
+        let Value::BigInt(id) = row[0] else {
+            panic!("id {:?}", row[0])
+        };
+        let Value::String(text) = &row[1] else {
+            panic!("payload {:?}", row[1])
+        };
+        assert!(rows.insert(id, text.clone()).is_none(), "id {id} twice");
+    }
+    rows
+}
+
+fn insert_order(db: &Database, session: &lastpage_engine::Session) -> Result<i64, EngineError> {
+    let table = db.table("Orders").unwrap();
+    let id = table.insert(session, InsertRow::new().set(1, "pending"))?;
+    Ok(id.unwrap())
+}
+
+#[test]
+fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
+    let seed = seed();
+    for round in 0..12u64 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed.wrapping_add(round)));
+        let db = open(&fs);
+        db.create_table(orders()).unwrap();
+        let acked = Arc::new(Mutex::new(BTreeSet::new()));
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                let db = db.clone();
+                let acked = Arc::clone(&acked);
+                scope.spawn(move || {
+                    let session = db.session();
+                    for _ in 0..40 {
+                        let id = insert_order(&db, &session).unwrap();
+                        acked.lock().unwrap().insert(id);
+                    }
+                });
+            }
+        });
+        // A rolled-back transaction: its identity values are burned.
+        let session = db.session();
+        session.begin().unwrap();
+        let rolled_back: Vec<i64> = (0..3)
+            .map(|_| insert_order(&db, &session).unwrap())
+            .collect();
+        session.rollback().unwrap();
+        // A transaction still open at the crash.
+        let open_session = db.session();
+        open_session.begin().unwrap();
+        let uncommitted: Vec<i64> = (0..3)
+            .map(|_| insert_order(&db, &open_session).unwrap())
+            .collect();
+        if round % 3 == 0 {
+            db.checkpoint().unwrap();
+        }
+        let mode = [
+            CrashMode::Random,
+            CrashMode::LoseUnsynced,
+            CrashMode::KeepUnsynced,
+        ][(round % 3) as usize];
+        let after = fs.crash_with(mode);
+        std::mem::forget(open_session);
+        drop(session);
+        drop(db);
+        let db = open(&after);
+        let rows = orders_rows(&db);
+        let acked = acked.lock().unwrap();
+        for id in acked.iter() {
+            assert!(
+                rows.contains_key(id),
+                "round {round}: acknowledged id {id} lost"
+            );
+        }
+        for id in rolled_back.iter().chain(&uncommitted) {
+            assert!(
+                !rows.contains_key(id),
+                "round {round}: uncommitted id {id} present"
+            );
+        }
+        db.check_integrity().unwrap();
+        let session = db.session();
+        let next = insert_order(&db, &session).unwrap();
+        let highest_burned = acked.iter().chain(&rolled_back).max().copied().unwrap();
+        assert!(
+            next > highest_burned,
+            "round {round}: identity {next} reused (highest acknowledged or rolled back \
+             {highest_burned})"
+        );
+        let stats = db.recovery_stats().unwrap();
+        assert!(stats.records > 0, "round {round}: {stats:?}");
+    }
+}
+
+#[test]
+fn recovery_replays_updates_deletes_and_undoes_losers_over_a_checkpoint() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(7));
+    let db = open(&fs);
+    let table = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    for id in 0..100 {
+        table
+            .insert(&session, InsertRow::new().set(0, id).set(1, 1000))
+            .unwrap();
+    }
+    // A loser whose changes straddle the checkpoint: some are in the image, some only logged.
+    let loser = db.session();
+    loser.begin().unwrap();
+    table
+        .update(&loser, &[Value::Int(1)], &[(1, Value::Int(-1))])
+        .unwrap();
+    table.delete(&loser, &[Value::Int(2)]).unwrap();
+    db.checkpoint().unwrap();
+    table
+        .update(&loser, &[Value::Int(3)], &[(1, Value::Int(-3))])
+        .unwrap();
+    table
+        .insert(&loser, InsertRow::new().set(0, 500).set(1, 5))
+        .unwrap();
+    // Committed work after the checkpoint.
+    table
+        .update(&session, &[Value::Int(10)], &[(1, Value::Int(10))])
+        .unwrap();
+    table.delete(&session, &[Value::Int(11)]).unwrap();
+    // A key change moves the row.
+    table
+        .update(&session, &[Value::Int(12)], &[(0, Value::Int(612))])
+        .unwrap();
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    std::mem::forget(loser);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = open(&after);
+    let table = db.table("Accounts").unwrap();
+    let session = db.session();
+    let balance = |id: i32| {
+        table
+            .get(&session, &[Value::Int(id)])
+            .unwrap()
+            .map(|row| row[1].clone())
+    };
+    assert_eq!(
+        balance(1),
+        Some(Value::Int(1000)),
+        "loser update in the image undone"
+    );
+    assert_eq!(
+        balance(2),
+        Some(Value::Int(1000)),
+        "loser delete in the image undone"
+    );
+    assert_eq!(
+        balance(3),
+        Some(Value::Int(1000)),
+        "loser update after it never applied"
+    );
+    assert_eq!(balance(500), None, "loser insert never applied");
+    assert_eq!(balance(10), Some(Value::Int(10)));
+    assert_eq!(balance(11), None);
+    assert_eq!(balance(12), None);
+    assert_eq!(balance(612), Some(Value::Int(1000)));
+    assert_eq!(table.row_count(), 99);
+    db.check_integrity().unwrap();
+}
+
+#[test]
+fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    let db = open(&fs);
+    db.create_table(orders()).unwrap();
+    let session = db.session();
+    let before: Vec<i64> = (0..10)
+        .map(|_| insert_order(&db, &session).unwrap())
+        .collect();
+    fs.inject(FaultRule::syncs_fail_from(1));
+    let error = insert_order(&db, &session).unwrap_err();
+    assert!(
+        matches!(error, EngineError::LogFailed(_)),
+        "a failed fsync must fail the commit: {error}"
+    );
+    assert!(error.to_string().contains("fsync") || error.to_string().contains("sync"));
+    let refused = insert_order(&db, &session).unwrap_err();
+    assert!(
+        matches!(refused, EngineError::DatabaseFailed(_)),
+        "{refused}"
+    );
+    assert!(
+        db.table("Orders")
+            .unwrap()
+            .get(&session, &[Value::BigInt(1)])
+            .is_err()
+    );
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(session);
+    drop(db);
+    let db = open(&after);
+    let rows = orders_rows(&db);
+    for id in before {
+        assert!(rows.contains_key(&id), "acknowledged {id} lost");
+    }
+}
+
+#[test]
+fn a_database_larger_than_its_memory_budget_works_and_survives_reopening() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let small = DatabaseOptions {
+        memory_budget_bytes: 64 * 8192,
+        ..options(&fs)
+    };
+    let db = Database::open(DIR, small.clone()).unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let rows: Vec<InsertRow> = (0..200)
+        .map(|_| InsertRow::new().set(1, "x".repeat(90)))
+        .collect();
+    for _ in 0..100 {
+        table.insert_batch(&session, rows.clone()).unwrap();
+    }
+    assert_eq!(table.row_count(), 20_000);
+    let pool = db.pool().stats();
+    assert!(pool.evictions > 0, "{pool:?}");
+    assert!(pool.resident <= 64 + 64, "{pool:?}");
+    db.check_integrity().unwrap();
+    let scanned = table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .count();
+    assert_eq!(scanned, 20_000);
+    drop(session);
+    drop(table);
+    drop(db);
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            file_system: Some(Arc::new(after.clone())),
+            ..small
+        },
+    )
+    .unwrap();
+    assert_eq!(orders_rows(&db).len(), 20_000);
+    db.check_integrity().unwrap();
+}
+
+#[test]
+fn checkpoints_remove_old_log_and_bound_recovery() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+    let db = open(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let rows: Vec<InsertRow> = (0..500)
+        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
+        .collect();
+    for _ in 0..20 {
+        table.insert_batch(&session, rows.clone()).unwrap();
+    }
+    let stats = db.checkpoint().unwrap();
+    assert!(stats.segments_removed > 0, "{stats:?}");
+    table.insert_batch(&session, rows[..10].to_vec()).unwrap();
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = open(&after);
+    let recovery = db.recovery_stats().unwrap();
+    assert!(
+        recovery.log_bytes < 64 << 10,
+        "recovery read {} bytes of log after a checkpoint",
+        recovery.log_bytes
+    );
+    assert_eq!(orders_rows(&db).len(), 10_010);
+}
+
+#[test]
+fn statements_are_atomic_inside_transactions() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(9));
+    let db = open(&fs);
+    let table = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    session.begin().unwrap();
+    table
+        .insert(&session, InsertRow::new().set(0, 1).set(1, 1))
+        .unwrap();
+    let batch = vec![
+        InsertRow::new().set(0, 2).set(1, 2),
+        InsertRow::new().set(0, 1).set(1, 9),
+    ];
+    let error = table.insert_batch(&session, batch).unwrap_err();
+    assert!(matches!(error, EngineError::DuplicateKey { .. }), "{error}");
+    assert_eq!(table.get(&session, &[Value::Int(2)]).unwrap(), None);
+    session.commit().unwrap();
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = open(&after);
+    let table = db.table("Accounts").unwrap();
+    let session = db.session();
+    assert!(table.get(&session, &[Value::Int(1)]).unwrap().is_some());
+    assert_eq!(table.get(&session, &[Value::Int(2)]).unwrap(), None);
+    assert_eq!(table.row_count(), 1);
+}
+
+#[test]
+fn writers_wait_on_row_locks_and_time_out_with_sql_servers_message() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            lock_timeout: Some(Duration::from_millis(100)),
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let first = db.session();
+    let second = db.session();
+    table
+        .insert(&first, InsertRow::new().set(0, 1).set(1, 10))
+        .unwrap();
+    first.begin().unwrap();
+    table
+        .update(&first, &[Value::Int(1)], &[(1, Value::Int(11))])
+        .unwrap();
+    let error = table
+        .update(&second, &[Value::Int(1)], &[(1, Value::Int(12))])
+        .unwrap_err();
+    assert_eq!(error.to_string(), "Lock request time out period exceeded.");
+    assert!(second.waits().wait(WaitType::LckMX).waiting_tasks_count >= 1);
+    // READ COMMITTED: the uncommitted value is not read; the reader waits and times out.
+    let error = table.get(&second, &[Value::Int(1)]).unwrap_err();
+    assert_eq!(error.to_string(), "Lock request time out period exceeded.");
+    assert!(second.waits().wait(WaitType::LckMS).waiting_tasks_count >= 1);
+    // The writer sees its own change.
+    let own = table.get(&first, &[Value::Int(1)]).unwrap().unwrap();
+    assert_eq!(own[1], Value::Int(11));
+    first.rollback().unwrap();
+    let row = table.get(&second, &[Value::Int(1)]).unwrap().unwrap();
+    assert_eq!(row[1], Value::Int(10));
+}
+
+#[test]
+fn a_deadlock_picks_one_victim_and_names_it() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(2));
+    let db = open(&fs);
+    let table = db.create_table(accounts()).unwrap();
+    let setup = db.session();
+    for id in [1, 2] {
+        table
+            .insert(&setup, InsertRow::new().set(0, id).set(1, 0))
+            .unwrap();
+    }
+    let barrier = Arc::new(Barrier::new(2));
+    let results: Vec<Result<(), EngineError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [(1, 2), (2, 1)]
+            .into_iter()
+            .map(|(first, second)| {
+                let db = db.clone();
+                let table = Arc::clone(&table);
+                let barrier = Arc::clone(&barrier);
+                scope.spawn(move || {
+                    let session = db.session();
+                    session.begin().unwrap();
+                    table
+                        .update(&session, &[Value::Int(first)], &[(1, Value::Int(first))])
+                        .unwrap();
+                    barrier.wait();
+                    let result = table
+                        .update(&session, &[Value::Int(second)], &[(1, Value::Int(first))])
+                        .map(|_| ());
+                    match &result {
+                        Ok(()) => session.commit().unwrap(),
+                        Err(_) => session.rollback().unwrap(),
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().unwrap())
+            .collect()
+    });
+    let victims: Vec<&EngineError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(victims.len(), 1, "{results:?}");
+    let message = victims[0].to_string();
+    assert!(
+        message.starts_with("Transaction (Process ID ") && message.contains("deadlock victim"),
+        "{message}"
+    );
+    db.check_integrity().unwrap();
+}
+
+#[test]
+fn a_non_logged_table_is_emptied_by_crash_recovery_and_kept_by_a_clean_close() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(4));
+    let db = open(&fs);
+    let table = db.create_table(orders().not_logged()).unwrap();
+    let session = db.session();
+    for _ in 0..50 {
+        table
+            .insert(&session, InsertRow::new().set(1, "u"))
+            .unwrap();
+    }
+    drop(session);
+    drop(table);
+    db.close().unwrap();
+    let db = open(&fs);
+    assert_eq!(orders_rows(&db).len(), 50, "a clean close keeps the rows");
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(1, "v"))
+        .unwrap();
+    let wal_bytes = db.wal_stats().unwrap().appended_bytes;
+    assert_eq!(wal_bytes, 0, "a non-logged table writes no log");
+    let after = fs.crash_with(CrashMode::KeepUnsynced);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = open(&after);
+    assert!(
+        orders_rows(&db).is_empty(),
+        "recovery empties a non-logged table"
+    );
+    db.check_integrity().unwrap();
+}
+
+#[test]
+fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(6).sync_delay(Duration::from_millis(2)));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            durability: Durability::Delayed,
+            delayed_flush_interval: Duration::from_secs(3600),
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    db.create_table(orders()).unwrap();
+    let session = db.session();
+    let fsyncs_before = db.wal_stats().unwrap().fsyncs;
+    let ids: Vec<i64> = (0..200)
+        .map(|_| insert_order(&db, &session).unwrap())
+        .collect();
+    assert_eq!(
+        db.wal_stats().unwrap().fsyncs,
+        fsyncs_before,
+        "delayed commits do not wait for the log"
+    );
+    db.flush_log().unwrap();
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(session);
+    drop(db);
+    let db = open(&after);
+    let rows = orders_rows(&db);
+    for id in ids {
+        assert!(rows.contains_key(&id));
+    }
+}
+
+#[test]
+fn a_torn_log_tail_is_cut_and_the_database_opens() {
+    let seed = seed();
+    for round in 0..8 {
+        let fs = FaultyFileSystem::new(
+            FaultyConfig::new(seed.wrapping_add(round)).tear(lastpage_io::Tear::Bytes),
+        );
+        let db = Database::open(
+            DIR,
+            DatabaseOptions {
+                durability: Durability::Delayed,
+                delayed_flush_interval: Duration::from_secs(3600),
+                ..options(&fs)
+            },
+        )
+        .unwrap();
+        db.create_table(orders()).unwrap();
+        let session = db.session();
+        for _ in 0..300 {
+            insert_order(&db, &session).unwrap();
+            if rand::random::<u8>() < 8 {
+                // Some flushes, so the crash finds synced and unsynced log.
+                db.flush_log().unwrap();
+            }
+        }
+        let after = fs.crash_with(CrashMode::Random);
+        drop(session);
+        drop(db);
+        let db = open(&after);
+        let rows = orders_rows(&db);
+        // Whatever survived is a prefix of the commits (ids were taken in order).
+        let ids: Vec<i64> = rows.keys().copied().collect();
+        let expected: Vec<i64> = (1..=ids.len() as i64).collect();
+        assert_eq!(ids, expected, "round {round}: not a prefix");
+        db.check_integrity().unwrap();
+        let session = db.session();
+        insert_order(&db, &session).unwrap();
+    }
+    let _ = Path::new(DIR);
+}
