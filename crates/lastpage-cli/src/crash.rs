@@ -158,9 +158,14 @@ impl Rng {
 
 /// What the child writes to stdout, one line each:
 /// `ready` once it inserts; `a ID THREAD SEQ` for each acknowledged row;
-/// `r ID` for an identity value that a rolled-back transaction used.
+/// `r ID THREAD SEQ` for a row inserted by a transaction that was then rolled back.
 fn ack_line(id: i64, provenance: &Provenance) -> String {
     format!("a {id} {} {}\n", provenance.thread, provenance.seq)
+}
+
+/// `r ID THREAD SEQ`: a row a transaction inserted and then rolled back.
+fn rollback_line(id: i64, provenance: &Provenance) -> String {
+    format!("r {id} {} {}\n", provenance.thread, provenance.seq)
 }
 
 /// `lastpage crash-child`: inserts until killed (or until the parent goes away and a write to
@@ -235,7 +240,7 @@ fn write_lines(out: &Mutex<std::io::Stdout>, text: &str) -> Result<(), String> {
 /// batches (one transaction each), acknowledging every row once its statement returned `Ok`.
 fn child_thread(
     db: &Database,
-    table: &Table,
+    table: &Arc<Table>,
     out: &Mutex<std::io::Stdout>,
     run: i64,
     cycle: i32,
@@ -255,25 +260,56 @@ fn child_thread(
         *seq += 1;
         provenance
     };
+    let id_of = |id: Option<i64>| id.ok_or_else(|| "the table has no identity column".to_owned());
     loop {
         let choice = rng.below(100);
-        if choice < 85 {
+        if choice < 75 {
             let provenance = next(&mut seq);
             let id = table
                 .insert(&session, provenance.row())
-                .map_err(|error| format!("insert failed: {error}"))?
-                .ok_or("the table has no identity column")?;
-            write_lines(out, &ack_line(id, &provenance))?;
-        } else {
+                .map_err(|error| format!("insert failed: {error}"))?;
+            write_lines(out, &ack_line(id_of(id)?, &provenance))?;
+        } else if choice < 87 {
             let rows = 2 + rng.below(30);
             let provenances: Vec<Provenance> = (0..rows).map(|_| next(&mut seq)).collect();
             let ids = table
                 .insert_batch(&session, provenances.iter().map(Provenance::row).collect())
                 .map_err(|error| format!("batch insert failed: {error}"))?;
             let mut lines = String::new();
-            for (id, provenance) in ids.iter().zip(&provenances) {
-                let id = id.ok_or("the table has no identity column")?;
-                lines.push_str(&ack_line(id, provenance));
+            for (id, provenance) in ids.into_iter().zip(&provenances) {
+                lines.push_str(&ack_line(id_of(id)?, provenance));
+            }
+            write_lines(out, &lines)?;
+        } else {
+            // An explicit transaction of a few single-row inserts, committed (every row
+            // acknowledged after COMMIT returns) or rolled back (its rows must never be seen,
+            // and their identity values never handed out again).
+            let commit = choice < 95;
+            let rows = 1 + rng.below(5);
+            session
+                .begin()
+                .map_err(|error| format!("BEGIN TRANSACTION failed: {error}"))?;
+            let mut lines = String::new();
+            for _ in 0..rows {
+                let provenance = next(&mut seq);
+                let id = table
+                    .insert(&session, provenance.row())
+                    .map_err(|error| format!("insert in a transaction failed: {error}"))?;
+                let line = if commit {
+                    ack_line(id_of(id)?, &provenance)
+                } else {
+                    rollback_line(id_of(id)?, &provenance)
+                };
+                lines.push_str(&line);
+            }
+            if commit {
+                session
+                    .commit()
+                    .map_err(|error| format!("COMMIT failed: {error}"))?;
+            } else {
+                session
+                    .rollback()
+                    .map_err(|error| format!("ROLLBACK failed: {error}"))?;
             }
             write_lines(out, &lines)?;
         }
@@ -287,7 +323,7 @@ fn child_thread(
 enum Event {
     Ready,
     Ack(i64, Provenance),
-    RolledBack(i64),
+    RolledBack(i64, Provenance),
     /// A line that does not parse (a torn last line is dropped before this).
     Garbage(String),
     Eof,
@@ -327,7 +363,7 @@ struct Ledger {
     /// Every acknowledged row, by identity value.
     acked: HashMap<i64, Provenance>,
     /// Identity values rolled-back transactions used.
-    rolled_back: Vec<i64>,
+    rolled_back: Vec<(i64, Provenance)>,
     /// Acknowledged rows found missing by any check (a row lost once counts once).
     ever_lost: HashSet<i64>,
     /// The most extra copies of rows any check found.
@@ -493,7 +529,7 @@ fn one_cycle(
     let mut handle = |event: Event, eof: &mut bool| match event {
         Event::Ready => {}
         Event::Ack(id, provenance) => acks.push((id, provenance)),
-        Event::RolledBack(id) => rolled_back.push(id),
+        Event::RolledBack(id, provenance) => rolled_back.push((id, provenance)),
         Event::Garbage(line) => garbage.push(line),
         Event::Eof => *eof = true,
     };
@@ -567,32 +603,29 @@ fn one_cycle(
         ));
     }
 
-    // Acknowledged identity values must be new: above everything seen before this cycle, and
-    // never acknowledged twice.
+    // Identity values handed out this cycle (acknowledged or rolled back) must be new: above
+    // everything acknowledged, rolled back or seen in the table before this cycle, and never
+    // handed out twice. SQL Server never gives an identity value out again, not even one a
+    // rolled-back transaction used.
+    let tag = |thread_seq: Provenance| Provenance {
+        run: ledger.run,
+        cycle: cycle as i32,
+        ..thread_seq
+    };
     let mut reused = 0;
-    let mut acked_now: HashMap<i64, Provenance> = HashMap::with_capacity(acks.len());
+    let mut handed_out: HashSet<i64> = HashSet::with_capacity(acks.len() + rolled_back.len());
+    for &id in acks.iter().chain(&rolled_back).map(|(id, _)| id) {
+        if id <= ledger.high_water || !handed_out.insert(id) {
+            reused += 1;
+        }
+    }
     for &(id, thread_seq) in &acks {
-        let provenance = Provenance {
-            run: ledger.run,
-            cycle: cycle as i32,
-            ..thread_seq
-        };
-        if id <= ledger.high_water
-            || ledger.acked.contains_key(&id)
-            || acked_now.insert(id, provenance).is_some()
-        {
-            reused += 1;
-        }
+        ledger.acked.entry(id).or_insert(tag(thread_seq));
     }
-    for (id, provenance) in &acked_now {
-        ledger.acked.entry(*id).or_insert(*provenance);
+    for &(id, thread_seq) in &rolled_back {
+        ledger.rolled_back.push((id, tag(thread_seq)));
+        ledger.high_water = ledger.high_water.max(id);
     }
-    for &id in &rolled_back {
-        if id <= ledger.high_water {
-            reused += 1;
-        }
-    }
-    ledger.rolled_back.extend_from_slice(&rolled_back);
     let mut report = verify(&args.db, ledger)?;
     report.acked = acks.len() as u64;
     report.reused = reused;
@@ -687,9 +720,20 @@ fn parse_line(line: &str) -> Event {
             },
             _ => Event::Garbage(line.to_owned()),
         },
-        Some("r") if fields.len() == 2 => match number(1) {
-            Some(id) => Event::RolledBack(id),
-            None => Event::Garbage(line.to_owned()),
+        Some("r") if fields.len() == 4 => match (number(1), number(2), number(3)) {
+            (Some(id), Some(thread), Some(seq)) => match i32::try_from(thread) {
+                Ok(thread) => Event::RolledBack(
+                    id,
+                    Provenance {
+                        run: 0,
+                        cycle: 0,
+                        thread,
+                        seq,
+                    },
+                ),
+                Err(_) => Event::Garbage(line.to_owned()),
+            },
+            _ => Event::Garbage(line.to_owned()),
         },
         _ => Event::Garbage(line.to_owned()),
     }
@@ -762,10 +806,11 @@ fn verify(dir: &Path, ledger: &mut Ledger) -> Result<CycleReport, String> {
         .map(|&count| u64::from(count.saturating_sub(1)))
         .sum();
     ledger.most_duplicates = ledger.most_duplicates.max(report.duplicates);
+    // A rolled-back row is back if its provenance is in the table, whatever its identity value.
     report.rolled_back_present = ledger
         .rolled_back
         .iter()
-        .filter(|id| present.contains_key(id))
+        .filter(|(_, provenance)| logical.contains_key(provenance))
         .count() as u64;
     report.integrity = match db.check_integrity() {
         Ok(_) => "ok".to_owned(),
@@ -844,8 +889,18 @@ mod tests {
                 }
             )
         ));
-        assert!(matches!(parse_line("r 9"), Event::RolledBack(9)));
-        for bad in ["", "a 1 2", "a x 2 3", "b 1", "a 1 2 3 4", "r"] {
+        assert!(matches!(
+            parse_line("r 9 1 2"),
+            Event::RolledBack(
+                9,
+                Provenance {
+                    thread: 1,
+                    seq: 2,
+                    ..
+                }
+            )
+        ));
+        for bad in ["", "a 1 2", "a x 2 3", "b 1", "a 1 2 3 4", "r", "r 9"] {
             assert!(matches!(parse_line(bad), Event::Garbage(_)), "{bad:?}");
         }
     }

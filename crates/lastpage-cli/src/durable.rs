@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lastpage_engine::Database;
+use lastpage_engine::{Database, DatabaseOptions, Durability as EngineDurability};
 
 /// When a commit counts as done, as `--durability` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -74,22 +74,32 @@ pub struct Recovery {
 
 /// Opens (creating or recovering) the durable database in `dir`.
 pub fn open(dir: &Path, durability: Durability) -> Result<Database, String> {
-    let _ = durability;
-    Err(format!(
-        "cannot open a durable database in {}: this build's engine has no durable databases yet \
-         (Database::open arrives with the write-ahead log's wiring)",
-        dir.display()
-    ))
+    let options = DatabaseOptions {
+        durability: match durability {
+            Durability::Full => EngineDurability::Full,
+            Durability::Delayed => EngineDurability::Delayed,
+            Durability::None => EngineDurability::None,
+        },
+        ..DatabaseOptions::default()
+    };
+    Database::open(dir, options)
+        .map_err(|error| format!("cannot open the database in {}: {error}", dir.display()))
 }
 
 /// The log writer's counters since the database was opened; `None` for an in-memory database.
 pub fn wal_counters(db: &Database) -> Option<WalCounters> {
-    let _ = db;
-    None
+    db.wal_stats().map(|stats| WalCounters {
+        commits: stats.commits,
+        fsyncs: stats.fsyncs,
+        flushed_bytes: stats.flushed_bytes,
+    })
 }
 
-/// What opening the database recovered; `None` for a new or in-memory database.
+/// What opening the database recovered; `None` for an in-memory database.
 pub fn recovery(db: &Database) -> Option<Recovery> {
-    let _ = db;
-    None
+    db.recovery_stats().map(|stats| Recovery {
+        log_bytes: stats.log_bytes,
+        records: stats.records,
+        duration: stats.duration,
+    })
 }
