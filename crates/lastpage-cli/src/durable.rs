@@ -55,9 +55,13 @@ impl WalCounters {
         }
     }
 
-    /// Commits per fdatasync (the group-commit factor); `None` before the first fdatasync.
-    pub fn commits_per_fsync(&self) -> Option<f64> {
-        (self.fsyncs > 0).then(|| self.commits as f64 / self.fsyncs as f64)
+    /// `transactions` per fdatasync (the group-commit factor); `None` without an fdatasync.
+    ///
+    /// The caller counts the transactions itself because the log writer counts only the
+    /// commits that waited for the disk: under DELAYED durability none do, yet the background
+    /// flushes still share one fdatasync among many transactions.
+    pub fn transactions_per_fsync(&self, transactions: u64) -> Option<f64> {
+        (self.fsyncs > 0).then(|| transactions as f64 / self.fsyncs as f64)
     }
 }
 

@@ -414,8 +414,10 @@ fn lastpage_cell(
             / driven.elapsed_sec)
             .round(),
         latency_us: latency_report(&driven.latency_ns),
-        commits_per_fsync: wal.and_then(|wal| wal.commits_per_fsync()).map(round3),
-        commits_per_fsync_source: "the log writer's counters (commits acknowledged / fdatasync calls)",
+        commits_per_fsync: wal
+            .and_then(|wal| wal.transactions_per_fsync(driven.statements))
+            .map(round3),
+        commits_per_fsync_source: "transactions committed / the log writer's fdatasync calls",
         fsyncs: wal.map(|wal| wal.fsyncs),
         writelog_wait_us_per_commit: Some(round3(
             writelog.wait_time_ns as f64 / 1000.0 / driven.statements.max(1) as f64,
@@ -727,7 +729,7 @@ pub fn render(report: &DurableReport) -> String {
     out.push_str(&format!("{cells}\n"));
     out.push_str(
         "SQLite's commits/fdatasync is 1 by design (WAL + synchronous=FULL syncs at every commit); \
-         lastpage's comes from its log writer's counters.\n",
+         lastpage's is its transactions ÷ its log writer's fdatasync calls.\n",
     );
     let judged = &report.judged;
     let figure = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), number);

@@ -471,7 +471,8 @@ pub struct ConfigReport {
 /// The log's side of a run: group commit and the time commits waited for it.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct LogReport {
-    /// Commits per fdatasync over the measured run (absent in memory, or before any fsync).
+    /// Transactions (statements) the measured run committed per fdatasync of the log (absent
+    /// in memory, or without any fdatasync, as under `--durability none`).
     pub commits_per_fsync: Option<f64>,
     /// The log writer's counters over the measured run (absent in memory).
     pub wal: Option<WalCounters>,
@@ -934,7 +935,9 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     let statements = rows / rows_per_statement.max(1);
     let writelog = waits.wait(WaitType::WriteLog);
     let log = LogReport {
-        commits_per_fsync: wal.and_then(|wal| wal.commits_per_fsync()).map(round3),
+        commits_per_fsync: wal
+            .and_then(|wal| wal.transactions_per_fsync(statements))
+            .map(round3),
         wal,
         writelog_wait_us_per_commit: round3(
             writelog.wait_time_ns as f64 / 1000.0 / statements.max(1) as f64,
