@@ -3,8 +3,12 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lastpage_engine::{InsertPath, LatchPolicy};
 
+use std::path::PathBuf;
+
+use crate::bench::durable::DurableConfig;
 use crate::bench::insert::{InsertConfig, KeyKind, MAX_ROW_BYTES, Remedy};
 use crate::bench::matrix::MatrixConfig;
+use crate::durable::Durability;
 
 /// Most threads one run may start.
 pub const MAX_THREADS: u32 = 4096;
@@ -24,6 +28,19 @@ pub enum Command {
     /// Benchmarks over the embedded engine.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Kills a process that inserts durably with SIGKILL at a random moment, reopens the
+    /// database and checks that no acknowledged row was lost or duplicated, no identity value
+    /// was handed out twice, and the integrity check passes; repeats --cycles times on the same
+    /// database. Prints one line per cycle (rows acknowledged in the cycle; the table's rows and
+    /// its rows never acknowledged, which are fine: committed, then killed before the
+    /// acknowledgement was written; recovery time) and a summary
+    /// `cycles=K acked=N lost=0 duplicates=0 reused=0`; exits with 1 if anything was lost,
+    /// duplicated or reused or the check failed.
+    CrashTest(CrashTestArgs),
+    /// The process `crash-test` kills (internal): inserts durably and prints every
+    /// acknowledged identity value on stdout.
+    #[command(hide = true)]
+    CrashChild(CrashChildArgs),
 }
 
 /// `lastpage bench ...`
@@ -40,6 +57,33 @@ pub enum BenchCommand {
     /// 300 threads for 100- and 8000-byte rows, against the ascending classic+fifo baseline, the
     /// random key and an "ideal append" reference; ends with the judged figures.
     InsertMatrix(MatrixArgs),
+    /// Durable inserts, lastpage (Durability::Full) against SQLite (WAL mode,
+    /// synchronous=FULL, one connection shared by the threads), interleaved in one process:
+    /// single-row autocommit inserts at each --threads count, then one thread inserting
+    /// --batch-rows-row transactions. Reports rows/s, commit latency, commits per fdatasync,
+    /// WRITELOG wait per commit and lastpage ÷ SQLite. About 30 s with the defaults.
+    Durable(DurableArgs),
+}
+
+/// When a durable database's commit returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// Once the commit's log records are on disk (fdatasync; group commit shares one).
+    Full,
+    /// Once the log records are in the log buffer; a background flush writes them soon after.
+    Delayed,
+    /// The log is written but never waited for: a crash loses recent commits.
+    None,
+}
+
+impl From<DurabilityArg> for Durability {
+    fn from(durability: DurabilityArg) -> Durability {
+        match durability {
+            DurabilityArg::Full => Durability::Full,
+            DurabilityArg::Delayed => Durability::Delayed,
+            DurabilityArg::None => Durability::None,
+        }
+    }
 }
 
 /// The latch flavour of the clustered index's pages.
@@ -165,6 +209,14 @@ pub struct InsertArgs {
     /// Rows one session inserts before the measured run (not measured, not counted in `rows`).
     #[arg(long, default_value_t = 0, value_name = "W")]
     pub warmup_rows: u64,
+    /// Create a durable database in this directory (new or empty) instead of the in-memory
+    /// one; the JSON then reports commits per fdatasync and the log's waits. The database is
+    /// left there afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub db: Option<PathBuf>,
+    /// When a commit returns in the durable database (needs --db).
+    #[arg(long, value_enum, requires = "db", value_name = "MODE")]
+    pub durability: Option<DurabilityArg>,
 }
 
 impl InsertArgs {
@@ -179,8 +231,114 @@ impl InsertArgs {
             insert_path: self.path.into(),
             remedy: self.remedy.into(),
             warmup_rows: self.warmup_rows,
+            db_dir: self.db.clone(),
+            durability: self.durability.unwrap_or(DurabilityArg::Full).into(),
         }
     }
+}
+
+/// `lastpage bench durable`
+#[derive(Debug, Args)]
+pub struct DurableArgs {
+    /// Thread counts of the single-row autocommit cells, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = [1, 10, 100, 300],
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_THREADS)))]
+    pub threads: Vec<u32>,
+    /// Seconds each cell runs (each cell also stops at 5,000,000 rows).
+    #[arg(long, default_value_t = 3.0, value_name = "S", value_parser = seconds,
+          conflicts_with = "rows")]
+    pub seconds: f64,
+    /// Rows each cell inserts (split across its threads), instead of running for --seconds.
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub rows: Option<u64>,
+    /// Rows per transaction of the one-thread batched cells.
+    #[arg(long, default_value_t = 1000, value_name = "R",
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch_rows: u64,
+    /// Directory for the databases (a fresh subdirectory is created in it and removed at the
+    /// end). Default: the system's temporary directory. Put it on the disk you want to measure:
+    /// on tmpfs an fdatasync costs nothing.
+    #[arg(long, value_name = "DIR")]
+    pub db: Option<PathBuf>,
+    /// A smoke run: 0.3 s per cell at 1 and 4 threads, batches of 100 rows.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl DurableArgs {
+    /// The run these flags describe (`--quick` overrides the sizes).
+    pub fn config(&self) -> DurableConfig {
+        let mut threads = Vec::new();
+        for &count in &self.threads {
+            if !threads.contains(&count) {
+                threads.push(count);
+            }
+        }
+        if self.quick {
+            return DurableConfig {
+                threads: vec![1, 4],
+                seconds: 0.3,
+                rows: None,
+                batch_rows: 100,
+                db: self.db.clone(),
+            };
+        }
+        DurableConfig {
+            threads,
+            seconds: self.seconds,
+            rows: self.rows,
+            batch_rows: self.batch_rows,
+            db: self.db.clone(),
+        }
+    }
+}
+
+/// `lastpage crash-test`
+#[derive(Debug, Args)]
+pub struct CrashTestArgs {
+    /// The database directory (created if missing). Every cycle reopens the same database, so
+    /// rows accumulate across cycles; an existing crash-test database is continued.
+    #[arg(long, value_name = "DIR")]
+    pub db: PathBuf,
+    /// Inserting threads in the child process.
+    #[arg(long, default_value_t = 8, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+    /// The child is killed at a random moment between S/2 and S seconds after it started
+    /// inserting.
+    #[arg(long, default_value_t = 2.0, value_name = "S", value_parser = seconds)]
+    pub seconds: f64,
+    /// Kill-and-recover cycles.
+    #[arg(long, default_value_t = 3, value_name = "K",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub cycles: u32,
+    /// Seed of the kill moments and of the children's choices (default: from the clock; it is
+    /// printed either way, so a run can be repeated).
+    #[arg(long, value_name = "X")]
+    pub seed: Option<u64>,
+}
+
+/// `lastpage crash-child` (internal)
+#[derive(Debug, Args)]
+pub struct CrashChildArgs {
+    /// The database directory.
+    #[arg(long, value_name = "DIR")]
+    pub db: PathBuf,
+    /// Inserting threads.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+    /// Seed of the mix of single rows, batches and rolled-back transactions.
+    #[arg(long, value_name = "X")]
+    pub seed: u64,
+    /// The crash test's run tag, stored in every row.
+    #[arg(long, value_name = "R")]
+    pub run: i64,
+    /// The cycle, stored in every row.
+    #[arg(long, value_name = "C")]
+    pub cycle: i32,
 }
 
 /// `lastpage bench insert-compare`
@@ -252,6 +410,15 @@ impl MatrixArgs {
             threads,
             row_bytes,
         }
+    }
+}
+
+/// A number of seconds: more than 0, at most an hour.
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if value > 0.0 && value <= 3600.0 => Ok(value),
+        Ok(_) => Err("must be more than 0 and at most 3600".to_owned()),
+        Err(_) => Err(format!("'{text}' is not a number of seconds")),
     }
 }
 

@@ -5,6 +5,8 @@
 
 mod bench;
 mod cli;
+mod crash;
+mod durable;
 mod sys;
 
 use std::io::Write;
@@ -13,9 +15,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use bench::compare::{self, CompareConfig};
+use bench::durable as durable_bench;
 use bench::insert::{BenchError, run_insert_bench};
 use bench::matrix;
-use cli::{BenchCommand, Cli, Command, CompareArgs, InsertArgs, MatrixArgs};
+use cli::{BenchCommand, Cli, Command, CompareArgs, DurableArgs, InsertArgs, MatrixArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,7 +26,20 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Insert(args)) => bench_insert(&args),
         Command::Bench(BenchCommand::InsertCompare(args)) => bench_insert_compare(&args),
         Command::Bench(BenchCommand::InsertMatrix(args)) => bench_insert_matrix(&args),
+        Command::Bench(BenchCommand::Durable(args)) => bench_durable(&args),
+        Command::CrashTest(args) => crash::run_crash_test(&args),
+        Command::CrashChild(args) => crash::run_child(&args),
     }
+}
+
+fn bench_durable(args: &DurableArgs) -> ExitCode {
+    let report = match durable_bench::run_durable(&args.config()) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let failure =
+        (!report.all_ok()).then(|| "a cell failed its verification (see the report)".into());
+    emit(&report, args.json, durable_bench::render, failure)
 }
 
 fn bench_insert(args: &InsertArgs) -> ExitCode {

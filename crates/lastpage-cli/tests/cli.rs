@@ -82,9 +82,19 @@ fn every_key_and_latch_reports_the_required_fields() {
                 assert_wait_fields(&report, wait);
             }
             let waits = report["waits"].as_object().expect("waits is an object");
+            // Wait types listed even at zero: the page latches and the log's and locks' waits.
+            let always = [
+                "PAGELATCH_EX",
+                "PAGELATCH_SH",
+                "PAGELATCH_UP",
+                "WRITELOG",
+                "LOGBUFFER",
+                "LCK_M_S",
+                "LCK_M_X",
+            ];
             for (name, entry) in waits {
                 assert_wait_fields(&report, name);
-                if !name.starts_with("PAGELATCH_") {
+                if !always.contains(&name.as_str()) {
                     assert!(
                         entry["waiting_tasks_count"].as_u64().unwrap_or(0) > 0,
                         "{context}"
@@ -545,5 +555,215 @@ fn bad_remedy_and_matrix_flags_fail_cleanly() {
         );
         assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
         assert!(output.stdout.is_empty(), "{all:?} printed to stdout");
+    }
+}
+
+/// A scratch directory for one test, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("lastpage-cli-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        Scratch(dir)
+    }
+
+    fn path(&self, child: &str) -> String {
+        self.0.join(child).display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn in_memory_json_has_the_log_fields() {
+    let report = insert_json(&["--threads", "2", "--rows-per-thread", "50"]);
+    assert!(report["commits_per_fsync"].is_null(), "{report}");
+    assert_eq!(report["config"]["storage"], "memory");
+    for wait in ["WRITELOG", "LOGBUFFER", "LCK_M_S", "LCK_M_X"] {
+        assert_wait_fields(&report, wait);
+    }
+}
+
+#[test]
+fn durable_insert_reports_group_commit() {
+    let scratch = Scratch::new("insert");
+    for durability in ["full", "delayed", "none"] {
+        let db = scratch.path(durability);
+        let report = insert_json(&[
+            "--threads",
+            "4",
+            "--rows-per-thread",
+            "100",
+            "--db",
+            &db,
+            "--durability",
+            durability,
+        ]);
+        let context = format!("--durability {durability}: {report}");
+        assert_eq!(report["rows"], 400, "{context}");
+        assert_eq!(report["integrity"], "ok", "{context}");
+        assert_eq!(report["config"]["storage"], "durable", "{context}");
+        assert_eq!(report["config"]["durability"], durability, "{context}");
+        for wait in ["WRITELOG", "LOGBUFFER", "LCK_M_S", "LCK_M_X"] {
+            assert_wait_fields(&report, wait);
+        }
+        if durability == "full" {
+            assert!(
+                report["commits_per_fsync"]
+                    .as_f64()
+                    .is_some_and(|value| value >= 1.0),
+                "{context}"
+            );
+        }
+    }
+}
+
+#[test]
+fn durable_bench_runs_both_engines() {
+    let scratch = Scratch::new("durable");
+    let output = lastpage(&[
+        "bench",
+        "durable",
+        "--quick",
+        "--json",
+        "--db",
+        &scratch.path(""),
+    ]);
+    assert!(
+        output.status.success(),
+        "bench durable failed: {}\nstdout: {}",
+        text(&output.stderr),
+        text(&output.stdout)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let cells = report["cells"].as_array().expect("cells");
+    // --quick: autocommit at 1 and 4 threads, then the batch, each on both engines.
+    assert_eq!(cells.len(), 6, "{report}");
+    for cell in cells {
+        assert_eq!(cell["verified"], "ok", "{cell}");
+        assert!(cell["rows"].as_u64().is_some_and(|rows| rows > 0), "{cell}");
+        assert!(cell["latency_us"]["p99"].is_number(), "{cell}");
+        match cell["engine"].as_str() {
+            Some("sqlite") => assert_eq!(cell["commits_per_fsync"], 1.0, "{cell}"),
+            Some("lastpage") => {
+                assert!(cell["commits_per_fsync"].is_number(), "{cell}");
+                assert!(cell["writelog_wait_us_per_commit"].is_number(), "{cell}");
+                assert_wait_fields(cell, "WRITELOG");
+            }
+            other => panic!("unexpected engine {other:?}"),
+        }
+    }
+    assert_eq!(
+        report["ratios"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    // The run's directory is removed at the end.
+    let left: Vec<_> = std::fs::read_dir(&scratch.0)
+        .expect("read the scratch directory")
+        .collect();
+    assert!(left.is_empty(), "bench durable left files behind");
+}
+
+#[test]
+fn crash_test_loses_nothing() {
+    let scratch = Scratch::new("crash");
+    let db = scratch.path("db");
+    let output = lastpage(&[
+        "crash-test",
+        "--db",
+        &db,
+        "--threads",
+        "4",
+        "--seconds",
+        "1",
+        "--cycles",
+        "2",
+    ]);
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "crash-test failed: {}\nstdout: {stdout}",
+        text(&output.stderr)
+    );
+    assert!(stdout.contains("seed="), "the seed is printed: {stdout}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|line| line.starts_with("cycle "))
+            .count(),
+        2,
+        "{stdout}"
+    );
+    let summary = stdout
+        .lines()
+        .find(|line| line.starts_with("cycles="))
+        .unwrap_or_else(|| panic!("no summary line: {stdout}"));
+    let fields: std::collections::BTreeMap<&str, u64> = summary
+        .split(' ')
+        .map(|field| {
+            let (name, value) = field
+                .split_once('=')
+                .unwrap_or_else(|| panic!("bad summary field {field:?}: {summary}"));
+            let value = value
+                .parse()
+                .unwrap_or_else(|_| panic!("bad summary value {field:?}: {summary}"));
+            (name, value)
+        })
+        .collect();
+    let names: Vec<&str> = fields.keys().copied().collect();
+    assert_eq!(
+        names,
+        ["acked", "cycles", "duplicates", "lost", "reused"],
+        "{summary}"
+    );
+    assert_eq!(fields["cycles"], 2, "{summary}");
+    assert!(fields["acked"] > 0, "{summary}");
+    assert_eq!(fields["lost"], 0, "{summary}");
+    assert_eq!(fields["duplicates"], 0, "{summary}");
+    assert_eq!(fields["reused"], 0, "{summary}");
+}
+
+#[test]
+fn bad_durability_flags_fail_cleanly() {
+    let scratch = Scratch::new("flags");
+    std::fs::write(scratch.0.join("something"), b"x").expect("write");
+    let occupied = scratch.path("");
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "insert", "--durability", "full"], "--db"),
+        (
+            &["bench", "insert", "--durability", "sometimes", "--db", "x"],
+            "--durability",
+        ),
+        (&["bench", "insert", "--db", &occupied], "not empty"),
+        (&["bench", "durable", "--seconds", "0"], "--seconds"),
+        (&["bench", "durable", "--seconds", "soon"], "--seconds"),
+        (&["bench", "durable", "--threads", "0"], "--threads"),
+        (
+            &["bench", "durable", "--seconds", "1", "--rows", "10"],
+            "--rows",
+        ),
+        (&["crash-test", "--threads", "4"], "--db"),
+        (&["crash-test", "--db", "x", "--cycles", "0"], "--cycles"),
+        (&["crash-test", "--db", "x", "--seconds=-1"], "--seconds"),
+        (&["crash-test", "--db", "x", "--seed", "minus"], "--seed"),
+    ];
+    for (args, expected) in cases {
+        let output = lastpage(args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: stderr should mention {expected}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
     }
 }

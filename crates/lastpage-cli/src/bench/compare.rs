@@ -297,6 +297,7 @@ fn cell_config(
         insert_path: InsertPath::Classic,
         remedy: Remedy::None,
         warmup_rows: 0,
+        ..InsertConfig::default()
     }
 }
 

@@ -14,6 +14,7 @@
 //! `lastpage bench insert --json` prints; [`crate::bench::render`] draws it as tables.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -28,6 +29,7 @@ use lastpage_engine::{
 use lastpage_storage::limits::PAGE_SIZE_BYTES;
 use serde::Serialize;
 
+use crate::durable::{self, Durability, WalCounters};
 use crate::sys::{self, Usage};
 
 /// Largest `--row-bytes`: SQL Server's CHAR(8000), one row per page.
@@ -144,6 +146,11 @@ pub struct InsertConfig {
     pub remedy: Remedy,
     /// Rows one session inserts before the measured run.
     pub warmup_rows: u64,
+    /// Where the database lives: `None` for the in-memory database, else a directory where a
+    /// durable database is created (it must not hold anything yet).
+    pub db_dir: Option<PathBuf>,
+    /// When a commit returns, for a durable database (`db_dir` set); ignored in memory.
+    pub durability: Durability,
 }
 
 impl Default for InsertConfig {
@@ -157,6 +164,8 @@ impl Default for InsertConfig {
             insert_path: InsertPath::Default,
             remedy: Remedy::None,
             warmup_rows: 0,
+            db_dir: None,
+            durability: Durability::Full,
         }
     }
 }
@@ -230,6 +239,9 @@ impl InsertConfig {
                 self.threads, self.rows_per_thread, self.warmup_rows
             ));
         }
+        if let Some(dir) = &self.db_dir {
+            check_fresh_directory(dir)?;
+        }
         if let Some(available) = sys::available_memory_bytes() {
             let needed = estimated_memory_bytes(rows, self.row_bytes);
             if needed > available / 10 * 8 {
@@ -243,6 +255,28 @@ impl InsertConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses a `--db` directory that already holds something: the benchmark measures a fresh
+/// database, and reopening an old one would recover its tables (and fail to create the table).
+pub fn check_fresh_directory(dir: &Path) -> Result<(), BenchError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(BenchError::InvalidConfig(format!(
+                    "--db {} is not empty; the benchmark needs a new or empty directory for a fresh \
+                     database",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(BenchError::InvalidConfig(format!(
+            "--db {} cannot be used: {error}",
+            dir.display()
+        ))),
     }
 }
 
@@ -387,7 +421,7 @@ impl Workload {
     }
 
     /// The payload thread `thread` inserts: `row_bytes` ASCII letters.
-    fn payload(&self, thread: usize, row_bytes: u16) -> Value {
+    pub(crate) fn payload(&self, thread: usize, row_bytes: u16) -> Value {
         let letter = char::from(b'a' + (thread % 26) as u8);
         Value::String(std::iter::repeat_n(letter, usize::from(row_bytes)).collect())
     }
@@ -426,6 +460,26 @@ pub struct ConfigReport {
     pub insert_path: &'static str,
     /// Rows inserted before the measured run.
     pub warmup_rows: u64,
+    /// `memory` (the in-memory database) or `durable` (`--db`).
+    pub storage: &'static str,
+    /// The durable database's directory.
+    pub db: Option<String>,
+    /// When a commit returned (durable databases only).
+    pub durability: Option<Durability>,
+}
+
+/// The log's side of a run: group commit and the time commits waited for it.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LogReport {
+    /// Transactions (statements) the measured run committed per fdatasync of the log (absent
+    /// in memory, or without any fdatasync, as under `--durability none`).
+    pub commits_per_fsync: Option<f64>,
+    /// The log writer's counters over the measured run (absent in memory).
+    pub wal: Option<WalCounters>,
+    /// WRITELOG wait time per commit (per statement), in microseconds.
+    pub writelog_wait_us_per_commit: f64,
+    /// WRITELOG waits per commit (per statement).
+    pub writelog_waits_per_commit: f64,
 }
 
 /// Per-insert latency percentiles, in microseconds.
@@ -541,6 +595,11 @@ pub struct TreeReport {
 pub struct InsertReport {
     /// The configuration.
     pub config: ConfigReport,
+    /// Commits per fdatasync (the same as `log.commits_per_fsync`, at the top level because it
+    /// is the figure a durable run is judged by).
+    pub commits_per_fsync: Option<f64>,
+    /// The log's counters and waits.
+    pub log: LogReport,
     /// Rows inserted by the measured run.
     pub rows: u64,
     /// Wall time from the start signal until the last session finished.
@@ -553,7 +612,8 @@ pub struct InsertReport {
     /// What one latency sample is: `"row"` (a single-row insert) or `"statement"` (a
     /// `rows_per_statement`-row `insert_batch`).
     pub latency_unit: &'static str,
-    /// Every wait type with a nonzero count, plus PAGELATCH_EX/SH/UP always.
+    /// Every wait type with a nonzero count, plus PAGELATCH_EX/SH/UP, WRITELOG, LOGBUFFER,
+    /// LCK_M_S and LCK_M_X always.
     pub waits: BTreeMap<&'static str, WaitReport>,
     /// `waiting_tasks_count / rows` for every wait type in `waits`.
     pub waits_per_row: BTreeMap<&'static str, f64>,
@@ -596,7 +656,7 @@ impl InsertReport {
     }
 }
 
-fn round3(value: f64) -> f64 {
+pub(crate) fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
@@ -693,8 +753,11 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     let workload = Workload::for_config(config);
     // Every run starts from the same cold memory, whatever ran before it in this process.
     sys::release_free_memory();
-    let db = Database::create(DatabaseOptions::default())
-        .map_err(|error| failed("cannot create the database", &error))?;
+    let db = match &config.db_dir {
+        None => Database::create(DatabaseOptions::default())
+            .map_err(|error| failed("cannot create the database", &error))?,
+        Some(dir) => durable::open(dir, config.durability).map_err(BenchError::Failed)?,
+    };
     let table = db
         .create_table(workload.table.clone())
         .map_err(|error| failed("cannot create the table", &error))?;
@@ -752,6 +815,7 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
 
     gate.wait_ready(threads);
     db.clear_wait_stats();
+    let wal_before = durable::wal_counters(&db);
     let process_before = sys::process_usage();
     let machine_before = sys::MachineCpu::now();
     let start = Instant::now();
@@ -766,6 +830,9 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
         }
     }
     let waits = db.wait_stats();
+    let wal = durable::wal_counters(&db)
+        .zip(wal_before)
+        .map(|(after, before)| after.since(&before));
     let process_usage = sys::process_usage().since(&process_before);
     let other_cpu_load_percent = machine_before
         .zip(sys::MachineCpu::now())
@@ -823,7 +890,13 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     for (wait_type, stat) in waits.waits() {
         let always = matches!(
             wait_type,
-            WaitType::PageLatchEx | WaitType::PageLatchSh | WaitType::PageLatchUp
+            WaitType::PageLatchEx
+                | WaitType::PageLatchSh
+                | WaitType::PageLatchUp
+                | WaitType::WriteLog
+                | WaitType::LogBuffer
+                | WaitType::LckMS
+                | WaitType::LckMX
         );
         if always || stat.waiting_tasks_count > 0 {
             wait_reports.insert(wait_type.name(), WaitReport::from(stat));
@@ -859,6 +932,20 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
         all_waits_sessions: session_waits.total_count(),
     };
 
+    let statements = rows / rows_per_statement.max(1);
+    let writelog = waits.wait(WaitType::WriteLog);
+    let log = LogReport {
+        commits_per_fsync: wal
+            .and_then(|wal| wal.transactions_per_fsync(statements))
+            .map(round3),
+        wal,
+        writelog_wait_us_per_commit: round3(
+            writelog.wait_time_ns as f64 / 1000.0 / statements.max(1) as f64,
+        ),
+        writelog_waits_per_commit: round6(
+            writelog.waiting_tasks_count as f64 / statements.max(1) as f64,
+        ),
+    };
     let (tree, indexes, integrity) = check(&db, &table, config);
     let micros = |nanos: u64| round3(nanos as f64 / 1000.0);
     Ok(InsertReport {
@@ -878,7 +965,16 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
             latch: config.latch.name(),
             insert_path: config.insert_path.name(),
             warmup_rows: config.warmup_rows,
+            storage: if config.db_dir.is_some() {
+                "durable"
+            } else {
+                "memory"
+            },
+            db: config.db_dir.as_ref().map(|dir| dir.display().to_string()),
+            durability: config.db_dir.as_ref().map(|_| config.durability),
         },
+        commits_per_fsync: log.commits_per_fsync,
+        log,
         rows,
         elapsed_sec: round6(elapsed_sec),
         rows_per_sec: (rows as f64 / elapsed_sec).round(),
@@ -915,7 +1011,7 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     })
 }
 
-fn round6(value: f64) -> f64 {
+pub(crate) fn round6(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 

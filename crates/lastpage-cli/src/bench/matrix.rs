@@ -177,6 +177,7 @@ impl MatrixConfig {
             insert_path: setup.path,
             remedy: variant.remedy,
             warmup_rows: 0,
+            ..InsertConfig::default()
         }
     }
 }

@@ -107,6 +107,17 @@ pub fn insert_report(report: &InsertReport) -> String {
             config.rows_per_statement
         ));
     }
+    if let (Some(db), Some(durability)) = (&config.db, config.durability) {
+        out.push_str(&format!(
+            "durable database in {db}, durability {}: {} commits per fdatasync, WRITELOG {} µs \
+             per commit\n",
+            durability.name(),
+            report
+                .commits_per_fsync
+                .map_or_else(|| "-".to_owned(), number),
+            number(report.log.writelog_wait_us_per_commit),
+        ));
+    }
     for note in &report.notes {
         out.push_str(&format!("note: {note}\n"));
     }

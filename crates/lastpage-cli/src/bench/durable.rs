@@ -1,0 +1,836 @@
+//! `lastpage bench durable`: durable single-row autocommit inserts from many threads, and
+//! durable batched inserts from one, in lastpage (`Durability::Full`) and in SQLite (WAL,
+//! `synchronous=FULL`, one shared connection), interleaved in one process so that both see
+//! the same machine, disk and page cache.
+//!
+//! Each cell runs for a fixed time (or a fixed number of rows) in a fresh database under the
+//! run's directory, is verified (every acknowledged row there, the integrity check), and its
+//! files are deleted before the next cell starts. lastpage's cells report commits per
+//! fdatasync from the log writer's counters and the WRITELOG/LOGBUFFER waits of the commits;
+//! SQLite's fsync count is not observable from outside, but in WAL mode with
+//! `synchronous=FULL` it syncs the WAL at every commit, so it is one commit per fsync by
+//! construction (the report says so rather than pretending to have measured it).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use lastpage_engine::{InsertRow, WaitType};
+use serde::Serialize;
+
+use super::insert::{
+    BenchError, InsertConfig, LatencyReport, StartGate, WaitReport, Workload, round3, round6,
+};
+use super::render::{number, run_footer, table, thousands};
+use super::sqlite::SqliteBench;
+use crate::durable::{self, Durability};
+use crate::sys;
+
+/// The most rows one cell inserts in a time-limited run. It bounds the disk (and memory) a
+/// fast cell can use: batched inserts at 2M rows/s would otherwise write gigabytes of log.
+pub const MAX_CELL_ROWS: u64 = 5_000_000;
+
+/// Payload bytes per row: the seeds' VARCHAR(100) table.
+const ROW_BYTES: u16 = 100;
+
+/// The wait types a durable run reports, always (zero included).
+const LOG_WAITS: [WaitType; 4] = [
+    WaitType::WriteLog,
+    WaitType::LogBuffer,
+    WaitType::LckMS,
+    WaitType::LckMX,
+];
+
+/// One `bench durable` run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DurableConfig {
+    /// Thread counts of the autocommit cells.
+    pub threads: Vec<u32>,
+    /// How long each cell runs, unless `rows` is given.
+    pub seconds: f64,
+    /// Rows each cell inserts (split across its threads) instead of running for `seconds`.
+    pub rows: Option<u64>,
+    /// Rows per transaction of the one-thread batched cells.
+    pub batch_rows: u64,
+    /// Where the cells' databases go (a fresh subdirectory of it); `None`: the system's
+    /// temporary directory.
+    pub db: Option<PathBuf>,
+}
+
+/// How much one cell does.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    seconds: f64,
+    rows: Option<u64>,
+}
+
+/// One cell: one engine, one workload, one thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct DurableCell {
+    /// `lastpage` or `sqlite`.
+    pub engine: &'static str,
+    /// `autocommit` (single-row statements, each its own transaction) or `batch`.
+    pub workload: &'static str,
+    /// Inserting threads.
+    pub threads: u32,
+    /// Rows per transaction.
+    pub rows_per_commit: u64,
+    /// Rows inserted and acknowledged.
+    pub rows: u64,
+    /// Transactions committed.
+    pub commits: u64,
+    /// Wall time the rate is measured over: from the start signal to the deadline (or until
+    /// the last thread finished, in a run limited by rows).
+    pub elapsed_sec: f64,
+    /// Rows committed within `elapsed_sec`, per second (in a timed run, commits still in
+    /// flight at the deadline are in `rows` but not in the rate).
+    pub rows_per_sec: f64,
+    /// Latency of one commit (one row for autocommit, one batch for batch), microseconds, over
+    /// the commits that count toward `rows_per_sec`.
+    pub latency_us: LatencyReport,
+    /// Commits per fdatasync.
+    pub commits_per_fsync: Option<f64>,
+    /// Where `commits_per_fsync` comes from.
+    pub commits_per_fsync_source: &'static str,
+    /// fdatasync calls on the log (lastpage only).
+    pub fsyncs: Option<u64>,
+    /// WRITELOG wait time per commit, microseconds (lastpage only).
+    pub writelog_wait_us_per_commit: Option<f64>,
+    /// WRITELOG, LOGBUFFER, LCK_M_S and LCK_M_X over the cell (lastpage only).
+    pub waits: BTreeMap<&'static str, WaitReport>,
+    /// `"ok"`, or what the verification after the cell found.
+    pub verified: String,
+}
+
+/// lastpage ÷ SQLite for one workload and thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ratio {
+    /// `autocommit` or `batch`.
+    pub workload: &'static str,
+    /// Inserting threads.
+    pub threads: u32,
+    /// lastpage's rows/s.
+    pub lastpage_rows_per_sec: f64,
+    /// SQLite's rows/s.
+    pub sqlite_rows_per_sec: f64,
+    /// lastpage ÷ SQLite.
+    pub ratio: f64,
+}
+
+/// The figures the issue judges, as measured (the goals are printed beside them, never
+/// enforced: performance is measured, not asserted).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Judged {
+    /// Thread count the first two figures are taken at (100 if measured, else the largest).
+    pub threads: Option<u32>,
+    /// lastpage ÷ SQLite, autocommit, at `threads` (goal ≥ 50).
+    pub ratio_vs_sqlite: Option<f64>,
+    /// lastpage's commits per fdatasync at `threads` (goal ≥ 50).
+    pub commits_per_fsync: Option<f64>,
+    /// lastpage's durable batched rows/s on one thread (goal ≥ 2,000,000).
+    pub batch_rows_per_sec: Option<f64>,
+}
+
+/// Everything `bench durable` measured; serializes to its `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DurableReport {
+    /// CPUs the process may use.
+    pub cpus: usize,
+    /// The processor model, if known.
+    pub cpu_model: Option<String>,
+    /// The directory the cells' databases were created in (and removed from).
+    pub db_dir: String,
+    /// Seconds per cell (absent when `rows` was given).
+    pub seconds_per_cell: Option<f64>,
+    /// Rows per cell (when given).
+    pub rows_per_cell: Option<u64>,
+    /// Rows per transaction of the batched cells.
+    pub batch_rows: u64,
+    /// Payload bytes per row.
+    pub row_bytes: u16,
+    /// Every cell, in the order run.
+    pub cells: Vec<DurableCell>,
+    /// lastpage ÷ SQLite per workload and thread count.
+    pub ratios: Vec<Ratio>,
+    /// The issue's figures.
+    pub judged: Judged,
+    /// Wall time of the whole run.
+    pub elapsed_sec: f64,
+    /// Share of the machine's CPU other processes used meanwhile.
+    pub other_cpu_load_percent: Option<f64>,
+}
+
+impl DurableReport {
+    /// Whether every cell verified.
+    pub fn all_ok(&self) -> bool {
+        self.cells.iter().all(|cell| cell.verified == "ok")
+    }
+}
+
+/// What the threads of one cell did.
+struct Driven {
+    /// Statements committed, all of them (what the verification expects to find).
+    statements: u64,
+    /// Statements that count toward the rate: in a timed run, those that completed by the
+    /// deadline (a statement still waiting then, for SQLite's mutex behind a queue of 300
+    /// threads say, would otherwise stretch the run by its whole queue and lower the rate).
+    measured_statements: u64,
+    /// The time the measured statements took: the deadline, or the last thread's finish.
+    elapsed_sec: f64,
+    latency_ns: Histogram<u64>,
+}
+
+/// Runs `threads` threads, each calling the operation `make_op(thread)` built for it until the
+/// budget is spent, and measures every call's latency. `make_op` runs on the thread itself,
+/// before the start signal, so that per-thread setup (a session, a payload) is not measured.
+fn drive<F, M>(
+    threads: usize,
+    budget: Budget,
+    rows_per_statement: u64,
+    make_op: M,
+) -> Result<Driven, BenchError>
+where
+    M: Fn(usize) -> F + Sync,
+    F: FnMut() -> Result<(), String>,
+{
+    let failed =
+        |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
+    let rows_cap = budget.rows.unwrap_or(MAX_CELL_ROWS);
+    let statements_cap = rows_cap.div_ceil(rows_per_statement.max(1));
+    let per_thread = |thread: usize| {
+        // Spread the statements so that the first `remainder` threads do one more.
+        let threads = threads as u64;
+        statements_cap / threads + u64::from((thread as u64) < statements_cap % threads)
+    };
+    let gate = StartGate::new();
+    let stop = AtomicBool::new(false);
+    let first_error = std::sync::Mutex::new(None::<String>);
+    let deadline = std::sync::OnceLock::new();
+    let mut start = Instant::now();
+    let results = std::thread::scope(|scope| -> Result<Vec<ThreadResult>, BenchError> {
+        let closed = gate.close();
+        let mut handles = Vec::with_capacity(threads);
+        for thread in 0..threads {
+            let (gate, stop, first_error, make_op, deadline) =
+                (&gate, &stop, &first_error, &make_op, &deadline);
+            let quota = per_thread(thread);
+            let spawned = std::thread::Builder::new()
+                .name(format!("durable-{thread}"))
+                .spawn_scoped(scope, move || {
+                    let mut latency_ns = Histogram::<u64>::new(3).ok();
+                    let mut op = make_op(thread);
+                    let go = gate.arrive_and_wait();
+                    // Set before the gate opened; `None` in a run limited by rows.
+                    let deadline: Option<Instant> = deadline.get().copied().flatten();
+                    let (mut done, mut measured) = (0, 0);
+                    while go && done < quota && !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        if let Err(error) = op() {
+                            first_error
+                                .lock()
+                                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                                .get_or_insert(error);
+                            stop.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        let finished = Instant::now();
+                        let nanos = u64::try_from(finished.duration_since(started).as_nanos())
+                            .unwrap_or(u64::MAX);
+                        done += 1;
+                        if deadline.is_some_and(|deadline| finished > deadline) {
+                            continue;
+                        }
+                        measured += 1;
+                        if let Some(histogram) = latency_ns.as_mut()
+                            && histogram.record(nanos).is_err()
+                        {
+                            histogram.saturating_record(nanos);
+                        }
+                    }
+                    (done, measured, latency_ns, Instant::now())
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    // The threads already started see `run == false` and return at once.
+                    gate.open(closed, false);
+                    return Err(failed(
+                        &format!("cannot start thread {} of {threads}", thread + 1),
+                        &error,
+                    ));
+                }
+            }
+        }
+        gate.wait_ready(threads);
+        start = Instant::now();
+        let timed = budget
+            .rows
+            .is_none()
+            .then(|| start + Duration::from_secs_f64(budget.seconds.max(0.0)));
+        let _ = deadline.set(timed);
+        gate.open(closed, true);
+        if let Some(deadline) = timed {
+            while !stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+            }
+            stop.store(true, Ordering::Relaxed);
+        }
+        let mut results = Vec::with_capacity(threads);
+        for handle in handles {
+            match handle.join() {
+                Ok((done, measured, Some(histogram), finished)) => results.push(ThreadResult {
+                    done,
+                    measured,
+                    histogram,
+                    finished,
+                }),
+                Ok((_, _, None, _)) => {
+                    return Err(BenchError::Failed("cannot create a histogram".into()));
+                }
+                Err(_) => {
+                    return Err(BenchError::Failed("an inserting thread panicked".into()));
+                }
+            }
+        }
+        Ok(results)
+    })?;
+    if let Some(error) = first_error
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    {
+        return Err(BenchError::Failed(error));
+    }
+    let mut latency_ns =
+        Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
+    let (mut statements, mut measured_statements) = (0, 0);
+    let mut finished = start;
+    for result in &results {
+        statements += result.done;
+        measured_statements += result.measured;
+        finished = finished.max(result.finished);
+        latency_ns
+            .add(&result.histogram)
+            .map_err(|error| failed("cannot merge latency histograms", &error))?;
+    }
+    // A timed run that ended early (an error) is measured to the last finish instead.
+    let end = match deadline.get().copied().flatten() {
+        Some(deadline) => deadline.min(finished),
+        None => finished,
+    };
+    Ok(Driven {
+        statements,
+        measured_statements,
+        elapsed_sec: end.saturating_duration_since(start).as_secs_f64().max(1e-9),
+        latency_ns,
+    })
+}
+
+/// What one thread of [`drive`] did.
+struct ThreadResult {
+    done: u64,
+    measured: u64,
+    histogram: Histogram<u64>,
+    finished: Instant,
+}
+
+fn latency_report(histogram: &Histogram<u64>) -> LatencyReport {
+    let micros = |nanos: u64| round3(nanos as f64 / 1000.0);
+    LatencyReport {
+        p50: micros(histogram.value_at_quantile(0.50)),
+        p99: micros(histogram.value_at_quantile(0.99)),
+        p999: micros(histogram.value_at_quantile(0.999)),
+        max: micros(histogram.max()),
+        mean: round3(histogram.mean() / 1000.0),
+    }
+}
+
+fn workload_name(rows_per_commit: u64) -> &'static str {
+    if rows_per_commit > 1 {
+        "batch"
+    } else {
+        "autocommit"
+    }
+}
+
+/// One lastpage cell in a fresh durable database in `dir` (removed afterwards).
+fn lastpage_cell(
+    dir: &Path,
+    threads: u32,
+    budget: Budget,
+    rows_per_commit: u64,
+) -> Result<DurableCell, BenchError> {
+    let failed =
+        |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
+    let workload = Workload::for_config(&InsertConfig {
+        row_bytes: ROW_BYTES,
+        ..InsertConfig::default()
+    });
+    sys::release_free_memory();
+    let db = durable::open(dir, Durability::Full).map_err(BenchError::Failed)?;
+    let table = db
+        .create_table(workload.table.clone())
+        .map_err(|error| failed("cannot create the table", &error))?;
+    db.clear_wait_stats();
+    let wal_before = durable::wal_counters(&db);
+    let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
+        let session = db.session();
+        let payload = workload.payload(thread, ROW_BYTES);
+        let (table, column) = (&table, workload.payload_column);
+        move || {
+            if rows_per_commit == 1 {
+                let row = InsertRow::new().set(column, payload.clone());
+                table.insert(&session, row).map(|_| ())
+            } else {
+                let rows = (0..rows_per_commit)
+                    .map(|_| InsertRow::new().set(column, payload.clone()))
+                    .collect();
+                table.insert_batch(&session, rows).map(|_| ())
+            }
+            .map_err(|error| format!("lastpage: insert failed: {error}"))
+        }
+    })?;
+    let waits = db.wait_stats();
+    let wal = durable::wal_counters(&db)
+        .zip(wal_before)
+        .map(|(after, before)| after.since(&before));
+    let rows = driven.statements * rows_per_commit;
+    let verified = verify_lastpage(&db, &table, rows);
+    let writelog = waits.wait(WaitType::WriteLog);
+    let cell = DurableCell {
+        engine: "lastpage",
+        workload: workload_name(rows_per_commit),
+        threads,
+        rows_per_commit,
+        rows,
+        commits: driven.statements,
+        elapsed_sec: round6(driven.elapsed_sec),
+        rows_per_sec: (driven.measured_statements as f64 * rows_per_commit as f64
+            / driven.elapsed_sec)
+            .round(),
+        latency_us: latency_report(&driven.latency_ns),
+        commits_per_fsync: wal
+            .and_then(|wal| wal.transactions_per_fsync(driven.statements))
+            .map(round3),
+        commits_per_fsync_source: "transactions committed / the log writer's fdatasync calls",
+        fsyncs: wal.map(|wal| wal.fsyncs),
+        writelog_wait_us_per_commit: Some(round3(
+            writelog.wait_time_ns as f64 / 1000.0 / driven.statements.max(1) as f64,
+        )),
+        waits: LOG_WAITS
+            .iter()
+            .map(|&wait| (wait.name(), WaitReport::from(waits.wait(wait))))
+            .collect(),
+        verified,
+    };
+    drop(table);
+    drop(db);
+    remove_dir(dir);
+    Ok(cell)
+}
+
+/// Every inserted row is in the table, and the integrity check passes.
+fn verify_lastpage(
+    db: &lastpage_engine::Database,
+    table: &lastpage_engine::Table,
+    rows: u64,
+) -> String {
+    if table.row_count() != rows {
+        return format!(
+            "lastpage's table counts {} rows, but {rows} were acknowledged",
+            table.row_count()
+        );
+    }
+    match db.check_integrity() {
+        Err(error) => format!("lastpage's integrity check failed: {error}"),
+        Ok(checks) => match checks.iter().find(|check| check.table == table.name()) {
+            Some(check) if check.rows == rows => "ok".to_owned(),
+            Some(check) => format!(
+                "lastpage's integrity check counts {} rows, but {rows} were acknowledged",
+                check.rows
+            ),
+            None => "lastpage's integrity check did not report the table".to_owned(),
+        },
+    }
+}
+
+/// One SQLite cell in a fresh database file at `path` (removed afterwards).
+fn sqlite_cell(
+    path: &Path,
+    threads: u32,
+    budget: Budget,
+    rows_per_commit: u64,
+) -> Result<DurableCell, BenchError> {
+    sys::release_free_memory();
+    let bench = SqliteBench::create(path).map_err(BenchError::Failed)?;
+    let payload: String = "a".repeat(usize::from(ROW_BYTES));
+    let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
+        // The same letters per thread as lastpage's payloads.
+        let letter = char::from(b'a' + (thread % 26) as u8);
+        let payload: String = std::iter::repeat_n(letter, payload.len()).collect();
+        let bench = &bench;
+        move || {
+            if rows_per_commit == 1 {
+                bench.insert(&payload)
+            } else {
+                bench.insert_batch(&payload, rows_per_commit)
+            }
+        }
+    })?;
+    let rows = driven.statements * rows_per_commit;
+    let verified = bench.verify(rows);
+    bench.remove();
+    Ok(DurableCell {
+        engine: "sqlite",
+        workload: workload_name(rows_per_commit),
+        threads,
+        rows_per_commit,
+        rows,
+        commits: driven.statements,
+        elapsed_sec: round6(driven.elapsed_sec),
+        rows_per_sec: (driven.measured_statements as f64 * rows_per_commit as f64
+            / driven.elapsed_sec)
+            .round(),
+        latency_us: latency_report(&driven.latency_ns),
+        commits_per_fsync: Some(1.0),
+        commits_per_fsync_source: "by construction: SQLite in WAL mode with synchronous=FULL syncs the WAL at every commit (not measured)",
+        fsyncs: None,
+        writelog_wait_us_per_commit: None,
+        waits: BTreeMap::new(),
+        verified,
+    })
+}
+
+fn remove_dir(dir: &Path) {
+    // A leftover directory wastes disk, nothing worse; the run's own directory is removed at
+    // the end anyway.
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The directory the run's databases go in: a new subdirectory of `--db` (or of the system's
+/// temporary directory), so that nothing already there is touched.
+fn run_directory(base: Option<&Path>) -> Result<PathBuf, BenchError> {
+    let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis())
+        .unwrap_or(0);
+    let dir = base.join(format!(
+        "lastpage-bench-durable-{}-{stamp}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|error| {
+        BenchError::InvalidConfig(format!("cannot create {}: {error}", dir.display()))
+    })?;
+    Ok(dir)
+}
+
+/// Runs the whole comparison.
+pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> {
+    if config.threads.is_empty() {
+        return Err(BenchError::InvalidConfig(
+            "--threads needs at least one thread count".into(),
+        ));
+    }
+    if !(config.seconds > 0.0 && config.seconds <= 3600.0) {
+        return Err(BenchError::InvalidConfig(format!(
+            "--seconds must be more than 0 and at most 3600, not {}",
+            config.seconds
+        )));
+    }
+    let budget = Budget {
+        seconds: config.seconds,
+        rows: config.rows,
+    };
+    let dir = run_directory(config.db.as_deref())?;
+    let started = Instant::now();
+    let process_before = sys::process_usage();
+    let machine_before = sys::MachineCpu::now();
+    let result = run_cells(config, budget, &dir);
+    remove_dir(&dir);
+    let cells = result?;
+    let process_usage = sys::process_usage().since(&process_before);
+    let other_cpu_load_percent = machine_before
+        .zip(sys::MachineCpu::now())
+        .and_then(|(before, after)| {
+            after.other_load_percent(&before, process_usage.cpu_us as f64 / 1e6)
+        })
+        .map(|percent| percent.round());
+
+    let mut ratios = Vec::new();
+    for cell in cells.iter().filter(|cell| cell.engine == "lastpage") {
+        let sqlite = cells.iter().find(|other| {
+            other.engine == "sqlite"
+                && other.workload == cell.workload
+                && other.threads == cell.threads
+        });
+        if let Some(sqlite) = sqlite {
+            ratios.push(Ratio {
+                workload: cell.workload,
+                threads: cell.threads,
+                lastpage_rows_per_sec: cell.rows_per_sec,
+                sqlite_rows_per_sec: sqlite.rows_per_sec,
+                ratio: round3(cell.rows_per_sec / sqlite.rows_per_sec.max(1e-9)),
+            });
+        }
+    }
+    let judged_threads = if config.threads.contains(&100) {
+        Some(100)
+    } else {
+        config.threads.iter().copied().max()
+    };
+    let judged = Judged {
+        threads: judged_threads,
+        ratio_vs_sqlite: ratios
+            .iter()
+            .find(|ratio| ratio.workload == "autocommit" && Some(ratio.threads) == judged_threads)
+            .map(|ratio| ratio.ratio),
+        commits_per_fsync: cells
+            .iter()
+            .find(|cell| {
+                cell.engine == "lastpage"
+                    && cell.workload == "autocommit"
+                    && Some(cell.threads) == judged_threads
+            })
+            .and_then(|cell| cell.commits_per_fsync),
+        batch_rows_per_sec: cells
+            .iter()
+            .find(|cell| cell.engine == "lastpage" && cell.workload == "batch")
+            .map(|cell| cell.rows_per_sec),
+    };
+    Ok(DurableReport {
+        cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
+        cpu_model: sys::cpu_model(),
+        db_dir: dir.display().to_string(),
+        seconds_per_cell: config.rows.is_none().then_some(config.seconds),
+        rows_per_cell: config.rows,
+        batch_rows: config.batch_rows,
+        row_bytes: ROW_BYTES,
+        cells,
+        ratios,
+        judged,
+        elapsed_sec: round3(started.elapsed().as_secs_f64()),
+        other_cpu_load_percent,
+    })
+}
+
+fn run_cells(
+    config: &DurableConfig,
+    budget: Budget,
+    dir: &Path,
+) -> Result<Vec<DurableCell>, BenchError> {
+    let mut cells = Vec::new();
+    for &threads in &config.threads {
+        cells.push(lastpage_cell(
+            &dir.join(format!("lastpage-{threads}t")),
+            threads,
+            budget,
+            1,
+        )?);
+        cells.push(sqlite_cell(
+            &dir.join(format!("sqlite-{threads}t.db")),
+            threads,
+            budget,
+            1,
+        )?);
+    }
+    let batch = config.batch_rows.max(1);
+    cells.push(lastpage_cell(
+        &dir.join("lastpage-batch"),
+        1,
+        budget,
+        batch,
+    )?);
+    cells.push(sqlite_cell(&dir.join("sqlite-batch.db"), 1, budget, batch)?);
+    Ok(cells)
+}
+
+/// The report as tables.
+pub fn render(report: &DurableReport) -> String {
+    let mut out = format!(
+        "bench durable: lastpage (Durability::Full) vs SQLite (WAL, synchronous=FULL, one shared \
+         connection), {}-byte rows, {}, batches of {} rows; {} CPUs{}\n",
+        report.row_bytes,
+        match (report.seconds_per_cell, report.rows_per_cell) {
+            (_, Some(rows)) => format!("{} rows per cell", thousands(rows)),
+            (Some(seconds), None) => format!(
+                "{seconds} s per cell (at most {} rows)",
+                thousands(MAX_CELL_ROWS)
+            ),
+            (None, None) => String::new(),
+        },
+        thousands(report.batch_rows),
+        report.cpus,
+        report
+            .cpu_model
+            .as_ref()
+            .map(|model| format!(" ({model})"))
+            .unwrap_or_default(),
+    );
+    out.push_str(&format!("databases in {} (removed)\n", report.db_dir));
+    let mut cells = table(
+        &[
+            "engine",
+            "workload",
+            "threads",
+            "rows",
+            "rows/s",
+            "p50 µs/commit",
+            "p99 µs/commit",
+            "commits/fdatasync",
+            "WRITELOG µs/commit",
+            "LOGBUFFER waits",
+            "× SQLite",
+            "verified",
+        ],
+        3,
+    );
+    for cell in &report.cells {
+        let ratio = (cell.engine == "lastpage")
+            .then(|| {
+                report
+                    .ratios
+                    .iter()
+                    .find(|ratio| ratio.workload == cell.workload && ratio.threads == cell.threads)
+            })
+            .flatten();
+        cells.add_row(vec![
+            cell.engine.to_owned(),
+            if cell.rows_per_commit > 1 {
+                format!("batch of {}", thousands(cell.rows_per_commit))
+            } else {
+                cell.workload.to_owned()
+            },
+            cell.threads.to_string(),
+            thousands(cell.rows),
+            thousands(cell.rows_per_sec as u64),
+            number(cell.latency_us.p50),
+            number(cell.latency_us.p99),
+            match (cell.engine, cell.commits_per_fsync) {
+                ("sqlite", Some(value)) => format!("{} (by design)", number(value)),
+                (_, Some(value)) => number(value),
+                (_, None) => "-".to_owned(),
+            },
+            cell.writelog_wait_us_per_commit
+                .map_or_else(|| "-".to_owned(), number),
+            cell.waits.get(WaitType::LogBuffer.name()).map_or_else(
+                || "-".to_owned(),
+                |wait| thousands(wait.waiting_tasks_count),
+            ),
+            ratio.map_or_else(String::new, |ratio| format!("{}×", number(ratio.ratio))),
+            cell.verified.clone(),
+        ]);
+    }
+    out.push_str(&format!("{cells}\n"));
+    out.push_str(
+        "SQLite's commits/fdatasync is 1 by design (WAL + synchronous=FULL syncs at every commit); \
+         lastpage's is its transactions ÷ its log writer's fdatasync calls.\n",
+    );
+    let judged = &report.judged;
+    let figure = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), number);
+    if let Some(threads) = judged.threads {
+        out.push_str(&format!(
+            "at {threads} threads: lastpage ÷ SQLite = {}× (goal ≥ 50×), commits per fdatasync = {} \
+             (goal ≥ 50)\n",
+            figure(judged.ratio_vs_sqlite),
+            figure(judged.commits_per_fsync),
+        ));
+    }
+    out.push_str(&format!(
+        "durable batched inserts on one thread: {} rows/s (goal ≥ 2,000,000)\n",
+        figure(judged.batch_rows_per_sec)
+    ));
+    out.push_str(&run_footer(
+        report.elapsed_sec,
+        report.other_cpu_load_percent,
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drive_splits_a_row_budget_across_threads_exactly() {
+        let counted = std::sync::atomic::AtomicU64::new(0);
+        let budget = Budget {
+            seconds: 10.0,
+            rows: Some(1003),
+        };
+        let driven = drive(4, budget, 1, |_| {
+            || {
+                counted.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        })
+        .expect("drive");
+        assert_eq!(driven.statements, 1003);
+        assert_eq!(driven.measured_statements, 1003);
+        assert_eq!(counted.load(Ordering::Relaxed), 1003);
+        assert_eq!(driven.latency_ns.len(), 1003);
+    }
+
+    #[test]
+    fn drive_stops_on_the_first_error() {
+        let budget = Budget {
+            seconds: 10.0,
+            rows: None,
+        };
+        let error = drive(3, budget, 1, |thread| {
+            move || {
+                if thread == 1 {
+                    Err("boom".to_owned())
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok(())
+                }
+            }
+        })
+        .err()
+        .expect("the error comes back");
+        assert_eq!(error, BenchError::Failed("boom".into()));
+    }
+
+    #[test]
+    fn drive_runs_for_the_time_given() {
+        let budget = Budget {
+            seconds: 0.2,
+            rows: None,
+        };
+        let driven = drive(2, budget, 1, |_| {
+            || {
+                std::thread::sleep(Duration::from_millis(2));
+                Ok(())
+            }
+        })
+        .expect("drive");
+        assert!(driven.statements > 0);
+        assert!(driven.elapsed_sec >= 0.2, "{}", driven.elapsed_sec);
+    }
+
+    #[test]
+    fn sqlite_cells_verify() {
+        let dir = run_directory(None).expect("dir");
+        let budget = Budget {
+            seconds: 10.0,
+            rows: Some(40),
+        };
+        let cell = sqlite_cell(&dir.join("s.db"), 4, budget, 1).expect("autocommit");
+        assert_eq!(
+            (cell.rows, cell.commits, cell.verified.as_str()),
+            (40, 40, "ok")
+        );
+        let cell = sqlite_cell(&dir.join("b.db"), 1, budget, 20).expect("batch");
+        assert_eq!(
+            (cell.rows, cell.commits, cell.verified.as_str()),
+            (40, 2, "ok")
+        );
+        remove_dir(&dir);
+    }
+}

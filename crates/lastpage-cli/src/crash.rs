@@ -1,0 +1,947 @@
+//! `lastpage crash-test`: durability checked by killing a real process.
+//!
+//! The parent re-executes its own binary as `lastpage crash-child`, which opens the database
+//! with `Durability::Full` and inserts from many threads: single rows, multi-row batches and
+//! (once the engine has explicit transactions) transactions it rolls back. Right after an
+//! insert returns `Ok`, the child writes the row's identity value to stdout, one line per row:
+//! that line is the acknowledgement a client would have received. The parent reads the lines
+//! through a pipe, kills the child with SIGKILL at a random moment, reopens the database
+//! in-process (which recovers it from the log) and checks:
+//!
+//! - **lost**: every row ever acknowledged (in this cycle or any earlier one) is there;
+//! - **duplicates**: no identity value and no logical row (run, cycle, thread, sequence number)
+//!   is in the table twice;
+//! - **reused**: no identity value acknowledged now was acknowledged before or was already in
+//!   the table at the last check (a recovered identity counter must not go backwards);
+//! - every row's contents match what was inserted, rolled-back rows never appear, and the
+//!   integrity check passes.
+//!
+//! Rows that are there but were never acknowledged are fine: the commit was durable but the
+//! kill came before the child could write its line. They are counted as `unacked_present`.
+//!
+//! Each row carries its own provenance (run, cycle, thread, sequence number) and a payload
+//! derived from it, because the identity value is assigned inside the insert (the child cannot
+//! derive the payload from it beforehand, and a durable catalog cannot store a computed
+//! column yet). The parent checks acknowledged rows against their acknowledgement and every
+//! row against its own provenance.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, Direction, IndexDef, InsertRow, KeyRange, Table, TableDef,
+    Uniqueness, Value,
+};
+
+use crate::cli::{CrashChildArgs, CrashTestArgs};
+use crate::durable::{self, Durability};
+
+/// The table the crash test inserts into.
+const TABLE: &str = "CrashTest";
+
+/// Column positions in [`TABLE`].
+const ID: usize = 0;
+const RUN: usize = 1;
+const CYCLE: usize = 2;
+const THREAD: usize = 3;
+const SEQ: usize = 4;
+const PAYLOAD: usize = 5;
+
+/// How long the parent waits for a child to open the database and start inserting.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Lines of the child's stderr kept for error messages.
+const STDERR_LINES: usize = 20;
+
+/// The crash test's table: `Id bigint IDENTITY(1,1)` as the clustered primary key, the row's
+/// provenance, and a payload derived from the provenance.
+fn table_def() -> TableDef {
+    TableDef::new(TABLE)
+        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+        .column(ColumnDef::new("Run", DataType::BigInt).not_null())
+        .column(ColumnDef::new("Cycle", DataType::Int).not_null())
+        .column(ColumnDef::new("Thread", DataType::Int).not_null())
+        .column(ColumnDef::new("Seq", DataType::BigInt).not_null())
+        .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+        .clustered(IndexDef::new(
+            "PK_CrashTest",
+            &["Id"],
+            Uniqueness::PrimaryKey,
+        ))
+}
+
+/// Where a row came from: which run, cycle and thread inserted it, as its `seq`-th row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Provenance {
+    run: i64,
+    cycle: i32,
+    thread: i32,
+    seq: i64,
+}
+
+impl Provenance {
+    /// The payload a row with this provenance carries: the provenance in text and a hash of it,
+    /// so that a row whose columns were mixed up or torn does not match.
+    fn payload(&self) -> String {
+        let hash = mix((self.run as u64)
+            ^ mix(u64::from(self.cycle as u32) << 32 | u64::from(self.thread as u32))
+            ^ mix(self.seq as u64 ^ 0x5eed));
+        format!(
+            "r{:x}.c{}.t{}.s{}.{hash:016x}",
+            self.run, self.cycle, self.thread, self.seq
+        )
+    }
+
+    fn row(&self) -> InsertRow {
+        InsertRow::new()
+            .set(RUN, Value::BigInt(self.run))
+            .set(CYCLE, Value::Int(self.cycle))
+            .set(THREAD, Value::Int(self.thread))
+            .set(SEQ, Value::BigInt(self.seq))
+            .set(PAYLOAD, Value::String(self.payload()))
+    }
+
+    /// The provenance a stored row claims, and whether its payload matches it.
+    fn of_row(row: &[Value]) -> Option<(Provenance, bool)> {
+        let int = |index: usize| row.get(index).and_then(Value::as_i64);
+        let provenance = Provenance {
+            run: int(RUN)?,
+            cycle: i32::try_from(int(CYCLE)?).ok()?,
+            thread: i32::try_from(int(THREAD)?).ok()?,
+            seq: int(SEQ)?,
+        };
+        let payload_ok = row.get(PAYLOAD).and_then(Value::as_str) == Some(&provenance.payload());
+        Some((provenance, payload_ok))
+    }
+}
+
+/// SplitMix64's finalizer: a good 64-bit mix. The crash test uses its own generator rather
+/// than a crate's so that a printed seed replays the same kill moments and the same mix of
+/// statements whatever version of a random-number crate the build resolved.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// SplitMix64: a tiny seeded generator.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+
+    /// A number in `0..bound` (`bound` ≥ 1).
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+
+    /// A number in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child.
+
+/// What the child writes to stdout, one line each:
+/// `ready` once it inserts; `a ID THREAD SEQ` for each acknowledged row;
+/// `r ID THREAD SEQ` for a row inserted by a transaction that was then rolled back.
+fn ack_line(id: i64, provenance: &Provenance) -> String {
+    format!("a {id} {} {}\n", provenance.thread, provenance.seq)
+}
+
+/// `r ID THREAD SEQ`: a row a transaction inserted and then rolled back.
+fn rollback_line(id: i64, provenance: &Provenance) -> String {
+    format!("r {id} {} {}\n", provenance.thread, provenance.seq)
+}
+
+/// `lastpage crash-child`: inserts until killed (or until the parent goes away and a write to
+/// the pipe fails).
+pub fn run_child(args: &CrashChildArgs) -> ExitCode {
+    let (run, cycle) = (args.run, args.cycle);
+    let db = match durable::open(&args.db, Durability::Full) {
+        Ok(db) => db,
+        Err(error) => {
+            eprintln!("lastpage crash-child: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let table = match db.table(TABLE) {
+        Ok(table) => table,
+        Err(_) => match db.create_table(table_def()) {
+            Ok(table) => table,
+            Err(error) => {
+                eprintln!("lastpage crash-child: cannot create table {TABLE}: {error}");
+                return ExitCode::from(1);
+            }
+        },
+    };
+    // Rust's stdout is line-buffered, so each line reaches the pipe as soon as it is complete:
+    // the parent sees every acknowledgement the child got to write before it was killed.
+    let out = Mutex::new(std::io::stdout());
+    if write_lines(&out, "ready\n").is_err() {
+        return ExitCode::SUCCESS;
+    }
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for thread in 0..args.threads {
+            let (db, table, out, failure) = (&db, &table, &out, &failure);
+            let seed = mix(args.seed ^ u64::from(thread).wrapping_mul(0x9e37_79b9));
+            scope.spawn(move || {
+                let result = child_thread(db, table, out, run, cycle, thread as i32, seed);
+                if let Err(error) = result {
+                    failure
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .get_or_insert(error);
+                }
+            });
+        }
+    });
+    match failure
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    {
+        // A closed pipe means the parent is gone: nothing left to report to.
+        Some(error) if error == PIPE_CLOSED => ExitCode::SUCCESS,
+        Some(error) => {
+            eprintln!("lastpage crash-child: {error}");
+            ExitCode::from(1)
+        }
+        None => ExitCode::SUCCESS,
+    }
+}
+
+const PIPE_CLOSED: &str = "the parent closed the pipe";
+
+fn write_lines(out: &Mutex<std::io::Stdout>, text: &str) -> Result<(), String> {
+    let stdout = out.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut stdout = stdout.lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|_| PIPE_CLOSED.to_owned())
+}
+
+/// One inserting thread of the child: mostly single-row autocommit inserts, some multi-row
+/// batches (one transaction each), acknowledging every row once its statement returned `Ok`.
+fn child_thread(
+    db: &Database,
+    table: &Arc<Table>,
+    out: &Mutex<std::io::Stdout>,
+    run: i64,
+    cycle: i32,
+    thread: i32,
+    seed: u64,
+) -> Result<(), String> {
+    let session = db.session();
+    let mut rng = Rng::new(seed);
+    let mut seq = 0i64;
+    let next = |seq: &mut i64| {
+        let provenance = Provenance {
+            run,
+            cycle,
+            thread,
+            seq: *seq,
+        };
+        *seq += 1;
+        provenance
+    };
+    let id_of = |id: Option<i64>| id.ok_or_else(|| "the table has no identity column".to_owned());
+    loop {
+        let choice = rng.below(100);
+        if choice < 75 {
+            let provenance = next(&mut seq);
+            let id = table
+                .insert(&session, provenance.row())
+                .map_err(|error| format!("insert failed: {error}"))?;
+            write_lines(out, &ack_line(id_of(id)?, &provenance))?;
+        } else if choice < 87 {
+            let rows = 2 + rng.below(30);
+            let provenances: Vec<Provenance> = (0..rows).map(|_| next(&mut seq)).collect();
+            let ids = table
+                .insert_batch(&session, provenances.iter().map(Provenance::row).collect())
+                .map_err(|error| format!("batch insert failed: {error}"))?;
+            let mut lines = String::new();
+            for (id, provenance) in ids.into_iter().zip(&provenances) {
+                lines.push_str(&ack_line(id_of(id)?, provenance));
+            }
+            write_lines(out, &lines)?;
+        } else {
+            // An explicit transaction of a few single-row inserts, committed (every row
+            // acknowledged after COMMIT returns) or rolled back (its rows must never be seen,
+            // and their identity values never handed out again).
+            let commit = choice < 95;
+            let rows = 1 + rng.below(5);
+            session
+                .begin()
+                .map_err(|error| format!("BEGIN TRANSACTION failed: {error}"))?;
+            let mut lines = String::new();
+            for _ in 0..rows {
+                let provenance = next(&mut seq);
+                let id = table
+                    .insert(&session, provenance.row())
+                    .map_err(|error| format!("insert in a transaction failed: {error}"))?;
+                let line = if commit {
+                    ack_line(id_of(id)?, &provenance)
+                } else {
+                    rollback_line(id_of(id)?, &provenance)
+                };
+                lines.push_str(&line);
+            }
+            if commit {
+                session
+                    .commit()
+                    .map_err(|error| format!("COMMIT failed: {error}"))?;
+            } else {
+                session
+                    .rollback()
+                    .map_err(|error| format!("ROLLBACK failed: {error}"))?;
+            }
+            write_lines(out, &lines)?;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parent.
+
+/// What the reader thread saw on the child's stdout.
+enum Event {
+    Ready,
+    Ack(i64, Provenance),
+    RolledBack(i64, Provenance),
+    /// A line that does not parse (a torn last line is dropped before this).
+    Garbage(String),
+    Eof,
+}
+
+/// One cycle's figures.
+#[derive(Clone, Debug, Default)]
+struct CycleReport {
+    acked: u64,
+    rows: u64,
+    unacked_present: u64,
+    recovery_ms: f64,
+    recovered_log_bytes: Option<u64>,
+    recovered_records: Option<u64>,
+    lost: u64,
+    duplicates: u64,
+    reused: u64,
+    corrupt: u64,
+    rolled_back_present: u64,
+    integrity: String,
+}
+
+impl CycleReport {
+    fn failed(&self) -> bool {
+        self.lost > 0
+            || self.duplicates > 0
+            || self.reused > 0
+            || self.corrupt > 0
+            || self.rolled_back_present > 0
+            || self.integrity != "ok"
+    }
+}
+
+/// What the parent knows across cycles.
+struct Ledger {
+    run: i64,
+    /// Every acknowledged row, by identity value.
+    acked: HashMap<i64, Provenance>,
+    /// Identity values rolled-back transactions used.
+    rolled_back: Vec<(i64, Provenance)>,
+    /// Acknowledged rows found missing by any check (a row lost once counts once).
+    ever_lost: HashSet<i64>,
+    /// The most extra copies of rows any check found.
+    most_duplicates: u64,
+    /// The largest identity value acknowledged or seen in the table so far: every value handed
+    /// out from now on must be larger.
+    high_water: i64,
+}
+
+/// `lastpage crash-test`.
+pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    // The run tags every row, so that rows of earlier runs on the same database are told apart.
+    let run = (mix(seed ^ clock_seed()) >> 1) as i64;
+    println!(
+        "crash-test: db={} threads={} seconds={} cycles={} seed={seed} (repeat with --seed {seed})",
+        args.db.display(),
+        args.threads,
+        args.seconds,
+        args.cycles
+    );
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(error) => {
+            eprintln!("lastpage: cannot find this program's own executable: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut ledger = Ledger {
+        run,
+        acked: HashMap::new(),
+        rolled_back: Vec::new(),
+        ever_lost: HashSet::new(),
+        most_duplicates: 0,
+        high_water: 0,
+    };
+    // What is there before the first child runs: an existing database's rows set the high-water
+    // mark, and a damaged one is reported before anything is blamed on a kill.
+    match verify(&args.db, &mut ledger) {
+        Ok(report) if report.failed() => {
+            eprintln!(
+                "lastpage: the database in {} fails the check before the first cycle: \
+                 integrity {}, corrupt rows {}",
+                args.db.display(),
+                report.integrity,
+                report.corrupt
+            );
+            return ExitCode::from(1);
+        }
+        Ok(_) => {}
+        Err(error) => {
+            eprintln!("lastpage: {error}");
+            return ExitCode::from(1);
+        }
+    }
+    let mut rng = Rng::new(seed);
+    let (mut acked, mut reused) = (0, 0);
+    let mut any_failed = false;
+    for cycle in 1..=args.cycles {
+        let child_seed = rng.next();
+        let delay = args.seconds * (0.5 + 0.5 * rng.unit());
+        let report = match one_cycle(args, &exe, &mut ledger, cycle, child_seed, delay) {
+            Ok(report) => report,
+            Err(error) => {
+                eprintln!("lastpage: cycle {cycle}: {error}");
+                return ExitCode::from(1);
+            }
+        };
+        println!(
+            "cycle {cycle}/{}: killed after {delay:.2} s, acked={} rows={} unacked_present={} \
+             recovery_ms={:.1}{} lost={} duplicates={} reused={}{}{} integrity={}",
+            args.cycles,
+            report.acked,
+            report.rows,
+            report.unacked_present,
+            report.recovery_ms,
+            match (report.recovered_log_bytes, report.recovered_records) {
+                (Some(bytes), Some(records)) => format!(" (log {bytes} bytes, {records} records)"),
+                _ => String::new(),
+            },
+            report.lost,
+            report.duplicates,
+            report.reused,
+            if report.corrupt > 0 {
+                format!(" corrupt={}", report.corrupt)
+            } else {
+                String::new()
+            },
+            if report.rolled_back_present > 0 {
+                format!(" rolled_back_present={}", report.rolled_back_present)
+            } else {
+                String::new()
+            },
+            report.integrity
+        );
+        any_failed |= report.failed();
+        acked += report.acked;
+        reused += report.reused;
+    }
+    // Lost rows stay lost and duplicates stay in the table, so every later check sees them
+    // again: the summary counts each lost row once and the worst duplicate count, not sums.
+    println!(
+        "cycles={} acked={acked} lost={} duplicates={} reused={reused}",
+        args.cycles,
+        ledger.ever_lost.len(),
+        ledger.most_duplicates
+    );
+    if any_failed {
+        eprintln!("lastpage: crash-test failed (see the cycle lines; seed {seed})");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id())
+}
+
+/// Starts a child, kills it after `delay` seconds of inserting, collects its acknowledgements
+/// and verifies the recovered database.
+fn one_cycle(
+    args: &CrashTestArgs,
+    exe: &Path,
+    ledger: &mut Ledger,
+    cycle: u32,
+    child_seed: u64,
+    delay: f64,
+) -> Result<CycleReport, String> {
+    let mut child = std::process::Command::new(exe)
+        .arg("crash-child")
+        .arg("--db")
+        .arg(&args.db)
+        .arg("--threads")
+        .arg(args.threads.to_string())
+        .arg("--seed")
+        .arg(child_seed.to_string())
+        .arg("--run")
+        .arg(ledger.run.to_string())
+        .arg("--cycle")
+        .arg(cycle.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| format!("cannot start the child process: {error}"))?;
+    let (events, stderr_tail, readers) = match watch(&mut child) {
+        Ok(watched) => watched,
+        Err(error) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(error);
+        }
+    };
+    let mut acks = Vec::new();
+    let mut rolled_back = Vec::new();
+    let mut garbage = Vec::new();
+    let mut eof = false;
+    let mut handle = |event: Event, eof: &mut bool| match event {
+        Event::Ready => {}
+        Event::Ack(id, provenance) => acks.push((id, provenance)),
+        Event::RolledBack(id, provenance) => rolled_back.push((id, provenance)),
+        Event::Garbage(line) => garbage.push(line),
+        Event::Eof => *eof = true,
+    };
+
+    // Wait for the child to start inserting, then let it run for `delay`.
+    let ready_by = Instant::now() + READY_TIMEOUT;
+    let mut ready = false;
+    while !ready && !eof {
+        match events.recv_timeout(ready_by.saturating_duration_since(Instant::now())) {
+            Ok(Event::Ready) => ready = true,
+            Ok(event) => handle(event, &mut eof),
+            Err(RecvTimeoutError::Timeout) => break,
+            Err(RecvTimeoutError::Disconnected) => eof = true,
+        }
+    }
+    if ready {
+        let kill_at = Instant::now() + Duration::from_secs_f64(delay);
+        while !eof {
+            let left = kill_at.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match events.recv_timeout(left) {
+                Ok(event) => handle(event, &mut eof),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => eof = true,
+            }
+        }
+    }
+    // `Child::kill` sends SIGKILL on Unix: no destructor, no flush, no chance to finish.
+    let _ = child.kill();
+    let status = child.wait();
+    for reader in readers {
+        let _ = reader.join();
+    }
+    while let Ok(event) = events.try_recv() {
+        handle(event, &mut eof);
+    }
+    let stderr_text = stderr_tail
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .join("\n");
+    if !ready {
+        return Err(format!(
+            "the child did not start inserting within {} s (exit status {}): {}",
+            READY_TIMEOUT.as_secs(),
+            status.map_or_else(|error| error.to_string(), |status| status.to_string()),
+            if stderr_text.is_empty() {
+                "no error output"
+            } else {
+                &stderr_text
+            }
+        ));
+    }
+    if eof && acks.is_empty() && !stderr_text.is_empty() {
+        return Err(format!(
+            "the child stopped before it was killed: {stderr_text}"
+        ));
+    }
+    if !stderr_text.is_empty() {
+        // The child only writes to stderr when an insert failed: that is a failure of the
+        // engine under test, not of the kill.
+        return Err(format!(
+            "the child reported an error before it was killed: {stderr_text}"
+        ));
+    }
+    if let Some(line) = garbage.first() {
+        return Err(format!(
+            "the child wrote {} line(s) that are not acknowledgements, the first: {line:?}",
+            garbage.len()
+        ));
+    }
+
+    // Identity values handed out this cycle (acknowledged or rolled back) must be new: above
+    // everything acknowledged, rolled back or seen in the table before this cycle, and never
+    // handed out twice. SQL Server never gives an identity value out again, not even one a
+    // rolled-back transaction used.
+    let tag = |thread_seq: Provenance| Provenance {
+        run: ledger.run,
+        cycle: cycle as i32,
+        ..thread_seq
+    };
+    let mut reused = 0;
+    let mut handed_out: HashSet<i64> = HashSet::with_capacity(acks.len() + rolled_back.len());
+    for &id in acks.iter().chain(&rolled_back).map(|(id, _)| id) {
+        if id <= ledger.high_water || !handed_out.insert(id) {
+            reused += 1;
+        }
+    }
+    for &(id, thread_seq) in &acks {
+        ledger.acked.entry(id).or_insert(tag(thread_seq));
+    }
+    for &(id, thread_seq) in &rolled_back {
+        ledger.rolled_back.push((id, tag(thread_seq)));
+        ledger.high_water = ledger.high_water.max(id);
+    }
+    let mut report = verify(&args.db, ledger)?;
+    report.acked = acks.len() as u64;
+    report.reused = reused;
+    Ok(report)
+}
+
+/// The reader threads of a child's stdout (acknowledgements, as [`Event`]s on the channel) and
+/// stderr (its last lines, for error messages).
+type Watched = (
+    Receiver<Event>,
+    Arc<Mutex<Vec<String>>>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+fn watch(child: &mut Child) -> Result<Watched, String> {
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or("the child's stdout is not a pipe")?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or("the child's stderr is not a pipe")?;
+    let (sender, receiver) = mpsc::channel();
+    let stdout_reader = std::thread::Builder::new()
+        .name("crash-acks".into())
+        .spawn(move || read_acks(stdout, &sender))
+        .map_err(|error| format!("cannot start a reader thread: {error}"))?;
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let tail_writer = Arc::clone(&tail);
+    let stderr_reader = std::thread::Builder::new()
+        .name("crash-stderr".into())
+        .spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut tail = tail_writer
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if tail.len() == STDERR_LINES {
+                    tail.remove(0);
+                }
+                tail.push(line);
+            }
+        })
+        .map_err(|error| format!("cannot start a reader thread: {error}"))?;
+    Ok((receiver, tail, vec![stdout_reader, stderr_reader]))
+}
+
+fn read_acks(stdout: impl Read, sender: &mpsc::Sender<Event>) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        // A line without its newline is the last one, torn by the kill: the child had not
+        // finished acknowledging that row, so it does not count as acknowledged.
+        if line.last() != Some(&b'\n') {
+            break;
+        }
+        let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+        if sender.send(parse_line(&text)).is_err() {
+            return;
+        }
+    }
+    let _ = sender.send(Event::Eof);
+}
+
+fn parse_line(line: &str) -> Event {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let number = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|field| field.parse::<i64>().ok())
+    };
+    match fields.first().copied() {
+        Some("ready") if fields.len() == 1 => Event::Ready,
+        Some("a") if fields.len() == 4 => match (number(1), number(2), number(3)) {
+            (Some(id), Some(thread), Some(seq)) => match i32::try_from(thread) {
+                Ok(thread) => Event::Ack(
+                    id,
+                    Provenance {
+                        run: 0,
+                        cycle: 0,
+                        thread,
+                        seq,
+                    },
+                ),
+                Err(_) => Event::Garbage(line.to_owned()),
+            },
+            _ => Event::Garbage(line.to_owned()),
+        },
+        Some("r") if fields.len() == 4 => match (number(1), number(2), number(3)) {
+            (Some(id), Some(thread), Some(seq)) => match i32::try_from(thread) {
+                Ok(thread) => Event::RolledBack(
+                    id,
+                    Provenance {
+                        run: 0,
+                        cycle: 0,
+                        thread,
+                        seq,
+                    },
+                ),
+                Err(_) => Event::Garbage(line.to_owned()),
+            },
+            _ => Event::Garbage(line.to_owned()),
+        },
+        _ => Event::Garbage(line.to_owned()),
+    }
+}
+
+/// Reopens the database (timing the recovery), scans the whole table and checks it against
+/// the ledger. Raises the ledger's high-water mark to the largest identity value in the table.
+fn verify(dir: &Path, ledger: &mut Ledger) -> Result<CycleReport, String> {
+    let started = Instant::now();
+    let db = durable::open(dir, Durability::Full)?;
+    let recovery_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let recovery = durable::recovery(&db);
+    let mut report = CycleReport {
+        recovery_ms,
+        recovered_log_bytes: recovery.map(|recovery| recovery.log_bytes),
+        recovered_records: recovery.map(|recovery| recovery.records),
+        ..CycleReport::default()
+    };
+    // No table yet is a database whose first child was killed before its CREATE TABLE was
+    // durable: then nothing can have been acknowledged either.
+    let table = db.table(TABLE).ok();
+    let mut present: HashMap<i64, u32> = HashMap::new();
+    let mut logical: HashMap<Provenance, u32> = HashMap::new();
+    if let Some(table) = &table {
+        if table.columns().len() != PAYLOAD + 1 {
+            return Err(format!(
+                "{} holds a table {TABLE} that the crash test did not create",
+                dir.display()
+            ));
+        }
+        let session = db.session();
+        let rows = table
+            .scan(&session, &KeyRange::all(), Direction::Forward)
+            .map_err(|error| format!("cannot scan {TABLE}: {error}"))?;
+        for row in rows {
+            let row = row.map_err(|error| format!("scanning {TABLE} failed: {error}"))?;
+            report.rows += 1;
+            let Some(id) = row.get(ID).and_then(Value::as_i64) else {
+                report.corrupt += 1;
+                continue;
+            };
+            *present.entry(id).or_insert(0) += 1;
+            ledger.high_water = ledger.high_water.max(id);
+            match Provenance::of_row(&row) {
+                Some((provenance, true)) => {
+                    *logical.entry(provenance).or_insert(0) += 1;
+                    if let Some(acked) = ledger.acked.get(&id) {
+                        if *acked != provenance {
+                            report.corrupt += 1;
+                        }
+                    } else {
+                        report.unacked_present += 1;
+                    }
+                }
+                _ => report.corrupt += 1,
+            }
+        }
+    }
+    let missing: Vec<i64> = ledger
+        .acked
+        .keys()
+        .filter(|id| !present.contains_key(id))
+        .copied()
+        .collect();
+    report.lost = missing.len() as u64;
+    ledger.ever_lost.extend(missing);
+    report.duplicates = present
+        .values()
+        .chain(logical.values())
+        .map(|&count| u64::from(count.saturating_sub(1)))
+        .sum();
+    ledger.most_duplicates = ledger.most_duplicates.max(report.duplicates);
+    // A rolled-back row is back if its provenance is in the table, whatever its identity value.
+    report.rolled_back_present = ledger
+        .rolled_back
+        .iter()
+        .filter(|(_, provenance)| logical.contains_key(provenance))
+        .count() as u64;
+    report.integrity = match db.check_integrity() {
+        Ok(_) => "ok".to_owned(),
+        Err(error) => format!("failed: {error}"),
+    };
+    // Acknowledged values count toward the mark even if (wrongly) missing from the table.
+    if let Some(&max_acked) = ledger.acked.keys().max() {
+        ledger.high_water = ledger.high_water.max(max_acked);
+    }
+    drop(table);
+    drop(db);
+    Ok(report)
+}
+
+/// A summary of several counters, for tests: `cycles=K acked=N lost=L duplicates=D reused=R`
+/// parsed back into its numbers.
+#[cfg(test)]
+fn parse_summary(line: &str) -> Option<std::collections::BTreeMap<String, u64>> {
+    let mut fields = std::collections::BTreeMap::new();
+    for field in line.split(' ') {
+        let (name, value) = field.split_once('=')?;
+        fields.insert(name.to_owned(), value.parse().ok()?);
+    }
+    Some(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_tie_a_row_to_its_provenance() {
+        let provenance = Provenance {
+            run: 7,
+            cycle: 2,
+            thread: 3,
+            seq: 41,
+        };
+        let mut row = vec![
+            Value::BigInt(1),
+            Value::BigInt(7),
+            Value::Int(2),
+            Value::Int(3),
+            Value::BigInt(41),
+            Value::String(provenance.payload()),
+        ];
+        assert_eq!(Provenance::of_row(&row), Some((provenance, true)));
+        row[SEQ] = Value::BigInt(42);
+        assert_eq!(
+            Provenance::of_row(&row).map(|(_, ok)| ok),
+            Some(false),
+            "a row whose columns do not match its payload is caught"
+        );
+        assert!(provenance.payload().len() <= 100);
+        assert_ne!(
+            provenance.payload(),
+            Provenance {
+                seq: 42,
+                ..provenance
+            }
+            .payload()
+        );
+    }
+
+    #[test]
+    fn lines_parse_and_garbage_is_caught() {
+        assert!(matches!(parse_line("ready"), Event::Ready));
+        assert!(matches!(
+            parse_line("a 12 3 4"),
+            Event::Ack(
+                12,
+                Provenance {
+                    thread: 3,
+                    seq: 4,
+                    ..
+                }
+            )
+        ));
+        assert!(matches!(
+            parse_line("r 9 1 2"),
+            Event::RolledBack(
+                9,
+                Provenance {
+                    thread: 1,
+                    seq: 2,
+                    ..
+                }
+            )
+        ));
+        for bad in ["", "a 1 2", "a x 2 3", "b 1", "a 1 2 3 4", "r", "r 9"] {
+            assert!(matches!(parse_line(bad), Event::Garbage(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_torn_last_line_is_not_an_ack() {
+        let (sender, receiver) = mpsc::channel();
+        read_acks(&b"ready\na 1 0 0\na 2 0 1\na 3 0"[..], &sender);
+        let events: Vec<Event> = receiver.try_iter().collect();
+        let acks: Vec<i64> = events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Ack(id, _) => Some(*id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(acks, [1, 2]);
+        assert!(matches!(events.last(), Some(Event::Eof)));
+    }
+
+    #[test]
+    fn the_generator_is_seeded() {
+        let draw = |seed| {
+            let mut rng = Rng::new(seed);
+            (0..8).map(|_| rng.below(1000)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(5), draw(5));
+        assert_ne!(draw(5), draw(6));
+        let mut rng = Rng::new(1);
+        assert!(
+            (0..1000)
+                .map(|_| rng.unit())
+                .all(|x| (0.0..1.0).contains(&x))
+        );
+    }
+
+    #[test]
+    fn summaries_parse() {
+        let fields =
+            parse_summary("cycles=2 acked=10 lost=0 duplicates=0 reused=0").expect("parses");
+        assert_eq!(fields["acked"], 10);
+        assert!(parse_summary("cycles=2 acked=ten").is_none());
+    }
+}

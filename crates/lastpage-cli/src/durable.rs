@@ -1,0 +1,109 @@
+//! The durable side of the engine's API, as the CLI uses it, in one place.
+//!
+//! `bench insert --db`, `bench durable` and `crash-test` open durable databases, read the log
+//! writer's group-commit counters and the recovery figures. They reach the engine only through
+//! the functions here, so that the rest of the CLI is written once against these names and
+//! only this file follows the engine's API as it changes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use lastpage_engine::{Database, DatabaseOptions, Durability as EngineDurability};
+
+/// When a commit counts as done, as `--durability` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// A commit returns once its log records are on disk (fdatasync).
+    Full,
+    /// A commit returns once its log records are in the log buffer; a background flush makes
+    /// them durable shortly after (SQL Server's delayed durability).
+    Delayed,
+    /// The log is written but never waited for: commits are lost on a crash.
+    None,
+}
+
+impl Durability {
+    /// The name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Delayed => "delayed",
+            Durability::None => "none",
+        }
+    }
+}
+
+/// The log writer's counters: how many commits one fdatasync made durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WalCounters {
+    /// Commits acknowledged as durable.
+    pub commits: u64,
+    /// `fdatasync` calls on the log.
+    pub fsyncs: u64,
+    /// Bytes the log writer wrote.
+    pub flushed_bytes: u64,
+}
+
+impl WalCounters {
+    /// What happened between `earlier` and `self` (both read from the same open database).
+    pub fn since(&self, earlier: &WalCounters) -> WalCounters {
+        WalCounters {
+            commits: self.commits.saturating_sub(earlier.commits),
+            fsyncs: self.fsyncs.saturating_sub(earlier.fsyncs),
+            flushed_bytes: self.flushed_bytes.saturating_sub(earlier.flushed_bytes),
+        }
+    }
+
+    /// `transactions` per fdatasync (the group-commit factor); `None` without an fdatasync.
+    ///
+    /// The caller counts the transactions itself because the log writer counts only the
+    /// commits that waited for the disk: under DELAYED durability none do, yet the background
+    /// flushes still share one fdatasync among many transactions.
+    pub fn transactions_per_fsync(&self, transactions: u64) -> Option<f64> {
+        (self.fsyncs > 0).then(|| transactions as f64 / self.fsyncs as f64)
+    }
+}
+
+/// What opening an existing database took to recover it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Recovery {
+    /// Log bytes read.
+    pub log_bytes: u64,
+    /// Log records replayed.
+    pub records: u64,
+    /// Wall time of the recovery.
+    pub duration: Duration,
+}
+
+/// Opens (creating or recovering) the durable database in `dir`.
+pub fn open(dir: &Path, durability: Durability) -> Result<Database, String> {
+    let options = DatabaseOptions {
+        durability: match durability {
+            Durability::Full => EngineDurability::Full,
+            Durability::Delayed => EngineDurability::Delayed,
+            Durability::None => EngineDurability::None,
+        },
+        ..DatabaseOptions::default()
+    };
+    Database::open(dir, options)
+        .map_err(|error| format!("cannot open the database in {}: {error}", dir.display()))
+}
+
+/// The log writer's counters since the database was opened; `None` for an in-memory database.
+pub fn wal_counters(db: &Database) -> Option<WalCounters> {
+    db.wal_stats().map(|stats| WalCounters {
+        commits: stats.commits,
+        fsyncs: stats.fsyncs,
+        flushed_bytes: stats.flushed_bytes,
+    })
+}
+
+/// What opening the database recovered; `None` for an in-memory database.
+pub fn recovery(db: &Database) -> Option<Recovery> {
+    db.recovery_stats().map(|stats| Recovery {
+        log_bytes: stats.log_bytes,
+        records: stats.records,
+        duration: stats.duration,
+    })
+}
