@@ -110,6 +110,10 @@ pub const WAL_SEGMENT_BYTES: u64 = 64 << 20;
 /// it. A whole page, so that the log bytes start page-aligned in the file.
 pub const WAL_SEGMENT_HEADER_BYTES: usize = 4096;
 
+/// How far ahead of the log's end the writer zero-fills the current segment file, in bytes:
+/// an fdatasync that does not change the file's size has no metadata to commit.
+pub const WAL_PREALLOCATE_BYTES: u64 = 1 << 20;
+
 /// How many bytes a log reader asks the file system for at a time.
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 

@@ -36,7 +36,8 @@ pub enum TailKind {
     /// log.
     BadSegment,
     /// The bytes here cannot be a record header; the reason says which check failed (zero
-    /// length means nothing was written here).
+    /// length means nothing was written here: the writer zero-fills segment files ahead of the
+    /// log's end, so a log that ends cleanly usually ends this way).
     InvalidHeader(&'static str),
     /// The header is plausible but the record's bytes end early.
     Truncated,
