@@ -16,7 +16,9 @@
 //! checks this module too (`tests/locks_loom.rs`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasher;
+
+use rustc_hash::FxBuildHasher;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -407,7 +409,7 @@ impl LockEntry {
 /// request takes anyway, so counting costs no shared cache line of its own).
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<LockKey, LockEntry>,
+    entries: HashMap<LockKey, LockEntry, FxBuildHasher>,
     stats: LockStats,
 }
 
@@ -430,8 +432,10 @@ pub struct LockManager {
     /// detections, so two transactions closing the same cycle at once cannot both be chosen.
     /// Lock order: this mutex before a shard mutex, never the other way round.
     waiting: Mutex<WaitingTxns>,
-    /// A fixed (not per-process random) hasher, so a key's shard is the same in every run.
-    shard_hasher: BuildHasherDefault<DefaultHasher>,
+    /// A fixed (not per-process random) hasher, so a key's shard is the same in every run;
+    /// FxHash, because SipHash costs more per lock than the whole rest of an uncontended
+    /// acquire. A client that chose keys to collide would only slow its own shard's lookups.
+    shard_hasher: FxBuildHasher,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -453,7 +457,7 @@ impl LockManager {
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
             waiting: Mutex::new(WaitingTxns::default()),
-            shard_hasher: BuildHasherDefault::default(),
+            shard_hasher: FxBuildHasher,
         }
     }
 
@@ -796,6 +800,12 @@ impl TxnLocks {
     /// The transaction.
     pub fn txn(&self) -> TxnId {
         self.txn
+    }
+
+    /// Takes over the keys another handle of the same transaction locked.
+    pub fn absorb(&mut self, other: TxnLocks) {
+        debug_assert_eq!(self.txn, other.txn);
+        self.keys.extend(other.keys);
     }
 
     /// The keys the transaction holds locks on, in the order it first locked them.

@@ -743,11 +743,11 @@ impl Table {
         }
         scope.logged(self, |changes| {
             self.apply_batch(&records, &completed)?;
-            for (partition, key, value, _) in &records {
+            for (partition, key, value, _) in records {
                 changes.push(RowChange::Insert {
-                    partition: *partition,
-                    key: key.clone(),
-                    value: value.clone(),
+                    partition,
+                    key,
+                    value,
                 });
             }
             Ok(())
@@ -762,42 +762,34 @@ impl Table {
     /// index, each as one batch per partition. If any entry is rejected, removes everything
     /// the batch inserted and returns the first error in row order.
     fn apply_batch(&self, records: &[PreparedRow], completed: &[(Row, Option<i64>)]) -> Result<()> {
-        // `done` remembers what went in, for the undo.
-        let mut done: Vec<(&Index, usize, Vec<u8>)> = Vec::new();
+        // `done` remembers what went in (index position, partition, row), for the undo.
+        let mut done: Vec<(usize, usize, usize)> = Vec::new();
         let mut failure: Option<(usize, EngineError)> = None;
-        for (position, index) in std::iter::once(&self.clustered)
+        let indexes: Vec<&Index> = std::iter::once(&self.clustered)
             .chain(&self.nonclustered)
-            .enumerate()
-        {
+            .collect();
+        let entry_of = |position: usize, row: usize| -> (&[u8], &[u8]) {
+            let (_, key, value, nonclustered) = &records[row];
+            if position == 0 {
+                (key.as_slice(), value.as_slice())
+            } else {
+                let (entry_key, entry_value) = &nonclustered[position - 1];
+                (entry_key.as_slice(), entry_value.as_slice())
+            }
+        };
+        for (position, index) in indexes.iter().enumerate() {
             for partition in 0..self.partition_count() {
                 let members: Vec<usize> = (0..records.len())
                     .filter(|&row| records[row].0 == partition)
                     .collect();
-                let entries: Vec<(&[u8], &[u8])> = members
-                    .iter()
-                    .map(|&row| {
-                        let (_, key, value, nonclustered) = &records[row];
-                        if position == 0 {
-                            (key.as_slice(), value.as_slice())
-                        } else {
-                            let (entry_key, entry_value) = &nonclustered[position - 1];
-                            (entry_key.as_slice(), entry_value.as_slice())
-                        }
-                    })
-                    .collect();
+                let entries: Vec<(&[u8], &[u8])> =
+                    members.iter().map(|&row| entry_of(position, row)).collect();
                 for (&row, result) in members
                     .iter()
                     .zip(index.tree(partition).insert_batch(&entries))
                 {
                     match result {
-                        Ok(()) => {
-                            let inserted_key = if position == 0 {
-                                records[row].1.clone()
-                            } else {
-                                records[row].3[position - 1].0.clone()
-                            };
-                            done.push((index, partition, inserted_key));
-                        }
+                        Ok(()) => done.push((position, partition, row)),
                         Err(error) => {
                             if failure.as_ref().is_none_or(|(first, _)| row < *first) {
                                 failure = Some((
@@ -814,9 +806,12 @@ impl Table {
             }
         }
         if let Some((_, error)) = failure {
-            for (index, partition, key) in done.iter().rev() {
-                // Undo is best effort: a page that cannot be read leaves the entry behind.
-                let _ = index.tree(*partition).delete(key);
+            for &(position, partition, row) in done.iter().rev() {
+                // Undo is best effort: a page that cannot be read leaves the entry behind, and
+                // the statement's error says why.
+                let _ = indexes[position]
+                    .tree(partition)
+                    .delete(entry_of(position, row).0);
             }
             return Err(error);
         }

@@ -23,7 +23,7 @@ use lastpage_storage::wal::{Lsn, Record, TxnId};
 
 use crate::database::{Database, Session};
 use crate::error::{EngineError, Result};
-use crate::locks::{LockKey, LockMode};
+use crate::locks::{LockKey, LockMode, TxnLocks};
 use crate::table::{RowChange, Table};
 
 /// When a commit returns, relative to its log record reaching the disk.
@@ -80,7 +80,7 @@ pub(crate) struct Transaction {
     /// End LSN of the transaction's last log record, if it wrote any.
     last_lsn: Option<Lsn>,
     undo: Vec<UndoEntry>,
-    locks: Vec<LockKey>,
+    locks: TxnLocks,
 }
 
 /// A session's slot in the database's table of active transactions: the LSN of the first log
@@ -115,19 +115,19 @@ pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
 /// first moment they could see it.
 pub(crate) struct FreshLocker<'s> {
     db: &'s Database,
-    txn: TxnId,
     table_id: u32,
-    taken: RefCell<Vec<LockKey>>,
+    taken: RefCell<TxnLocks>,
 }
 
 impl FreshLocker<'_> {
     /// Locks `key` (a clustered key) exclusively.
     pub(crate) fn lock(&self, key: &[u8]) -> Result<()> {
-        let lock_key = lock_key(self.table_id, 0, key);
-        self.db
-            .locks()
-            .acquire(self.txn, &lock_key, LockMode::Exclusive, None)?;
-        self.taken.borrow_mut().push(lock_key);
+        self.taken.borrow_mut().acquire(
+            self.db.locks(),
+            lock_key(self.table_id, 0, key),
+            LockMode::Exclusive,
+            None,
+        )?;
         Ok(())
     }
 }
@@ -156,17 +156,12 @@ impl<'s> WriteScope<'s> {
     /// and every latch.
     pub(crate) fn lock_row(&mut self, table: &Table, ordinal: usize, key: &[u8]) -> Result<()> {
         let db = self.session.db();
-        let lock_key = lock_key(table.id(), ordinal, key);
-        if db.locks().holds(self.txn.id, &lock_key).is_some() {
-            return Ok(());
-        }
-        db.locks().acquire(
-            self.txn.id,
-            &lock_key,
+        self.txn.locks.acquire(
+            db.locks(),
+            lock_key(table.id(), ordinal, key),
             LockMode::Exclusive,
             db.lock_timeout(),
         )?;
-        self.txn.locks.push(lock_key);
         Ok(())
     }
 
@@ -175,15 +170,14 @@ impl<'s> WriteScope<'s> {
         let session: &'s Session = self.session;
         FreshLocker {
             db: session.db(),
-            txn: self.txn.id,
             table_id: table.id(),
-            taken: RefCell::new(Vec::new()),
+            taken: RefCell::new(TxnLocks::new(self.txn.id)),
         }
     }
 
     /// Makes the locks a [`FreshLocker`] took the transaction's.
     pub(crate) fn adopt_locks(&mut self, locker: FreshLocker<'_>) {
-        self.txn.locks.extend(locker.taken.into_inner());
+        self.txn.locks.absorb(locker.taken.into_inner());
     }
 
     /// Runs `apply` (which changes the trees and records what it changed in [`Changes`])
@@ -427,7 +421,8 @@ impl Session {
         self.active_slot()
             .first_lsn
             .store(NO_ACTIVE_LSN, Ordering::Release);
-        self.db().locks().release_all(txn.id, &txn.locks);
+        let mut txn = txn;
+        txn.locks.release_all(self.db().locks());
     }
 
     /// Rolls back an explicit transaction left open when the session goes away.
@@ -450,13 +445,14 @@ fn txn_of<'a>(
 
 impl Database {
     pub(crate) fn new_transaction(&self, explicit: bool, durability: Durability) -> Transaction {
+        let id = self.next_txn_id();
         Transaction {
-            id: self.next_txn_id(),
+            id,
             explicit,
             durability,
             last_lsn: None,
             undo: Vec::new(),
-            locks: Vec::new(),
+            locks: TxnLocks::new(id),
         }
     }
 }
