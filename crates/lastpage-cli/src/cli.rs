@@ -72,7 +72,7 @@ pub enum DurabilityArg {
     Full,
     /// Once the log records are in the log buffer; a background flush writes them soon after.
     Delayed,
-    /// The log is written but never waited for: a crash loses recent commits.
+    /// Nothing is logged: the table is a non-logged table (emptied by recovery after a crash).
     None,
 }
 

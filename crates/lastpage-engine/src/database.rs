@@ -360,11 +360,7 @@ impl Database {
     }
 
     pub(crate) fn default_durability(&self) -> Durability {
-        match self.durable() {
-            Some(_) => self.inner.options.durability,
-            // Nothing is logged in memory, so every commit is as durable as it gets at once.
-            None => Durability::None,
-        }
+        self.inner.options.durability
     }
 
     /// A new transaction id. Threads take ids in blocks, so that concurrent autocommit

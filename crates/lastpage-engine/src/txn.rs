@@ -26,7 +26,8 @@ use crate::error::{EngineError, Result};
 use crate::locks::{LockKey, LockMode, TxnLocks};
 use crate::table::{RowChange, Table};
 
-/// When a commit returns, relative to its log record reaching the disk.
+/// When a commit returns, relative to its log record reaching the disk. (Changes to a table
+/// created with [`crate::TableDef::not_logged`] are not logged at all, whatever this says.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
     /// The commit returns once its log record is on disk (SQL Server's full durability).
@@ -36,28 +37,14 @@ pub enum Durability {
     /// [`crate::DatabaseOptions::delayed_flush_interval`] and by [`Database::flush_log`]
     /// (SQL Server's delayed durability). A crash loses at most that window of commits.
     Delayed,
-    /// Nothing is logged: changes reach the data file only through checkpoints, and a table
-    /// written this way is emptied by recovery after a crash (PostgreSQL's UNLOGGED tables).
-    None,
 }
 
 impl Durability {
-    /// The name used on the command line: `full`, `delayed` or `none`.
+    /// The name used on the command line: `full` or `delayed`.
     pub fn name(self) -> &'static str {
         match self {
             Durability::Full => "full",
             Durability::Delayed => "delayed",
-            Durability::None => "none",
-        }
-    }
-
-    /// The durability called `name`.
-    pub fn from_name(name: &str) -> Option<Durability> {
-        match name {
-            "full" => Some(Durability::Full),
-            "delayed" => Some(Durability::Delayed),
-            "none" => Some(Durability::None),
-            _ => None,
         }
     }
 }
@@ -308,8 +295,7 @@ impl Session {
             None => autocommit.insert(db.new_transaction(false, db.default_durability())),
         };
         let savepoint = txn.undo.len();
-        let log_changes =
-            db.wal().is_some() && txn.durability != Durability::None && table.is_logged();
+        let log_changes = db.wal().is_some() && table.is_logged();
         let mut scope = WriteScope {
             session: self,
             table,
@@ -360,8 +346,7 @@ impl Session {
                 )
             })?;
             let inverse = entry.change.inverse();
-            let log_changes =
-                db.wal().is_some() && txn.durability != Durability::None && table.is_logged();
+            let log_changes = db.wal().is_some() && table.is_logged();
             let mut scope = WriteScope {
                 session: self,
                 table,
@@ -387,7 +372,7 @@ impl Session {
                 .append(&Record::Commit { txn: txn.id })
                 .and_then(|end| match txn.durability {
                     Durability::Full => wal.wait_durable(end),
-                    Durability::Delayed | Durability::None => Ok(()),
+                    Durability::Delayed => Ok(()),
                 })
                 .map_err(|error| db.fail(error)),
             _ => Ok(()),
@@ -408,7 +393,7 @@ impl Session {
                 .append(&Record::Abort { txn: txn.id })
                 .and_then(|end| match txn.durability {
                     Durability::Full => wal.wait_durable(end),
-                    Durability::Delayed | Durability::None => Ok(()),
+                    Durability::Delayed => Ok(()),
                 })
                 .map_err(|error| db.fail(error)),
             _ => Ok(()),

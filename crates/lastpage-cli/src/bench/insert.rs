@@ -758,8 +758,13 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
             .map_err(|error| failed("cannot create the database", &error))?,
         Some(dir) => durable::open(dir, config.durability).map_err(BenchError::Failed)?,
     };
+    // `--durability none` is the engine's non-logged table: nothing reaches the log.
+    let definition = match (&config.db_dir, config.durability) {
+        (Some(_), Durability::None) => workload.table.clone().not_logged(),
+        _ => workload.table.clone(),
+    };
     let table = db
-        .create_table(workload.table.clone())
+        .create_table(definition)
         .map_err(|error| failed("cannot create the table", &error))?;
 
     if config.warmup_rows > 0 {
