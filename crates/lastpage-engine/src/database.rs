@@ -180,8 +180,11 @@ impl Database {
                 sessions: Mutex::new(Vec::new()),
                 rollbacks: AtomicU64::new(0),
                 instance: {
-                    static INSTANCES: AtomicU64 = AtomicU64::new(1);
-                    INSTANCES.fetch_add(1, Ordering::Relaxed)
+                    // A plain counter, not part of any protocol, and a static, which loom's
+                    // atomics cannot be: std's, like table.rs's uniquifier blocks.
+                    static INSTANCES: std::sync::atomic::AtomicU64 =
+                        std::sync::atomic::AtomicU64::new(1);
+                    INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 },
             }),
         }
