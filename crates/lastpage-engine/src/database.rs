@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
-    CHECKPOINT_LOG_BYTES, DELAYED_FLUSH_INTERVAL_MS, LOCK_MANAGER_DEFAULT_SHARDS,
-    MEMORY_BUDGET_BYTES,
+    CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
+    LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
@@ -292,12 +292,46 @@ impl Database {
     }
 
     /// Starts the threads that flush DELAYED commits and take automatic checkpoints. They hold
-    /// only a weak reference, and stop once the database is dropped.
+    /// only a weak reference, and stop once the database is dropped. They are two threads so
+    /// that a long checkpoint never holds up the flushes that bound DELAYED commits.
     fn start_background(&self) {
         let interval = self.inner.options.delayed_flush_interval;
+        self.spawn_background("lastpage-log-flusher", interval, |db, durable| {
+            if durable.wal.durable_lsn() < durable.wal.end_lsn()
+                && let Err(error) = durable.wal.flush_now()
+            {
+                db.fail(error);
+                return false;
+            }
+            true
+        });
+        let poll = Duration::from_millis(CHECKPOINT_POLL_INTERVAL_MS);
+        self.spawn_background("lastpage-checkpointer", poll, |db, durable| {
+            let since = durable
+                .wal
+                .end_lsn()
+                .0
+                .saturating_sub(*sync::lock(&durable.checkpoint));
+            if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
+                // A failed automatic checkpoint leaves the previous image in force; the next
+                // attempt (or an explicit CHECKPOINT) reports the error.
+                let _ = db.checkpoint();
+            }
+            true
+        });
+    }
+
+    /// Runs `tick` every `interval` on a thread of its own until it returns false or the
+    /// database is gone.
+    fn spawn_background(
+        &self,
+        name: &str,
+        interval: Duration,
+        tick: impl Fn(&Database, &Durable) -> bool + Send + 'static,
+    ) {
         let weak = Arc::downgrade(&self.inner);
         let _ = std::thread::Builder::new()
-            .name("lastpage-log-flusher".into())
+            .name(name.into())
             .spawn(move || {
                 loop {
                     std::thread::sleep(interval);
@@ -305,21 +339,8 @@ impl Database {
                     let Some(inner) = weak.upgrade() else { return };
                     let db = Database { inner };
                     let Some(durable) = db.durable() else { return };
-                    if durable.wal.durable_lsn() < durable.wal.end_lsn()
-                        && let Err(error) = durable.wal.flush_now()
-                    {
-                        db.fail(error);
+                    if !tick(&db, durable) {
                         return;
-                    }
-                    let since = durable
-                        .wal
-                        .end_lsn()
-                        .0
-                        .saturating_sub(*sync::lock(&durable.checkpoint));
-                    if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
-                        // A failed automatic checkpoint leaves the previous image in force;
-                        // the next attempt (or an explicit CHECKPOINT) reports the error.
-                        let _ = db.checkpoint();
                     }
                 }
             });

@@ -92,7 +92,7 @@ fn insert_order(db: &Database, session: &lastpage_engine::Session) -> Result<i64
 #[test]
 fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
     let seed = seed();
-    for round in 0..12u64 {
+    for round in 0..40u64 {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed.wrapping_add(round)));
         let db = open(&fs);
         db.create_table(orders()).unwrap();
@@ -572,4 +572,79 @@ fn a_torn_log_tail_is_cut_and_the_database_opens() {
         insert_order(&db, &session).unwrap();
     }
     let _ = Path::new(DIR);
+}
+
+#[test]
+fn readers_never_see_rows_of_transactions_that_roll_back() {
+    for durable in [false, true] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(12));
+        let db = if durable {
+            open(&fs)
+        } else {
+            Database::create(DatabaseOptions::default()).unwrap()
+        };
+        let table = db.create_table(orders()).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let seen_committed = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for writer in 0..3 {
+                let db = db.clone();
+                let table = Arc::clone(&table);
+                scope.spawn(move || {
+                    let session = db.session();
+                    for round in 0..150 {
+                        session.begin().unwrap();
+                        let doomed = (round + writer) % 2 == 0;
+                        let payload = if doomed { "doomed" } else { "kept" };
+                        for _ in 0..3 {
+                            table
+                                .insert(&session, InsertRow::new().set(1, payload))
+                                .unwrap();
+                        }
+                        if doomed {
+                            session.rollback().unwrap();
+                        } else {
+                            session.commit().unwrap();
+                        }
+                    }
+                });
+            }
+            for _ in 0..2 {
+                let db = db.clone();
+                let table = Arc::clone(&table);
+                let stop = &stop;
+                let seen_committed = &seen_committed;
+                scope.spawn(move || {
+                    let session = db.session();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for row in table
+                            .scan(&session, &KeyRange::all(), Direction::Forward)
+                            .unwrap()
+                        {
+                            let row = row.unwrap();
+                            assert_ne!(
+                                row[1],
+                                Value::from("doomed"),
+                                "a reader saw a row of a transaction that rolled back"
+                            );
+                            seen_committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        let id = rand::random_range(1..2000i64);
+                        if let Some(row) = table.get(&session, &[Value::BigInt(id)]).unwrap() {
+                            assert_ne!(row[1], Value::from("doomed"));
+                        }
+                    }
+                });
+            }
+            // Stop the readers once the writers are done.
+            std::thread::sleep(Duration::from_millis(10));
+            while table.row_count() < 3 * 75 * 3 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(table.row_count(), 3 * 75 * 3, "durable={durable}");
+        assert!(seen_committed.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        db.check_integrity().unwrap();
+    }
 }

@@ -146,6 +146,9 @@ pub const MEMORY_BUDGET_BYTES: usize = 1 << 30;
 /// size on disk.
 pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
 
+/// How often the automatic checkpointer looks at how much log was written, in milliseconds.
+pub const CHECKPOINT_POLL_INTERVAL_MS: u64 = 100;
+
 /// How long a DELAYED-durability commit may wait in the log buffer before the background
 /// flusher writes it, in milliseconds: the window of commits a crash can lose.
 pub const DELAYED_FLUSH_INTERVAL_MS: u64 = 20;
