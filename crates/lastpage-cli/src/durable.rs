@@ -1,7 +1,7 @@
 //! The durable side of the engine's API, as the CLI uses it, in one place.
 //!
-//! `bench insert --db`, `bench durable` and `crash-test` open durable databases, read the log
-//! writer's group-commit counters and the recovery figures. They reach the engine only through
+//! `bench insert --db`, `bench durable`, `bench recovery` and `crash-test` open durable
+//! databases, read the log writer's group-commit counters and the recovery figures. They reach the engine only through
 //! the functions here, so that the rest of the CLI is written once against these names and
 //! only this file follows the engine's API as it changes.
 
@@ -73,22 +73,80 @@ pub struct Recovery {
     pub log_bytes: u64,
     /// Log records replayed.
     pub records: u64,
-    /// Wall time of the recovery.
+    /// Transactions whose changes after the checkpoint were applied.
+    pub committed_txns: u64,
+    /// Transactions that never ended, whose changes were undone.
+    pub loser_txns: u64,
+    /// Row changes applied.
+    pub redone_changes: u64,
+    /// Row changes undone.
+    pub undone_changes: u64,
+    /// Reading and applying the log.
+    pub replay_duration: Duration,
+    /// The checkpoint that ends recovery.
+    pub checkpoint_duration: Duration,
+    /// Wall time of the recovery (all of opening the database).
     pub duration: Duration,
+}
+
+/// How the CLI opens a durable database. Every field but the durability keeps the engine's
+/// default unless a benchmark has a reason to change it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenSettings {
+    /// When a commit returns.
+    pub durability: Durability,
+    /// The buffer pool's memory budget in bytes; `None` keeps the engine's default.
+    pub memory_budget_bytes: Option<usize>,
+    /// Whether a checkpoint starts by itself once enough log was written. `bench recovery`
+    /// turns it off so that the whole log it wrote is still there to replay.
+    pub automatic_checkpoints: bool,
+}
+
+impl OpenSettings {
+    /// The engine's defaults with `durability`.
+    pub fn new(durability: Durability) -> OpenSettings {
+        OpenSettings {
+            durability,
+            memory_budget_bytes: None,
+            automatic_checkpoints: true,
+        }
+    }
 }
 
 /// Opens (creating or recovering) the durable database in `dir`.
 pub fn open(dir: &Path, durability: Durability) -> Result<Database, String> {
+    open_with(dir, OpenSettings::new(durability))
+}
+
+/// Opens (creating or recovering) the durable database in `dir` with `settings`.
+pub fn open_with(dir: &Path, settings: OpenSettings) -> Result<Database, String> {
+    let defaults = DatabaseOptions::default();
     let options = DatabaseOptions {
-        durability: match durability {
+        durability: match settings.durability {
             Durability::Delayed => EngineDurability::Delayed,
             // What is not logged is never waited for; logged tables stay fully durable.
             Durability::Full | Durability::None => EngineDurability::Full,
         },
-        ..DatabaseOptions::default()
+        memory_budget_bytes: settings
+            .memory_budget_bytes
+            .unwrap_or(defaults.memory_budget_bytes),
+        // The background thread starts a checkpoint once this much log was written since the
+        // last one; no log ever reaches u64::MAX bytes, so it never does.
+        checkpoint_log_bytes: if settings.automatic_checkpoints {
+            defaults.checkpoint_log_bytes
+        } else {
+            u64::MAX
+        },
+        ..defaults
     };
     Database::open(dir, options)
         .map_err(|error| format!("cannot open the database in {}: {error}", dir.display()))
+}
+
+/// Bytes appended to the log since the database was opened (padding included); `None` for an
+/// in-memory database.
+pub fn log_appended_bytes(db: &Database) -> Option<u64> {
+    db.wal_stats().map(|stats| stats.appended_bytes)
 }
 
 /// The log writer's counters since the database was opened; `None` for an in-memory database.
@@ -105,6 +163,12 @@ pub fn recovery(db: &Database) -> Option<Recovery> {
     db.recovery_stats().map(|stats| Recovery {
         log_bytes: stats.log_bytes,
         records: stats.records,
+        committed_txns: stats.committed_txns,
+        loser_txns: stats.loser_txns,
+        redone_changes: stats.redone_changes,
+        undone_changes: stats.undone_changes,
+        replay_duration: stats.replay_duration,
+        checkpoint_duration: Duration::from_micros(stats.checkpoint_us),
         duration: stats.duration,
     })
 }

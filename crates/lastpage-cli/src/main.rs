@@ -18,7 +18,10 @@ use bench::compare::{self, CompareConfig};
 use bench::durable as durable_bench;
 use bench::insert::{BenchError, run_insert_bench};
 use bench::matrix;
-use cli::{BenchCommand, Cli, Command, CompareArgs, DurableArgs, InsertArgs, MatrixArgs};
+use bench::recovery as recovery_bench;
+use cli::{
+    BenchCommand, Cli, Command, CompareArgs, DurableArgs, InsertArgs, MatrixArgs, RecoveryArgs,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -27,6 +30,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::InsertCompare(args)) => bench_insert_compare(&args),
         Command::Bench(BenchCommand::InsertMatrix(args)) => bench_insert_matrix(&args),
         Command::Bench(BenchCommand::Durable(args)) => bench_durable(&args),
+        Command::Bench(BenchCommand::Recovery(args)) => bench_recovery(&args),
         Command::CrashTest(args) => crash::run_crash_test(&args),
         Command::CrashChild(args) => crash::run_child(&args),
     }
@@ -40,6 +44,20 @@ fn bench_durable(args: &DurableArgs) -> ExitCode {
     let failure =
         (!report.all_ok()).then(|| "a cell failed its verification (see the report)".into());
     emit(&report, args.json, durable_bench::render, failure)
+}
+
+fn bench_recovery(args: &RecoveryArgs) -> ExitCode {
+    let report = match recovery_bench::run_recovery(&args.config()) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let failure = (!report.ok()).then(|| {
+        format!(
+            "recovery did not bring back what was inserted: {}",
+            report.verification.verified
+        )
+    });
+    emit(&report, args.json, recovery_bench::render, failure)
 }
 
 fn bench_insert(args: &InsertArgs) -> ExitCode {

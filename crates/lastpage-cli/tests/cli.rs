@@ -673,6 +673,72 @@ fn durable_bench_runs_both_engines() {
 }
 
 #[test]
+fn recovery_bench_replays_the_whole_log() {
+    let scratch = Scratch::new("recovery");
+    let output = lastpage(&[
+        "bench",
+        "recovery",
+        "--quick",
+        "--json",
+        "--db",
+        &scratch.path(""),
+    ]);
+    assert!(
+        output.status.success(),
+        "bench recovery failed: {}\nstdout: {}",
+        text(&output.stderr),
+        text(&output.stdout)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let load = &report["load"];
+    let recovery = &report["recovery"];
+    let verification = &report["verification"];
+    assert_eq!(verification["verified"], "ok", "{report}");
+    // --quick: 16 MiB of log, written in 1,000-row transactions.
+    assert_eq!(report["log_target_bytes"], 16 * 1024 * 1024, "{report}");
+    let rows = load["rows"].as_u64().expect("rows");
+    let transactions = load["transactions"].as_u64().expect("transactions");
+    assert_eq!(rows, transactions * 1000, "{report}");
+    assert!(
+        load["log_appended_bytes"]
+            .as_u64()
+            .is_some_and(|bytes| bytes >= 16 * 1024 * 1024),
+        "{report}"
+    );
+    // No checkpoint after the table's creation: recovery replays every transaction.
+    assert_eq!(recovery["committed_txns"], transactions, "{report}");
+    assert_eq!(recovery["redone_changes"], rows, "{report}");
+    assert_eq!(recovery["loser_txns"], 0, "{report}");
+    assert!(
+        recovery["records"]
+            .as_u64()
+            .is_some_and(|records| records > rows),
+        "{report}"
+    );
+    for field in [
+        "replay_sec",
+        "checkpoint_sec",
+        "open_sec",
+        "replay_mib_per_sec",
+        "replay_records_per_sec",
+    ] {
+        assert!(recovery[field].is_number(), "{field}: {report}");
+    }
+    assert_eq!(verification["row_count"], rows, "{report}");
+    assert_eq!(verification["scanned_rows"], rows, "{report}");
+    // The progress went to stderr, and the database is removed at the end.
+    assert!(
+        text(&output.stderr).contains("100%"),
+        "{}",
+        text(&output.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(&scratch.0)
+        .expect("read the scratch directory")
+        .collect();
+    assert!(left.is_empty(), "bench recovery left files behind");
+}
+
+#[test]
 fn crash_test_loses_nothing() {
     let scratch = Scratch::new("crash");
     let db = scratch.path("db");
@@ -750,6 +816,13 @@ fn bad_durability_flags_fail_cleanly() {
             &["bench", "durable", "--seconds", "1", "--rows", "10"],
             "--rows",
         ),
+        (&["bench", "recovery", "--log-mb", "0"], "--log-mb"),
+        (&["bench", "recovery", "--log-mb", "lots"], "--log-mb"),
+        (
+            &["bench", "recovery", "--quick", "--log-mb", "8"],
+            "--log-mb",
+        ),
+        (&["bench", "recovery", "--memory-mb", "0"], "--memory-mb"),
         (&["crash-test", "--threads", "4"], "--db"),
         (&["crash-test", "--db", "x", "--cycles", "0"], "--cycles"),
         (&["crash-test", "--db", "x", "--seconds=-1"], "--seconds"),

@@ -33,7 +33,7 @@ use crate::sys;
 pub const MAX_CELL_ROWS: u64 = 5_000_000;
 
 /// Payload bytes per row: the seeds' VARCHAR(100) table.
-const ROW_BYTES: u16 = 100;
+pub(super) const ROW_BYTES: u16 = 100;
 
 /// The wait types a durable run reports, always (zero included).
 const LOG_WAITS: [WaitType; 4] = [
@@ -435,7 +435,7 @@ fn lastpage_cell(
 }
 
 /// Every inserted row is in the table, and the integrity check passes.
-fn verify_lastpage(
+pub(super) fn verify_lastpage(
     db: &lastpage_engine::Database,
     table: &lastpage_engine::Table,
     rows: u64,
@@ -506,22 +506,23 @@ fn sqlite_cell(
     })
 }
 
-fn remove_dir(dir: &Path) {
+pub(super) fn remove_dir(dir: &Path) {
     // A leftover directory wastes disk, nothing worse; the run's own directory is removed at
     // the end anyway.
     let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The directory the run's databases go in: a new subdirectory of `--db` (or of the system's
-/// temporary directory), so that nothing already there is touched.
-fn run_directory(base: Option<&Path>) -> Result<PathBuf, BenchError> {
+/// temporary directory), so that nothing already there is touched. `bench` names the
+/// benchmark in the directory's name (`durable`, `recovery`).
+pub(super) fn run_directory(base: Option<&Path>, bench: &str) -> Result<PathBuf, BenchError> {
     let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis())
         .unwrap_or(0);
     let dir = base.join(format!(
-        "lastpage-bench-durable-{}-{stamp}",
+        "lastpage-bench-{bench}-{}-{stamp}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).map_err(|error| {
@@ -547,7 +548,7 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
         seconds: config.seconds,
         rows: config.rows,
     };
-    let dir = run_directory(config.db.as_deref())?;
+    let dir = run_directory(config.db.as_deref(), "durable")?;
     let started = Instant::now();
     let process_before = sys::process_usage();
     let machine_before = sys::MachineCpu::now();
@@ -816,7 +817,7 @@ mod tests {
 
     #[test]
     fn sqlite_cells_verify() {
-        let dir = run_directory(None).expect("dir");
+        let dir = run_directory(None, "durable").expect("dir");
         let budget = Budget {
             seconds: 10.0,
             rows: Some(40),

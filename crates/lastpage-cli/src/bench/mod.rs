@@ -1,12 +1,14 @@
 //! Benchmarks over the embedded engine. [`insert`] is the harness every insert benchmark runs
 //! through; [`compare`] and [`matrix`] drive it over grids of configurations; [`ideal`] is the
 //! no-B-tree reference the matrix measures against; [`render`] draws reports; [`durable`]
-//! measures durable inserts against SQLite ([`sqlite`]).
+//! measures durable inserts against SQLite ([`sqlite`]); [`recovery`] times the recovery of a
+//! large log.
 
 pub mod compare;
 pub mod durable;
 pub mod ideal;
 pub mod insert;
 pub mod matrix;
+pub mod recovery;
 pub mod render;
 pub mod sqlite;
