@@ -366,40 +366,38 @@ impl Session {
     }
 
     fn finish_commit(&self, txn: Transaction) -> Result<()> {
-        let db = self.db();
-        let result = match (db.wal(), txn.last_lsn) {
-            (Some(wal), Some(_)) => wal
-                .append(&Record::Commit { txn: txn.id })
-                .and_then(|end| match txn.durability {
-                    Durability::Full => wal.wait_durable(end),
-                    Durability::Delayed => Ok(()),
-                })
-                .map_err(|error| db.fail(error)),
-            _ => Ok(()),
-        };
+        let result = self.log_end(&txn, Record::Commit { txn: txn.id });
         self.end_transaction(txn);
         result
     }
 
     fn finish_rollback(&self, mut txn: Transaction) -> Result<()> {
         let undone = self.undo_to(&mut txn, 0, None);
-        let db = self.db();
-        db.note_rollback();
-        let logged = match (db.wal(), txn.last_lsn, &undone) {
-            // The abort record is flushed like a commit (for FULL durability): the rolled-back
-            // inserts' records then are on disk too, so recovery sees their identity values and
-            // never hands them out again.
-            (Some(wal), Some(_), Ok(())) => wal
-                .append(&Record::Abort { txn: txn.id })
-                .and_then(|end| match txn.durability {
-                    Durability::Full => wal.wait_durable(end),
-                    Durability::Delayed => Ok(()),
-                })
-                .map_err(|error| db.fail(error)),
-            _ => Ok(()),
+        self.db().note_rollback();
+        // The abort record is flushed like a commit (for FULL durability): the rolled-back
+        // inserts' records then are on disk too, so recovery sees their identity values and
+        // never hands them out again.
+        let logged = match &undone {
+            Ok(()) => self.log_end(&txn, Record::Abort { txn: txn.id }),
+            Err(_) => Ok(()),
         };
         self.end_transaction(txn);
         undone.and(logged)
+    }
+
+    /// Appends a transaction's commit or abort record, if it logged anything, and waits for it
+    /// to be durable if its durability is FULL.
+    fn log_end(&self, txn: &Transaction, record: Record<'_>) -> Result<()> {
+        let db = self.db();
+        let (Some(wal), Some(_)) = (db.wal(), txn.last_lsn) else {
+            return Ok(());
+        };
+        wal.append(&record)
+            .and_then(|end| match txn.durability {
+                Durability::Full => wal.wait_durable(end),
+                Durability::Delayed => Ok(()),
+            })
+            .map_err(|error| db.fail(error))
     }
 
     fn end_transaction(&self, txn: Transaction) {
