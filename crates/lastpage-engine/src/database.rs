@@ -16,7 +16,7 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES,
+    LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
@@ -35,6 +35,8 @@ const TXN_ID_BLOCK: u64 = 1024;
 
 /// Name of the data file inside a database directory.
 pub const DATA_FILE_NAME: &str = "data.lp";
+/// Name of the lock file inside a database directory.
+pub const LOCK_FILE_NAME: &str = "lock";
 /// Name of the log directory inside a database directory.
 pub const WAL_DIR_NAME: &str = "wal";
 
@@ -105,6 +107,8 @@ pub struct CheckpointStats {
 
 /// The parts only a durable database has.
 pub(crate) struct Durable {
+    /// The directory's lock file, locked (see [`Database::open`]).
+    _lock: Box<dyn lastpage_io::File>,
     dir: PathBuf,
     pub(crate) wal: LogWriter,
     /// Writers hold it shared from their change to the trees until its log record is
@@ -207,6 +211,26 @@ impl Database {
         };
         fs.create_dir_all(&dir)
             .map_err(|error| io("creating", error))?;
+        // One process, one handle: two writers of the same files would destroy each other's
+        // checkpoint images and log. The lock lives as long as the database.
+        let lock = fs
+            .open(
+                &dir.join(LOCK_FILE_NAME),
+                lastpage_io::OpenOptions::create(),
+            )
+            .map_err(|error| io("locking", error))?;
+        // A handle dropped a moment ago may still be held by a background thread finishing
+        // its tick, so an open right after a close waits a little before it gives up.
+        let deadline = Instant::now() + Duration::from_millis(OPEN_LOCK_WAIT_MS);
+        while !lock.try_lock().map_err(|error| io("locking", error))? {
+            if Instant::now() >= deadline {
+                return Err(EngineError::Storage(format!(
+                    "the database in {} is already open (in this or another process)",
+                    dir.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let started = Instant::now();
         let (pool, image) = BufferPool::open_file(
             Arc::clone(&fs),
@@ -235,6 +259,7 @@ impl Database {
         let db = Database {
             inner: Arc::new(Inner {
                 durable: Some(Durable {
+                    _lock: lock,
                     dir,
                     wal,
                     gate: RwLock::new(()),

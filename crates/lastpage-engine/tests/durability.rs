@@ -648,3 +648,21 @@ fn readers_never_see_rows_of_transactions_that_roll_back() {
         db.check_integrity().unwrap();
     }
 }
+
+#[test]
+fn a_database_directory_is_opened_by_one_handle_at_a_time() {
+    let dir = std::env::temp_dir().join(format!(
+        "lastpage-lock-test-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let first = Database::open(&dir, DatabaseOptions::default()).unwrap();
+    let error = Database::open(&dir, DatabaseOptions::default())
+        .err()
+        .expect("a second open of the same directory must fail");
+    assert!(error.to_string().contains("already open"), "{error}");
+    drop(first);
+    let again = Database::open(&dir, DatabaseOptions::default()).unwrap();
+    drop(again);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

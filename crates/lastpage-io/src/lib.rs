@@ -104,6 +104,10 @@ pub trait File: Send + Sync + Debug {
     /// Cuts or extends (with zeros) the file to `len` bytes. Durable after the next `sync_data`.
     fn set_len(&self, len: u64) -> io::Result<()>;
 
+    /// Takes an exclusive advisory lock on the file if nobody else holds one, returning whether
+    /// it did. The lock lasts until this handle is dropped (or the process ends).
+    fn try_lock(&self) -> io::Result<bool>;
+
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let read = self.read_at(offset, buf)?;

@@ -146,6 +146,10 @@ pub const MEMORY_BUDGET_BYTES: usize = 1 << 30;
 /// size on disk.
 pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
 
+/// How long opening a database waits for another handle of it to go away before it reports
+/// the database as in use, in milliseconds.
+pub const OPEN_LOCK_WAIT_MS: u64 = 2000;
+
 /// How often the automatic checkpointer looks at how much log was written, in milliseconds.
 pub const CHECKPOINT_POLL_INTERVAL_MS: u64 = 100;
 
