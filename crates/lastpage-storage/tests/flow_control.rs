@@ -14,16 +14,21 @@ fn admission_is_bounded_and_every_waiter_gets_in() {
     let before = stats::snapshot()
         .wait(WaitType::BtreeInsertFlowControl)
         .waiting_tasks_count;
+    // All threads start together, and a worker gives up the processor while it is inside, so
+    // that others arrive while both places are taken even on a 2-core machine (where only two
+    // threads run at once, exactly the capacity) and however slowly threads are started.
+    let start = std::sync::Barrier::new(64);
     std::thread::scope(|scope| {
         for thread in 0..64 {
-            let (flow, inside, most_inside) = (&flow, &inside, &most_inside);
+            let (flow, inside, most_inside, start) = (&flow, &inside, &most_inside, &start);
             scope.spawn(move || {
+                start.wait();
                 for round in 0..200 {
                     let ticket = flow.enter((thread + round) % 3 != 0);
                     assert!(ticket.is_some());
                     let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     most_inside.fetch_max(now, Ordering::SeqCst);
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                     inside.fetch_sub(1, Ordering::SeqCst);
                     drop(ticket);
                 }
