@@ -19,7 +19,7 @@ use lastpage_storage::limits::{
     LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
-use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
+use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
 use lastpage_storage::wal::{LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
 
 use crate::catalog::Catalog;
@@ -782,7 +782,8 @@ impl Database {
             waits: Arc::new(WaitAccumulator::new()),
             db: self.clone(),
             active,
-            txn: Mutex::new(None),
+            txn: std::cell::RefCell::new(None),
+            spare_undo: std::cell::Cell::new(Vec::new()),
         }
     }
 
@@ -814,7 +815,13 @@ pub struct Session {
     waits: Arc<WaitAccumulator>,
     db: Database,
     active: Arc<ActiveSlot>,
-    txn: Mutex<Option<Transaction>>,
+    /// The explicit transaction, or the autocommit one of the statement running. A `RefCell`,
+    /// not a mutex: a session is used by one thread at a time (it is `Send`, not `Sync`), and
+    /// every statement would otherwise pay for an uncontended lock.
+    txn: std::cell::RefCell<Option<Transaction>>,
+    /// An emptied undo list kept for the next transaction, so that autocommit statements do
+    /// not allocate one each.
+    spare_undo: std::cell::Cell<Vec<crate::txn::UndoEntry>>,
 }
 
 impl Drop for Session {
@@ -833,8 +840,19 @@ impl Session {
         &self.active
     }
 
-    pub(crate) fn txn_slot(&self) -> MutexGuard<'_, Option<Transaction>> {
-        sync::lock(&self.txn)
+    pub(crate) fn txn_slot(&self) -> std::cell::RefMut<'_, Option<Transaction>> {
+        self.txn.borrow_mut()
+    }
+
+    /// An empty undo list, reusing the last transaction's allocation.
+    pub(crate) fn take_spare_undo(&self) -> Vec<crate::txn::UndoEntry> {
+        self.spare_undo.take()
+    }
+
+    /// Keeps an ended transaction's undo list (emptied) for the next one.
+    pub(crate) fn return_spare_undo(&self, mut undo: Vec<crate::txn::UndoEntry>) {
+        undo.clear();
+        self.spare_undo.set(undo);
     }
 
     /// The explicit transaction's id, if one is open.

@@ -50,7 +50,7 @@ impl Durability {
 }
 
 /// One change a transaction made, as it would be undone.
-struct UndoEntry {
+pub(crate) struct UndoEntry {
     /// The table, or `None` for the table of the statement in progress: an autocommit
     /// statement that succeeds then never touches the table's reference count, which every
     /// session would otherwise increment and decrement on every row.
@@ -246,7 +246,10 @@ impl Session {
                     .into(),
             ));
         }
-        *slot = Some(self.db().new_transaction(true, durability));
+        *slot = Some(
+            self.db()
+                .new_transaction(true, durability, self.take_spare_undo()),
+        );
         Ok(())
     }
 
@@ -292,7 +295,11 @@ impl Session {
         let mut autocommit = None;
         let txn: &mut Transaction = match slot.as_mut() {
             Some(txn) => txn,
-            None => autocommit.insert(db.new_transaction(false, db.default_durability())),
+            None => autocommit.insert(db.new_transaction(
+                false,
+                db.default_durability(),
+                self.take_spare_undo(),
+            )),
         };
         let savepoint = txn.undo.len();
         let log_changes = db.wal().is_some() && table.is_logged();
@@ -406,6 +413,7 @@ impl Session {
             .store(NO_ACTIVE_LSN, Ordering::Release);
         let mut txn = txn;
         txn.locks.release_all(self.db().locks());
+        self.return_spare_undo(std::mem::take(&mut txn.undo));
     }
 
     /// Rolls back an explicit transaction left open when the session goes away.
@@ -427,14 +435,19 @@ fn txn_of<'a>(
 }
 
 impl Database {
-    pub(crate) fn new_transaction(&self, explicit: bool, durability: Durability) -> Transaction {
+    pub(crate) fn new_transaction(
+        &self,
+        explicit: bool,
+        durability: Durability,
+        undo: Vec<UndoEntry>,
+    ) -> Transaction {
         let id = self.next_txn_id();
         Transaction {
             id,
             explicit,
             durability,
             last_lsn: None,
-            undo: Vec::new(),
+            undo,
             locks: TxnLocks::new(id),
         }
     }
