@@ -666,3 +666,36 @@ fn a_database_directory_is_opened_by_one_handle_at_a_time() {
     drop(again);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(13));
+    let db = open(&fs);
+    db.create_table(orders()).unwrap();
+    let session = db.session();
+    let mut acked = Vec::new();
+    fs.inject(FaultRule::disk_full_after(64 << 10));
+    let error = loop {
+        match insert_order(&db, &session) {
+            Ok(id) => acked.push(id),
+            Err(error) => break error,
+        }
+        assert!(acked.len() < 100_000, "the disk never filled");
+    };
+    assert!(
+        matches!(error, EngineError::LogFailed(_)),
+        "a commit that could not be written must fail: {error}"
+    );
+    assert!(!acked.is_empty());
+    let refused = insert_order(&db, &session).unwrap_err();
+    assert!(matches!(refused, EngineError::DatabaseFailed(_)), "{refused}");
+    let after = fs.crash_with(CrashMode::Random);
+    drop(session);
+    drop(db);
+    let db = open(&after);
+    let rows = orders_rows(&db);
+    for id in acked {
+        assert!(rows.contains_key(&id), "acknowledged {id} lost");
+    }
+    db.check_integrity().unwrap();
+}
