@@ -688,7 +688,10 @@ fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
     );
     assert!(!acked.is_empty());
     let refused = insert_order(&db, &session).unwrap_err();
-    assert!(matches!(refused, EngineError::DatabaseFailed(_)), "{refused}");
+    assert!(
+        matches!(refused, EngineError::DatabaseFailed(_)),
+        "{refused}"
+    );
     let after = fs.crash_with(CrashMode::Random);
     drop(session);
     drop(db);
