@@ -123,6 +123,36 @@ impl MachineCpu {
     }
 }
 
+/// This process's and the machine's CPU counters at the start of a run, so that its report can
+/// say how busy the rest of the machine was meanwhile (a busy machine makes rates noisy).
+pub struct LoadProbe {
+    process: Usage,
+    machine: Option<MachineCpu>,
+}
+
+impl LoadProbe {
+    /// Reads the counters now.
+    pub fn start() -> LoadProbe {
+        LoadProbe {
+            process: process_usage(),
+            machine: MachineCpu::now(),
+        }
+    }
+
+    /// This process's counters since [`LoadProbe::start`], and the percentage of the machine's
+    /// CPU other processes used meanwhile (rounded; `None` if unknown or too short to tell).
+    pub fn finish(&self) -> (Usage, Option<f64>) {
+        let usage = process_usage().since(&self.process);
+        let other = self
+            .machine
+            .as_ref()
+            .zip(MachineCpu::now())
+            .and_then(|(before, after)| after.other_load_percent(before, usage.cpu_us as f64 / 1e6))
+            .map(|percent| percent.round());
+        (usage, other)
+    }
+}
+
 fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions; it only reads a configuration value.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

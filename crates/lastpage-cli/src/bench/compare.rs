@@ -198,8 +198,7 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
         ));
     }
     let started = Instant::now();
-    let machine_before = sys::MachineCpu::now();
-    let process_before = sys::process_usage();
+    let cpu_load = sys::LoadProbe::start();
     let cell_count = ROW_BYTES.len() * LatchPolicy::ALL.len() * THREADS.len();
     // Validate every cell before running any, so a bad --rows-per-thread fails at once.
     for row_bytes in ROW_BYTES {
@@ -266,11 +265,7 @@ pub fn run_compare(config: &CompareConfig) -> Result<CompareReport, BenchError> 
             }
         }
     }
-    let ours_sec = sys::process_usage().since(&process_before).cpu_us as f64 / 1e6;
-    let other_cpu_load_percent = machine_before
-        .zip(sys::MachineCpu::now())
-        .and_then(|(before, after)| after.other_load_percent(&before, ours_sec))
-        .map(|percent| percent.round());
+    let (_, other_cpu_load_percent) = cpu_load.finish();
     Ok(CompareReport {
         other_cpu_load_percent,
         repeat: config.repeat,

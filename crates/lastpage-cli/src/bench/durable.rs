@@ -550,18 +550,11 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
     };
     let dir = run_directory(config.db.as_deref(), "durable")?;
     let started = Instant::now();
-    let process_before = sys::process_usage();
-    let machine_before = sys::MachineCpu::now();
+    let cpu_load = sys::LoadProbe::start();
     let result = run_cells(config, budget, &dir);
     remove_dir(&dir);
     let cells = result?;
-    let process_usage = sys::process_usage().since(&process_before);
-    let other_cpu_load_percent = machine_before
-        .zip(sys::MachineCpu::now())
-        .and_then(|(before, after)| {
-            after.other_load_percent(&before, process_usage.cpu_us as f64 / 1e6)
-        })
-        .map(|percent| percent.round());
+    let (_, other_cpu_load_percent) = cpu_load.finish();
 
     let mut ratios = Vec::new();
     for cell in cells.iter().filter(|cell| cell.engine == "lastpage") {

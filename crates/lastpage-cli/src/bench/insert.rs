@@ -821,8 +821,7 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     gate.wait_ready(threads);
     db.clear_wait_stats();
     let wal_before = durable::wal_counters(&db);
-    let process_before = sys::process_usage();
-    let machine_before = sys::MachineCpu::now();
+    let cpu_load = sys::LoadProbe::start();
     let start = Instant::now();
     gate.open(closed, true);
 
@@ -838,13 +837,7 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     let wal = durable::wal_counters(&db)
         .zip(wal_before)
         .map(|(after, before)| after.since(&before));
-    let process_usage = sys::process_usage().since(&process_before);
-    let other_cpu_load_percent = machine_before
-        .zip(sys::MachineCpu::now())
-        .and_then(|(before, after)| {
-            after.other_load_percent(&before, process_usage.cpu_us as f64 / 1e6)
-        })
-        .map(|percent| percent.round());
+    let (process_usage, other_cpu_load_percent) = cpu_load.finish();
     if let Some(message) = panics.first() {
         return Err(BenchError::Failed(format!(
             "{} inserting thread(s) panicked; the first said: {message}",

@@ -428,8 +428,7 @@ pub fn run_matrix(config: &MatrixConfig) -> Result<MatrixReport, BenchError> {
     }
 
     let started = Instant::now();
-    let machine_before = sys::MachineCpu::now();
-    let process_before = sys::process_usage();
+    let cpu_load = sys::LoadProbe::start();
     let mut notes = Vec::new();
     // One untimed run per row size before the cells (the random key at the most threads, whose
     // pages every thread allocates), so the first cell does not also pay for the process's
@@ -526,11 +525,7 @@ pub fn run_matrix(config: &MatrixConfig) -> Result<MatrixReport, BenchError> {
             );
         }
     }
-    let ours_sec = sys::process_usage().since(&process_before).cpu_us as f64 / 1e6;
-    let other_cpu_load_percent = machine_before
-        .zip(sys::MachineCpu::now())
-        .and_then(|(before, after)| after.other_load_percent(&before, ours_sec))
-        .map(|percent| percent.round());
+    let (_, other_cpu_load_percent) = cpu_load.finish();
     let elapsed_sec = round3(started.elapsed().as_secs_f64());
 
     let mut cells = Vec::new();

@@ -178,20 +178,13 @@ pub fn run_recovery(config: &RecoveryConfig) -> Result<RecoveryReport, BenchErro
     };
     let dir = run_directory(config.db.as_deref(), "recovery")?;
     let started = Instant::now();
-    let process_before = sys::process_usage();
-    let machine_before = sys::MachineCpu::now();
+    let cpu_load = sys::LoadProbe::start();
     let result = load_crash_recover(config, settings, &dir);
     if !config.keep {
         remove_dir(&dir);
     }
     let (load, recovery, verification) = result?;
-    let process_usage = sys::process_usage().since(&process_before);
-    let other_cpu_load_percent = machine_before
-        .zip(sys::MachineCpu::now())
-        .and_then(|(before, after)| {
-            after.other_load_percent(&before, process_usage.cpu_us as f64 / 1e6)
-        })
-        .map(|percent| percent.round());
+    let (_, other_cpu_load_percent) = cpu_load.finish();
     Ok(RecoveryReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
         cpu_model: sys::cpu_model(),
