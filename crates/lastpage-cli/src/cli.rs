@@ -75,27 +75,6 @@ pub enum BenchCommand {
     Recovery(RecoveryArgs),
 }
 
-/// When a durable database's commit returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DurabilityArg {
-    /// Once the commit's log records are on disk (fdatasync; group commit shares one).
-    Full,
-    /// Once the log records are in the log buffer; a background flush writes them soon after.
-    Delayed,
-    /// Nothing is logged: the table is a non-logged table (emptied by recovery after a crash).
-    None,
-}
-
-impl From<DurabilityArg> for Durability {
-    fn from(durability: DurabilityArg) -> Durability {
-        match durability {
-            DurabilityArg::Full => Durability::Full,
-            DurabilityArg::Delayed => Durability::Delayed,
-            DurabilityArg::None => Durability::None,
-        }
-    }
-}
-
 /// The latch flavour of the clustered index's pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LatchArg {
@@ -226,7 +205,7 @@ pub struct InsertArgs {
     pub db: Option<PathBuf>,
     /// When a commit returns in the durable database (needs --db).
     #[arg(long, value_enum, requires = "db", value_name = "MODE")]
-    pub durability: Option<DurabilityArg>,
+    pub durability: Option<Durability>,
 }
 
 impl InsertArgs {
@@ -242,7 +221,7 @@ impl InsertArgs {
             remedy: self.remedy.into(),
             warmup_rows: self.warmup_rows,
             db_dir: self.db.clone(),
-            durability: self.durability.unwrap_or(DurabilityArg::Full).into(),
+            durability: self.durability.unwrap_or(Durability::Full),
         }
     }
 }

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use lastpage_engine::{Database, DatabaseOptions, Durability as EngineDurability};
 
-/// When a commit counts as done, as `--durability` names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+/// When a commit counts as done, as `--durability` names it (the doc comments are its help).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
-    /// A commit returns once its log records are on disk (fdatasync).
+    /// A commit returns once its log records are on disk (fdatasync; group commit shares one).
     Full,
     /// A commit returns once its log records are in the log buffer; a background flush makes
     /// them durable shortly after (SQL Server's delayed durability).
