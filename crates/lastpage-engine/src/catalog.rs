@@ -104,6 +104,16 @@ pub struct CatalogEntry {
     pub next_identity: Option<i64>,
 }
 
+impl CatalogEntry {
+    /// The index ids of every tree, index by index (clustered first), partition by partition:
+    /// the order `Table::create` asks for trees in.
+    pub fn index_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.index_trees
+            .iter()
+            .flat_map(|trees| trees.index_id_per_partition.iter().copied())
+    }
+}
+
 /// The whole catalog of a durable database.
 #[derive(Clone, Debug)]
 pub struct Catalog {

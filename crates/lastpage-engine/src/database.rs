@@ -665,10 +665,7 @@ impl Database {
     /// index ids the log's records name.
     pub(crate) fn recreate_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
         let pool = &self.inner.pool;
-        let mut ids = entry
-            .index_trees
-            .iter()
-            .flat_map(|index| index.index_id_per_partition.iter().copied());
+        let mut ids = entry.index_ids();
         let table = Table::create(entry.table_id, entry.definition.clone(), &mut |options| {
             let index_id = ids.next().ok_or_else(|| {
                 EngineError::Storage(format!(
@@ -682,12 +679,7 @@ impl Database {
                 options,
             )?)
         })?;
-        let max_index = entry
-            .index_trees
-            .iter()
-            .flat_map(|index| index.index_id_per_partition.iter().copied())
-            .max()
-            .unwrap_or(0);
+        let max_index = entry.index_ids().max().unwrap_or(0);
         self.inner
             .next_index_id
             .fetch_max(max_index + 1, Ordering::Relaxed);

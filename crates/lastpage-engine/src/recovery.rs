@@ -70,12 +70,7 @@ const SCHEMA_DROP: u8 = 2;
 pub(crate) fn describe_create(entry: &CatalogEntry) -> Result<Vec<u8>> {
     // The catalog format checks its ids against its counters; the counters of a one-table
     // description are the ones just above the table's ids.
-    let next_index_id = entry
-        .index_trees
-        .iter()
-        .flat_map(|trees| trees.index_id_per_partition.iter().copied())
-        .max()
-        .map_or(1, |max| max + 1);
+    let next_index_id = entry.index_ids().max().map_or(1, |max| max + 1);
     let catalog = Catalog {
         format_version: crate::catalog::CATALOG_FORMAT_VERSION,
         next_table_id: entry.table_id + 1,

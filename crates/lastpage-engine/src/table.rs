@@ -1539,14 +1539,10 @@ impl Table {
             }
             let new_value = self.clustered_value(&new_row)?;
             self.check_sizes(&self.clustered, &record_key, &new_value)?;
+            // The row's new unique keys (its clustered key is held already, so locking it
+            // again only finds it held).
             let new_entries = self.nonclustered_entries(&new_row, &record_key)?;
-            for (position, (index, (entry_key, _))) in
-                self.nonclustered.iter().zip(&new_entries).enumerate()
-            {
-                if index.def.uniqueness.is_unique() {
-                    scope.lock_row(self, position + 1, entry_key)?;
-                }
-            }
+            self.lock_entries(scope, &record_key, &new_entries)?;
             let update = RowChange::Update {
                 partition,
                 key: record_key,
