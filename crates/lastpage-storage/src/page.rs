@@ -441,6 +441,21 @@ impl<'a> PageMut<'a> {
         Ok(())
     }
 
+    /// Overwrites the key of leaf record `index` with `key`, which must have the same length
+    /// and keep the keys sorted. Lets a writer copy a large row into a private page before it
+    /// knows the row's key (see `btree/append.rs`).
+    pub fn overwrite_key(&mut self, index: usize, key: &[u8]) {
+        let page = self.as_page();
+        assert!(page.is_leaf(), "only leaf records are rewritten in place");
+        assert_eq!(
+            page.key(index).len(),
+            key.len(),
+            "a key is overwritten by one as long"
+        );
+        let start = page.slot(index) + LEAF_RECORD_HEADER_BYTES;
+        self.bytes[start..start + key.len()].copy_from_slice(key);
+    }
+
     /// Inserts an inner record (separator `key`, `child`) at slot `index`.
     pub fn insert_inner(
         &mut self,

@@ -369,27 +369,35 @@ fn batches_insert_like_single_rows_and_report_each_failure() {
 
 /// The default path's generated keys: many threads take keys from one counter while the tail
 /// is latched, so they arrive in order, every page but the last ends up full (no 50/50 split
-/// at all), and nothing is lost or duplicated. Also with rows that fill a page each.
+/// at all), and nothing is lost or duplicated. Also with rows that fill a page each (copied into
+/// their own page under a placeholder key before the key is made), and with keys whose length
+/// changes now and then (so the placeholder is sometimes the wrong length). Every row keeps
+/// the value its thread wrote.
 #[test]
 fn generated_keys_arrive_in_order_and_leave_every_page_full() {
-    for (policy, value_len) in [
-        (LatchPolicy::Fifo, 100),
-        (LatchPolicy::Adaptive, 100),
-        (LatchPolicy::Fifo, 8000),
-        (LatchPolicy::Adaptive, 8000),
+    for (policy, value_len, varying_key_len) in [
+        (LatchPolicy::Fifo, 100, false),
+        (LatchPolicy::Adaptive, 100, false),
+        (LatchPolicy::Fifo, 8000, false),
+        (LatchPolicy::Adaptive, 8000, false),
+        (LatchPolicy::Adaptive, 8000, true),
     ] {
         let tree = tree_with(policy, InsertPath::Default);
         let counter = std::sync::atomic::AtomicU64::new(0);
-        let threads = 32;
+        let threads = 32u8;
         let rows_per_thread = if value_len > 1000 { 40 } else { 1500 };
         std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    let value = vec![5u8; value_len];
+            for thread in 0..threads {
+                let (tree, counter) = (&tree, &counter);
+                scope.spawn(move || {
+                    let value = vec![thread; value_len];
                     for _ in 0..rows_per_thread {
                         tree.insert_with_generated_key(&value, |key| {
                             let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             key.extend_from_slice(&n.to_be_bytes());
+                            if varying_key_len && n % 3 == 0 {
+                                key.push(0xFF);
+                            }
                             Ok::<(), ()>(())
                         })
                         .unwrap();
@@ -397,21 +405,27 @@ fn generated_keys_arrive_in_order_and_leave_every_page_full() {
                 });
             }
         });
+        let case = format!("{policy:?} {value_len} varying key length {varying_key_len}");
         let check = tree.check_integrity().unwrap();
-        let total = (threads * rows_per_thread) as u64;
-        assert_eq!(check.rows, total);
+        let total = u64::from(threads) * rows_per_thread;
+        assert_eq!(check.rows, total, "{case}");
+        let mut rows_per_writer = vec![0u64; usize::from(threads)];
         let keys: Vec<u64> = tree
             .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-            .map(|(key, _)| u64::from_be_bytes(key.try_into().unwrap()))
+            .map(|(key, value)| {
+                assert_eq!(value.len(), value_len, "{case}");
+                assert!(value.iter().all(|&b| b == value[0]), "{case}: a torn row");
+                rows_per_writer[usize::from(value[0])] += 1;
+                u64::from_be_bytes(key[..8].try_into().unwrap())
+            })
             .collect();
-        assert_eq!(keys, (0..total).collect::<Vec<_>>());
-        assert_eq!(
-            tree.stats().leaf_splits,
-            0,
-            "{policy:?} {value_len}: {:?}",
-            tree.stats()
+        assert_eq!(keys, (0..total).collect::<Vec<_>>(), "{case}");
+        assert!(
+            rows_per_writer.iter().all(|&rows| rows == rows_per_thread),
+            "{case}: {rows_per_writer:?}"
         );
-        assert!(check.leaf_fill > 0.97, "{policy:?} {value_len}: {check:?}");
+        assert_eq!(tree.stats().leaf_splits, 0, "{case}: {:?}", tree.stats());
+        assert!(check.leaf_fill > 0.97, "{case}: {check:?}");
     }
 }
 

@@ -29,9 +29,9 @@
 
 use super::{BTree, BTreeError, InsertPath, check_record_size};
 use crate::buffer::ExclusiveGuard;
-use crate::latch::{Latch, LatchMode};
+use crate::latch::{Latch, LatchMode, SpinBudget};
 use crate::limits::{TAIL_LATCH_ROUNDS, TAIL_LATCH_SPIN_ROUNDS};
-use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes};
+use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes};
 use crate::stats::{self, LatchClass, WaitType};
 use crate::sync::{self, Ordering};
 
@@ -53,12 +53,11 @@ impl BTree {
             // Certainly below the last leaf: not an append, and no reason to touch the gate.
             return None;
         }
-        if needs_own_page(key.len() + value.len())
-            && let Err(error) = self.prepare_spare_leaf()
-        {
+        let own_page = needs_own_page(key.len() + value.len());
+        if own_page && let Err(error) = self.prepare_spare_leaf() {
             return Some(Err(error));
         }
-        let _gate = self.enter_tail_gate();
+        let _gate = self.enter_tail_gate(own_page);
         let mut leaf = match self.latch_tail(self.tail_hint.load(Ordering::Relaxed)) {
             Ok(leaf) => leaf,
             Err(error) => return Some(Err(error)),
@@ -94,19 +93,62 @@ impl BTree {
             self.insert_admitted(&key, value)?;
             return Ok(key);
         }
-        if needs_own_page(value.len()) {
-            self.prepare_spare_leaf()?;
+        // A row that fills a page of its own is copied into a private page before the gate,
+        // under a placeholder key as long as the last generated one (keys from one generator
+        // normally all have one length), so the gate holder writes only the key.
+        let own_page = needs_own_page(value.len());
+        let mut own = if own_page {
+            let key_len = self.generated_key_len.load(Ordering::Relaxed) as usize;
+            let own = self.prepare_own_leaf(key_len, value)?;
+            if own.is_none() {
+                self.prepare_spare_leaf()?;
+            }
+            own
+        } else {
+            None
+        };
+        let inserted = self.append_generated_key(value, &mut make_key, own.as_mut());
+        if let Some(own) = own
+            && own.page().next() == NO_PAGE
+            && own.page().prev() == NO_PAGE
+        {
+            // Not linked in (the row went in another way): keep the page for a later split.
+            self.recycle_own_leaf(own);
         }
+        inserted
+    }
+
+    /// The default path of [`BTree::insert_with_generated_key`]: under the tail gate and the
+    /// last leaf's latch, makes the key and appends the row (linking `own`, if given and if the
+    /// key fits its placeholder, as the new last leaf), or hands the row to the classic path.
+    fn append_generated_key<'a, E>(
+        &'a self,
+        value: &[u8],
+        make_key: &mut impl FnMut(&mut Vec<u8>) -> Result<(), E>,
+        own: Option<&mut ExclusiveGuard<'a>>,
+    ) -> Result<Vec<u8>, GeneratedKeyError<E>> {
+        let mut key = Vec::with_capacity(16);
         // The gate is held until the row is in, whichever way it goes in, so generated keys
         // reach the tree in the order they were made.
-        let _gate = self.enter_tail_gate();
+        let _gate = self.enter_tail_gate(needs_own_page(value.len()));
         let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed))?;
         make_key(&mut key).map_err(GeneratedKeyError::Key)?;
         check_record_size(&key, value)?;
+        self.generated_key_len
+            .store(u32::try_from(key.len()).unwrap_or(0), Ordering::Relaxed);
         if self.is_last_leaf(&leaf) {
             let page = leaf.page();
             let count = page.slot_count();
             if count == 0 || key.as_slice() > page.key(count - 1) {
+                if let Some(own) = own
+                    && count > 0
+                    && own.page().key(0).len() == key.len()
+                    && page.total_free_bytes() < leaf_entry_bytes(key.len(), value.len())
+                    && self.link_own_tail(&mut leaf, own, &key)?
+                {
+                    self.rows.add(1);
+                    return Ok(key);
+                }
                 let applied = if count == 0 {
                     leaf.page_mut().insert_leaf(0, &key, value).ok().map(Ok)
                 } else {
@@ -129,8 +171,18 @@ impl BTree {
     /// sees at most one appender and never builds a queue of them: even when the pages use the
     /// fair hand-off latch, appenders do not convoy. Waits on the gate are PAGELATCH_EX waits
     /// (the gate guards the last page).
-    fn enter_tail_gate(&self) -> TailGateGuard<'_> {
-        self.tail_gate.acquire(LatchMode::Exclusive);
+    ///
+    /// `own_page_rows` says whether the caller's row fills a page of its own. Appenders of
+    /// smaller rows hold the gate for a few hundred nanoseconds and spin only briefly before
+    /// they park; appenders of page-sized rows, which hold it longer, spin the standard time
+    /// (see `BRIEF_SPIN_ROUNDS` for the measurements).
+    fn enter_tail_gate(&self, own_page_rows: bool) -> TailGateGuard<'_> {
+        let spin = if own_page_rows {
+            SpinBudget::STANDARD
+        } else {
+            SpinBudget::BRIEF
+        };
+        self.tail_gate.acquire_spinning(LatchMode::Exclusive, spin);
         TailGateGuard {
             gate: &self.tail_gate,
         }
@@ -193,8 +245,7 @@ impl BTree {
         key: &[u8],
         value: &[u8],
     ) -> Option<Result<(), BTreeError>> {
-        let parent_id = self.tail_parent_hint.load(Ordering::Relaxed);
-        if parent_id == NO_PAGE || insert_position == 0 {
+        if insert_position == 0 {
             return None;
         }
         let leaf_count = leaf.page().slot_count();
@@ -205,56 +256,31 @@ impl BTree {
         } else {
             super::write::ascending_split_point(leaf_count, insert_position)
         };
-        let mut parent = match self.try_latch_eagerly(parent_id) {
-            Ok(parent) => parent?,
-            Err(error) => return Some(Err(error)),
-        };
-        let page = parent.page();
-        let count = page.slot_count();
-        let last_child = if count == 0 {
-            page.low_child()
-        } else {
-            page.child(count - 1)
-        };
-        let leaf_page = leaf.page();
         // The separator is the first key of the new page.
         let separator = if position < leaf_count {
-            leaf_page.key(position)
+            leaf.page().key(position).to_vec()
         } else {
-            key
+            key.to_vec()
         };
-        if page.is_leaf()
-            || page.index_id() != self.index_id
-            || page.level() != 1
-            || last_child != leaf.page_id()
-            || page.total_free_bytes() < inner_entry_bytes(separator.len())
-        {
-            return None;
-        }
-        let separator = separator.to_vec();
+        let mut parent = match self.try_latch_tail_parent(leaf, &separator)? {
+            Ok(parent) => parent,
+            Err(error) => return Some(Err(error)),
+        };
         let mut right = match self.take_spare_leaf() {
             Ok(right) => right,
             Err(error) => return Some(Err(error)),
         };
-        let right_id = right.page_id();
         {
+            let leaf_page = leaf.page();
             let mut right_page = right.page_mut();
             for (target, moved) in (position..leaf_count).enumerate() {
                 right_page
                     .insert_leaf(target, leaf_page.key(moved), leaf_page.value(moved))
                     .expect("records from one page fit on an empty page");
             }
-            right_page.set_prev(leaf.page_id());
         }
-        let mut left = leaf.page_mut();
-        left.truncate(position);
-        left.set_next(right_id);
-        parent
-            .page_mut()
-            .insert_inner(count, &separator, right_id)
-            .expect("the free space was checked above");
-        self.set_tail(right_id, &separator);
-        super::write::LAST_INSERT_SPLIT.set(true);
+        leaf.page_mut().truncate(position);
+        self.link_new_tail(leaf, &mut parent, &mut right, &separator);
         if position == leaf_count {
             self.stats.leaf_appends.add(1);
         } else {
@@ -274,6 +300,118 @@ impl BTree {
             Ok(()) => Some(Ok(())),
             Err(_) => None,
         }
+    }
+
+    /// Tries (never waits: the caller holds the last leaf, below it) to latch the last leaf's
+    /// parent for linking a new last leaf whose separator is `separator`. `None` if the cached
+    /// parent is busy, is no longer the last leaf's parent, or has no room for the separator.
+    fn try_latch_tail_parent<'a>(
+        &'a self,
+        leaf: &ExclusiveGuard<'a>,
+        separator: &[u8],
+    ) -> Option<Result<ExclusiveGuard<'a>, BTreeError>> {
+        let parent_id = self.tail_parent_hint.load(Ordering::Relaxed);
+        if parent_id == NO_PAGE {
+            return None;
+        }
+        let parent = match self.try_latch_eagerly(parent_id) {
+            Ok(parent) => parent?,
+            Err(error) => return Some(Err(error)),
+        };
+        let page = parent.page();
+        let count = page.slot_count();
+        let last_child = if count == 0 {
+            page.low_child()
+        } else {
+            page.child(count - 1)
+        };
+        if page.is_leaf()
+            || page.index_id() != self.index_id
+            || page.level() != 1
+            || last_child != leaf.page_id()
+            || page.total_free_bytes() < inner_entry_bytes(separator.len())
+        {
+            return None;
+        }
+        Some(Ok(parent))
+    }
+
+    /// Links `right` (latched, unreachable until now) in after the last leaf `leaf` as the new
+    /// last leaf, under `parent` (from [`BTree::try_latch_tail_parent`]) with `separator`.
+    fn link_new_tail(
+        &self,
+        leaf: &mut ExclusiveGuard<'_>,
+        parent: &mut ExclusiveGuard<'_>,
+        right: &mut ExclusiveGuard<'_>,
+        separator: &[u8],
+    ) {
+        let right_id = right.page_id();
+        right.page_mut().set_prev(leaf.page_id());
+        leaf.page_mut().set_next(right_id);
+        let count = parent.page().slot_count();
+        parent
+            .page_mut()
+            .insert_inner(count, separator, right_id)
+            .expect("the free space was checked when the parent was latched");
+        self.set_tail(right_id, separator);
+        super::write::LAST_INSERT_SPLIT.set(true);
+    }
+
+    /// Appends a row that fills a page of its own by linking `own`, a private page the caller
+    /// already copied the row into under a placeholder key as long as `key`, as the new last
+    /// leaf: the copy of the row's bytes happened before the tail gate, and only the key (a
+    /// few bytes) is written under it. `leaf` is the latched last leaf, and `key` sorts after
+    /// its last key. `false` means the parent could not take the new page and nothing changed.
+    fn link_own_tail<'a>(
+        &'a self,
+        leaf: &mut ExclusiveGuard<'a>,
+        own: &mut ExclusiveGuard<'a>,
+        key: &[u8],
+    ) -> Result<bool, BTreeError> {
+        let mut parent = match self.try_latch_tail_parent(leaf, key) {
+            None => return Ok(false),
+            Some(parent) => parent?,
+        };
+        own.page_mut().overwrite_key(0, key);
+        self.link_new_tail(leaf, &mut parent, own, key);
+        self.stats.leaf_appends.add(1);
+        Ok(true)
+    }
+
+    /// A private leaf holding one record, `value` under a placeholder key `key_len` bytes long,
+    /// for [`BTree::link_own_tail`]; `None` if no key length is known yet or the record does not
+    /// fit.
+    fn prepare_own_leaf(
+        &self,
+        key_len: usize,
+        value: &[u8],
+    ) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
+        const PLACEHOLDER: [u8; crate::limits::MAX_KEY_BYTES] = [0; crate::limits::MAX_KEY_BYTES];
+        if key_len == 0 || key_len > PLACEHOLDER.len() {
+            return Ok(None);
+        }
+        let mut own = self
+            .pool
+            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?;
+        if own
+            .page_mut()
+            .insert_leaf(0, &PLACEHOLDER[..key_len], value)
+            .is_err()
+        {
+            self.recycle_own_leaf(own);
+            return Ok(None);
+        }
+        Ok(Some(own))
+    }
+
+    /// Returns an unused private leaf from [`BTree::prepare_own_leaf`], emptied, to the spare
+    /// leaves: it was allocated, so it must end up in the tree.
+    fn recycle_own_leaf(&self, mut own: ExclusiveGuard<'_>) {
+        let page_id = own.page_id();
+        own.page_mut()
+            .format(page_id, PageKind::Leaf, 0, self.index_id);
+        drop(own);
+        sync::lock(&self.spare_leaves).push(page_id);
     }
 
     /// Makes sure a formatted, unlinked leaf is waiting for the next split of the last leaf,

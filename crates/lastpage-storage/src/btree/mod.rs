@@ -33,6 +33,8 @@ pub use append::GeneratedKeyError;
 pub use check::{IntegrityError, TreeCheck};
 pub use cursor::{Direction, RangeIter};
 
+use crossbeam_utils::CachePadded;
+
 use crate::buffer::{BufferPool, ExclusiveGuard, PageError, PoolFull, SharedGuard};
 use crate::latch::{Latch, LatchClass, LatchPolicy};
 use crate::limits::{LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES};
@@ -199,8 +201,14 @@ pub struct BTree {
     /// [`append::key_prefix`] of the last leaf's first key as last seen: keys below it cannot
     /// be appends.
     tail_first_key_prefix: AtomicU64,
-    /// Serialises the default path's appenders (see `append.rs`).
-    tail_gate: Latch,
+    /// Serialises the default path's appenders (see `append.rs`). On a cache line of its own:
+    /// appenders write it twice each, and every insert reads the fields around it (the insert
+    /// path, the hints, flow control), which would otherwise miss after each of those writes.
+    tail_gate: CachePadded<Latch>,
+    /// The length of the last key `insert_with_generated_key` made, 0 before the first: the
+    /// placeholder length for rows copied into their own page before their key is known (see
+    /// `append.rs`).
+    generated_key_len: AtomicU32,
     /// OPTIMIZE_FOR_SEQUENTIAL_KEY (see `flow_control.rs`).
     flow_control: FlowControl,
     /// Formatted, unlinked leaves allocated ahead of a split of the last leaf, so the default
@@ -249,8 +257,9 @@ impl BTree {
             tail_hint: AtomicU32::new(root),
             tail_parent_hint: AtomicU32::new(NO_PAGE),
             tail_first_key_prefix: AtomicU64::new(0),
-            tail_gate: Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer),
+            tail_gate: CachePadded::new(Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer)),
             spare_leaves: Mutex::new(Vec::new()),
+            generated_key_len: AtomicU32::new(0),
             flow_control: FlowControl::new(
                 std::thread::available_parallelism().map_or(1, usize::from),
                 options.optimize_for_sequential_key,

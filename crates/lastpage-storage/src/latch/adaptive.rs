@@ -34,7 +34,9 @@
 //! park again through the same validating CAS, which clears `WOKEN`.
 
 use super::{Core, LatchClass, LatchMode, Queued, WakeList, current_waiter, not_held};
-use crate::limits::{LATCH_SPIN_LIMIT, LATCH_SPIN_PAUSE_ROUNDS};
+use crate::limits::{
+    BRIEF_SPIN_MAX_PAUSE_LOG2, BRIEF_SPIN_ROUNDS, LATCH_SPIN_LIMIT, LATCH_SPIN_MAX_PAUSE_LOG2,
+};
 use crate::stats;
 use crate::sync::{self, Ordering};
 
@@ -67,23 +69,40 @@ fn available(state: u64, mode: LatchMode) -> bool {
     }
 }
 
-/// How many rounds a blocked thread spins before it parks. Under loom it parks at once: a spin
-/// is a yield there, and loom runs other threads before a yielding one, which hides exactly the
-/// interleavings in which a thread fails, parks and loses its wake-up. (A spin round is nothing
-/// but another attempt of the same CAS, so the model loses nothing by skipping it.)
-const SPIN_LIMIT: u32 = if cfg!(loom) { 0 } else { LATCH_SPIN_LIMIT };
+/// How long a blocked thread spins before it parks: `rounds` attempts, round `r` followed by
+/// `2^min(r, max_pause_log2)` spin-loop hints (the holder may be running on the other core and
+/// about to release). Under loom every budget is zero rounds: a spin is a yield there, and loom
+/// runs other threads before a yielding one, which hides exactly the interleavings in which a
+/// thread fails, parks and loses its wake-up. (A spin round is nothing but another attempt of
+/// the same CAS, so the model loses nothing by skipping it.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpinBudget {
+    rounds: u32,
+    max_pause_log2: u32,
+}
 
-/// Waits a little before the next attempt: exponentially longer busy spins (the holder may be
-/// running on the other core and about to release). Rounds past `LATCH_SPIN_PAUSE_ROUNDS` would
-/// yield the processor instead; the limits make every round a spin, because on two cores a yield
-/// gives a CPU-bound competitor a whole time slice (see `limits.rs`).
-fn backoff(round: u32) {
-    if round < LATCH_SPIN_PAUSE_ROUNDS {
-        for _ in 0..(1u32 << round) {
+impl SpinBudget {
+    /// The budget of every latch acquisition that does not ask for another one: see
+    /// `LATCH_SPIN_LIMIT` and `LATCH_SPIN_MAX_PAUSE_LOG2`.
+    pub const STANDARD: SpinBudget = SpinBudget::new(LATCH_SPIN_LIMIT, LATCH_SPIN_MAX_PAUSE_LOG2);
+
+    /// A short spin for critical sections of a few hundred nanoseconds that everyone wants:
+    /// see `BRIEF_SPIN_ROUNDS`.
+    pub const BRIEF: SpinBudget = SpinBudget::new(BRIEF_SPIN_ROUNDS, BRIEF_SPIN_MAX_PAUSE_LOG2);
+
+    const fn new(rounds: u32, max_pause_log2: u32) -> SpinBudget {
+        SpinBudget {
+            rounds: if cfg!(loom) { 0 } else { rounds },
+            max_pause_log2,
+        }
+    }
+
+    /// Waits a little before attempt `round + 1`. Every round is a busy spin: on two cores a
+    /// yield gives a CPU-bound competitor a whole time slice (see `limits.rs`).
+    fn backoff(self, round: u32) {
+        for _ in 0..(1u32 << round.min(self.max_pause_log2)) {
             sync::spin_loop_hint();
         }
-    } else {
-        sync::yield_now();
     }
 }
 
@@ -136,14 +155,14 @@ impl AdaptiveLatch<'_> {
     }
 
     #[inline]
-    pub(super) fn acquire(&self, mode: LatchMode, class: LatchClass) {
+    pub(super) fn acquire(&self, mode: LatchMode, class: LatchClass, spin: SpinBudget) {
         if !self.try_acquire(mode) {
-            self.acquire_slow(mode, class);
+            self.acquire_slow(mode, class, spin);
         }
     }
 
     #[cold]
-    fn acquire_slow(&self, mode: LatchMode, class: LatchClass) {
+    fn acquire_slow(&self, mode: LatchMode, class: LatchClass, spin: SpinBudget) {
         // The wait starts at the first failed attempt and ends when the latch is ours.
         let wait = stats::begin_wait(mode.wait_type(class), Some(class));
         let mut signalled = None;
@@ -156,10 +175,10 @@ impl AdaptiveLatch<'_> {
                 if let Some(state) = self.try_take(mode, woken) {
                     break 'acquired state;
                 }
-                if round == SPIN_LIMIT {
+                if round == spin.rounds {
                     break;
                 }
-                backoff(round);
+                spin.backoff(round);
                 round += 1;
             }
             match self.park(mode, woken) {
@@ -258,10 +277,10 @@ impl AdaptiveLatch<'_> {
             if shared_count(self.state.load(Ordering::Acquire)) == 0 {
                 return None;
             }
-            if round == SPIN_LIMIT {
+            if round == SpinBudget::STANDARD.rounds {
                 break;
             }
-            backoff(round);
+            SpinBudget::STANDARD.backoff(round);
             round += 1;
         }
         let waiter = current_waiter();

@@ -31,6 +31,7 @@ use crate::sync::{self, Arc, AtomicU32, AtomicU64, Mutex, Ordering, Thread};
 pub use crate::stats::{LatchClass, LatchMode};
 
 use adaptive::AdaptiveLatch;
+pub use adaptive::SpinBudget;
 use fifo::FifoLatch;
 
 /// Which latch flavour an index's pages use.
@@ -135,7 +136,17 @@ impl Latch {
     /// read, no allocation, no system call.
     #[inline]
     pub fn acquire(&self, mode: LatchMode) {
-        dispatch!(self, latch => latch.acquire(mode, self.class))
+        self.acquire_spinning(mode, SpinBudget::STANDARD);
+    }
+
+    /// As [`Latch::acquire`], but an unfair latch spins for `spin` instead of the standard
+    /// budget before it parks the thread. A fair latch queues at once, whatever `spin` says.
+    #[inline]
+    pub fn acquire_spinning(&self, mode: LatchMode, spin: SpinBudget) {
+        match self.policy {
+            LatchPolicy::Fifo => FifoLatch(&self.core).acquire(mode, self.class),
+            LatchPolicy::Adaptive => AdaptiveLatch(&self.core).acquire(mode, self.class, spin),
+        }
     }
 
     /// Takes the latch in `mode` if that is possible at once. Never waits and never records a
