@@ -21,7 +21,13 @@
 //!    *tries*, because it already holds the leaf and latches are otherwise taken top-down, so
 //!    waiting here could deadlock with a descent — checks that the parent's last child is this
 //!    leaf and that it has room for one more separator, and links the new page in. If any of
-//!    that fails, it lets go and the classic path splits.
+//!    that fails, it lets go and the classic path splits;
+//! 5. for rows that fill a page each, with generated keys, copies the row into a private leaf
+//!    before the gate (under a placeholder key) and only writes the key and links that page
+//!    under it (`link_own_tail`), so the gate is not held for an 8 KB copy.
+//!
+//! Appenders of small rows spin only briefly at the gate before they park (`SpinBudget::BRIEF`;
+//! the measurements are in `limits.rs` and `docs/insert-paths.md`).
 //!
 //! The checks make the hints safe to be stale: pages are never freed, a page's lower bound
 //! never changes, a last leaf with key `k` at its end covers every key above `k`, and a level-1
