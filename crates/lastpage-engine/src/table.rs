@@ -1120,29 +1120,45 @@ impl Table {
         let data_type = self.columns[identity.column].data_type;
         let mut value = self.clustered_value(&values)?;
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
-        let mut assigned = None;
         let id = scope.logged(self, |changes| {
-            let key = self
+            let make_key = |id: i64, key: &mut Vec<u8>| {
+                encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
+                if let Some(locker) = &locker {
+                    locker.lock(key)?;
+                }
+                Ok::<(), EngineError>(())
+            };
+            // INT and BIGINT identities take their values in blocks, one per sequence lane
+            // (see the storage crate's `btree/lanes.rs`): ascending per session, spread over
+            // several leaves. Narrower types would run out of values to reserve (SQL Server's
+            // IDENTITY cache is small for them for the same reason): one value at a time.
+            let step = match data_type {
+                DataType::Int | DataType::BigInt => identity.increment,
+                _ => 0,
+            };
+            let (key, id) = self
                 .clustered
                 .tree(0)
-                .insert_with_generated_key(&value, |key| {
-                    let id = identity
-                        .next
-                        .fetch_add(identity.increment, Ordering::Relaxed);
-                    assigned = Some(id);
-                    encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
-                    if let Some(locker) = &locker {
-                        locker.lock(key)?;
-                    }
-                    Ok::<(), EngineError>(())
-                })
+                .insert_with_sequence_key(
+                    &value,
+                    step,
+                    |rows| {
+                        let span = i64::try_from(rows)
+                            .ok()
+                            .and_then(|rows| rows.checked_mul(identity.increment))
+                            .ok_or(EngineError::IdentityOverflow {
+                                data_type: data_type.name(),
+                            })?;
+                        Ok(identity.next.fetch_add(span, Ordering::Relaxed))
+                    },
+                    make_key,
+                )
                 .map_err(|error| match error {
                     GeneratedKeyError::Key(error) => error,
                     GeneratedKeyError::Tree(error) => {
                         self.storage_error(&self.clustered, error, &values)
                     }
                 })?;
-            let id = assigned.expect("the tree made the key");
             values[identity.column] = identity_as_value(id, data_type)?;
             let entries = match self.nonclustered_entries(&values, &key) {
                 Ok(entries) => entries,

@@ -62,6 +62,11 @@ pub const LATCH_SPIN_LIMIT: u32 = 10;
 /// with ten rounds, an exponential backoff throughout (1 + 2 + ... + 512 hints).
 pub const LATCH_SPIN_MAX_PAUSE_LOG2: u32 = 9;
 
+/// Lanes of a tree's sequence-keyed inserts (see `btree/lanes.rs`): at most this many leaves at
+/// the end of an index take rows at once. Enough that the threads of a few cores rarely share
+/// one (a thread keeps its lane); each lane leaves at most one leaf partly filled.
+pub const TAIL_LANES: usize = 16;
+
 /// Rounds of the brief spin (`SpinBudget::BRIEF`), used by the default insert path's tail gate
 /// for rows that share a page: about 35 spin-loop hints in all, a couple of microseconds, then
 /// the thread parks. Their critical section (make the key, put the row on the last leaf) takes a

@@ -182,7 +182,7 @@ impl BTree {
     /// smaller rows hold the gate for a few hundred nanoseconds and spin only briefly before
     /// they park; appenders of page-sized rows, which hold it longer, spin the standard time
     /// (see `BRIEF_SPIN_ROUNDS` for the measurements).
-    fn enter_tail_gate(&self, own_page_rows: bool) -> TailGateGuard<'_> {
+    pub(super) fn enter_tail_gate(&self, own_page_rows: bool) -> TailGateGuard<'_> {
         let spin = if own_page_rows {
             SpinBudget::STANDARD
         } else {
@@ -207,7 +207,7 @@ impl BTree {
     }
 
     /// Whether a latched page is still this tree's last leaf (possibly empty).
-    fn is_last_leaf(&self, leaf: &ExclusiveGuard<'_>) -> bool {
+    pub(super) fn is_last_leaf(&self, leaf: &ExclusiveGuard<'_>) -> bool {
         let page = leaf.page();
         page.is_leaf() && page.index_id() == self.index_id && page.next() == NO_PAGE
     }
@@ -215,7 +215,7 @@ impl BTree {
     /// Inserts into the latched last leaf a key that sorts after its first key, splitting the
     /// leaf without a descent if it is full. `None` means the split could not be done here
     /// and nothing was changed.
-    fn insert_into_tail<'a>(
+    pub(super) fn insert_into_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
         key: &[u8],
@@ -311,7 +311,7 @@ impl BTree {
     /// Tries (never waits: the caller holds the last leaf, below it) to latch the last leaf's
     /// parent for linking a new last leaf whose separator is `separator`. `None` if the cached
     /// parent is busy, is no longer the last leaf's parent, or has no room for the separator.
-    fn try_latch_tail_parent<'a>(
+    pub(super) fn try_latch_tail_parent<'a>(
         &'a self,
         leaf: &ExclusiveGuard<'a>,
         separator: &[u8],
@@ -344,7 +344,7 @@ impl BTree {
 
     /// Links `right` (latched, unreachable until now) in after the last leaf `leaf` as the new
     /// last leaf, under `parent` (from [`BTree::try_latch_tail_parent`]) with `separator`.
-    fn link_new_tail(
+    pub(super) fn link_new_tail(
         &self,
         leaf: &mut ExclusiveGuard<'_>,
         parent: &mut ExclusiveGuard<'_>,
@@ -424,7 +424,7 @@ impl BTree {
     /// so that the gate holder does not allocate (zero 8 KiB and take the page faults of fresh
     /// memory) while everyone else waits at the gate. Called before the gate by appenders whose
     /// row is large enough that every one of them starts a new page.
-    fn prepare_spare_leaf(&self) -> Result<(), BTreeError> {
+    pub(super) fn prepare_spare_leaf(&self) -> Result<(), BTreeError> {
         if !sync::lock(&self.spare_leaves).is_empty() {
             return Ok(());
         }
@@ -438,7 +438,7 @@ impl BTree {
 
     /// A new leaf for a split of the last leaf: a prepared spare if there is one, else a fresh
     /// allocation. The page is unreachable until linked, so its latch is free.
-    fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+    pub(super) fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
         let spare = sync::lock(&self.spare_leaves).pop();
         match spare {
             // A spare may have been evicted while it waited; latching reads it back.
@@ -451,7 +451,7 @@ impl BTree {
 
     /// Latches the last leaf for the gate holder. Other appenders are held at the gate, so the
     /// latch is normally free; a reader or a classic writer may hold it briefly.
-    fn latch_tail(&self, page: PageId) -> Result<ExclusiveGuard<'_>, BTreeError> {
+    pub(super) fn latch_tail(&self, page: PageId) -> Result<ExclusiveGuard<'_>, BTreeError> {
         match self.pool.try_latch_exclusive(page)? {
             Some(guard) => Ok(guard),
             None => Ok(self.pool.latch_exclusive(page)?),
@@ -504,13 +504,13 @@ impl<E> From<BTreeError> for GeneratedKeyError<E> {
 
 /// Whether a record of about `len` bytes leaves no room for another one on its page, so that
 /// every append of such records starts a new page.
-fn needs_own_page(len: usize) -> bool {
+pub(super) fn needs_own_page(len: usize) -> bool {
     2 * (len + crate::limits::LEAF_RECORD_HEADER_BYTES + crate::limits::SLOT_BYTES)
         > crate::limits::PAGE_BODY_BYTES
 }
 
 /// Holds the tail gate; releases it when dropped.
-struct TailGateGuard<'a> {
+pub(super) struct TailGateGuard<'a> {
     gate: &'a Latch,
 }
 

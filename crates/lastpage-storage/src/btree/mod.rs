@@ -25,6 +25,7 @@ mod append;
 mod check;
 mod cursor;
 pub mod flow_control;
+mod lanes;
 mod write;
 
 use std::sync::Arc;
@@ -209,6 +210,8 @@ pub struct BTree {
     /// placeholder length for rows copied into their own page before their key is known (see
     /// `append.rs`).
     generated_key_len: AtomicU32,
+    /// The sequence lanes of `insert_with_sequence_key` (see `lanes.rs`).
+    lanes: lanes::Lanes,
     /// OPTIMIZE_FOR_SEQUENTIAL_KEY (see `flow_control.rs`).
     flow_control: FlowControl,
     /// Formatted, unlinked leaves allocated ahead of a split of the last leaf, so the default
@@ -260,6 +263,7 @@ impl BTree {
             tail_gate: CachePadded::new(Latch::new(LatchPolicy::Adaptive, LatchClass::Buffer)),
             spare_leaves: Mutex::new(Vec::new()),
             generated_key_len: AtomicU32::new(0),
+            lanes: lanes::Lanes::default(),
             flow_control: FlowControl::new(
                 std::thread::available_parallelism().map_or(1, usize::from),
                 options.optimize_for_sequential_key,
