@@ -140,8 +140,7 @@ impl BTree {
         let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed))?;
         make_key(&mut key).map_err(GeneratedKeyError::Key)?;
         check_record_size(&key, value)?;
-        self.generated_key_len
-            .store(u32::try_from(key.len()).unwrap_or(0), Ordering::Relaxed);
+        self.note_generated_key_len(key.len());
         if self.is_last_leaf(&leaf) {
             let page = leaf.page();
             let count = page.slot_count();
@@ -170,6 +169,16 @@ impl BTree {
         drop(leaf);
         self.insert_classic(&key, value)?;
         Ok(key)
+    }
+
+    /// Remembers the length of a generated key. Written only when it changes: every appender
+    /// reads it before the tail gate, and a store on every append would pull its cache line
+    /// away from all of them each time.
+    pub(super) fn note_generated_key_len(&self, len: usize) {
+        let len = u32::try_from(len).unwrap_or(0);
+        if self.generated_key_len.load(Ordering::Relaxed) != len {
+            self.generated_key_len.store(len, Ordering::Relaxed);
+        }
     }
 
     /// Serialises the default path's appenders on the tree's tail gate (an unfair,

@@ -305,8 +305,7 @@ impl BTree {
         state.last_key.clone_from(&key);
         check_record_size(&key, value)?;
         state.note_row(leaf_entry_bytes(key.len(), value.len()));
-        self.generated_key_len
-            .store(u32::try_from(key.len()).unwrap_or(0), Ordering::Relaxed);
+        self.note_generated_key_len(key.len());
         if is_last && (count == 0 || key.as_slice() > leaf.page().key(count - 1)) {
             if !own_tail
                 && count > 0
