@@ -403,8 +403,8 @@ pub struct CompareArgs {
 #[derive(Debug, Args)]
 pub struct MatrixArgs {
     /// Rows per thread in every cell. Default: 180,000 rows per cell split across the threads
-    /// for 100-byte rows (600 per thread at 300 threads, enough for convoys to form), 30,000 for
-    /// 8000-byte rows (each takes a whole page); an explicit value is capped at 30,000 rows per
+    /// for 100-byte rows (600 per thread at 300 threads, enough for convoys to form), 60,000 for
+    /// 8000-byte rows (each takes a whole page); an explicit value is capped at 60,000 rows per
     /// cell for rows over 900 bytes. batch100 cells round it up to a multiple of 100.
     #[arg(long, value_name = "R", value_parser = positive)]
     pub rows_per_thread: Option<u64>,

@@ -75,6 +75,19 @@ impl LaneState {
         }
     }
 
+    /// Moves past the block's current number. A block that would run past the largest number
+    /// ends there (the caller's `make_key` reports the overflow for the number it cannot
+    /// encode; this only keeps the arithmetic from wrapping).
+    fn take_number(&mut self, step: i64) {
+        match self.next.checked_add(step) {
+            Some(next) => {
+                self.next = next;
+                self.remaining -= 1;
+            }
+            None => self.remaining = 0,
+        }
+    }
+
     /// Counts a row of `entry_bytes` into the running average (weight 1/8 for the new row).
     fn note_row(&mut self, entry_bytes: usize) {
         self.average_entry_bytes = if self.average_entry_bytes == 0 {
@@ -223,8 +236,7 @@ impl BTree {
         let mut key = Vec::with_capacity(state.last_key.len());
         make_key(number, &mut key).map_err(GeneratedKeyError::Key)?;
         // The number is used up whatever happens to the row.
-        state.next += step;
-        state.remaining -= 1;
+        state.take_number(step);
         check_record_size(&key, value)?;
         if key.as_slice() <= state.last_key.as_slice() {
             // Keys that do not ascend break the promise lanes rely on: put the row in the
@@ -300,8 +312,7 @@ impl BTree {
         let number = state.next;
         let mut key = Vec::with_capacity(key_len);
         make_key(number, &mut key).map_err(GeneratedKeyError::Key)?;
-        state.next += step;
-        state.remaining -= 1;
+        state.take_number(step);
         state.last_key.clone_from(&key);
         check_record_size(&key, value)?;
         state.note_row(leaf_entry_bytes(key.len(), value.len()));
