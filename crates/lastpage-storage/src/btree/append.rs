@@ -154,21 +154,37 @@ impl BTree {
                     self.rows.add(1);
                     return Ok(key);
                 }
-                let applied = if count == 0 {
-                    leaf.page_mut().insert_leaf(0, &key, value).ok().map(Ok)
-                } else {
-                    self.insert_into_tail(&mut leaf, &key, value)
-                };
-                if let Some(result) = applied {
-                    result?;
-                    self.rows.add(1);
-                    return Ok(key);
-                }
+                self.append_on_last_leaf(leaf, &key, value)?;
+                return Ok(key);
             }
         }
         drop(leaf);
         self.insert_classic(&key, value)?;
         Ok(key)
+    }
+
+    /// Inserts `key`, which sorts after every key of the latched last leaf `leaf` (or `leaf`
+    /// is empty), on the last leaf, splitting it without a descent if it is full; if that
+    /// cannot be done here, by the classic path. Returns whether the row went on the last leaf.
+    pub(super) fn append_on_last_leaf<'a>(
+        &'a self,
+        mut leaf: ExclusiveGuard<'a>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<bool, BTreeError> {
+        let applied = if leaf.page().slot_count() == 0 {
+            leaf.page_mut().insert_leaf(0, key, value).ok().map(Ok)
+        } else {
+            self.insert_into_tail(&mut leaf, key, value)
+        };
+        if let Some(result) = applied {
+            result?;
+            self.rows.add(1);
+            return Ok(true);
+        }
+        drop(leaf);
+        self.insert_classic(key, value)?;
+        Ok(false)
     }
 
     /// Remembers the length of a generated key. Written only when it changes: every appender

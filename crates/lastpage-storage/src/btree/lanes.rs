@@ -328,19 +328,12 @@ impl BTree {
                 state.page_next = NO_PAGE;
                 return Ok((key, number));
             }
-            let applied = if count == 0 {
-                leaf.page_mut().insert_leaf(0, &key, value).ok().map(Ok)
-            } else {
-                self.insert_into_tail(&mut leaf, &key, value)
-            };
-            if let Some(result) = applied {
-                result?;
-                self.rows.add(1);
+            if self.append_on_last_leaf(leaf, &key, value)? {
                 // The key is the largest, so it is on the last leaf.
                 state.page = self.tail_hint.load(Ordering::Relaxed);
                 state.page_next = NO_PAGE;
-                return Ok((key, number));
             }
+            return Ok((key, number));
         }
         drop(leaf);
         self.insert_classic(&key, value)?;
