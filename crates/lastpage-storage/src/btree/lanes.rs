@@ -14,19 +14,23 @@
 //!   the shared counter, about as many as fill one leaf. Its rows go on the leaf where its
 //!   previous row went, under that leaf's latch only: no tail gate, and different lanes write
 //!   to different leaves.
-//! - When the block runs out or the leaf is full, the lane goes to the tail: under the tail gate
-//!   it reserves the next block and starts a new last leaf with the block's first row (the
-//!   descent-free append of `append.rs`, with a fresh page even if the last leaf has room, which
-//!   belongs to another lane). Reserving under the gate keeps blocks arriving at the tail in
-//!   the order they were reserved, so a new block's first key is always the largest key.
+//! - When the block runs out or the leaf is full, the lane goes to the tail. If the last leaf
+//!   is its own (its last key is the lane's), the lane goes on there (with the block's next
+//!   number, or a new block's first); otherwise, under the tail gate, it reserves the next
+//!   block and starts a new last leaf with the block's first row (the descent-free append of
+//!   `append.rs`, with a fresh page even if the last leaf has room, which belongs to another
+//!   lane). Reserving under the gate keeps blocks arriving at the tail in the order they were
+//!   reserved, so a new block's first key is always the largest key.
 //!
-//! Why a lane's row belongs on its leaf: the leaf holds the lane's previous key `p` (checked
-//! under the latch), and the new key `k` is the next number of the same block, so `p < k` and
-//! no other key lies between them: nobody else holds numbers of this block, and every separator
-//! in a B+tree is a key that was in the tree at some time. So no separator falls in `(p, k]`,
-//! and the leaf that holds `p` covers `k` too. If the leaf no longer holds `p` (a rollback
-//! removed it), or anything else is off, the lane starts a new block at the tail, or the row
-//! goes in by the classic path: correct in every case, only slower.
+//! Why a lane's row belongs on its leaf: when the lane last inserted there, the leaf covered
+//! the lane's previous key `p`; the new key `k` is the next number of the same block, so
+//! `p < k` and no key lies between them: nobody else holds numbers of this block, and every
+//! separator in a B+tree is a key that was in the tree at some time. So no separator falls in
+//! `(p, k]`, and a leaf that still covers `p` covers `k` too. The leaf still covers `p` if it
+//! holds `p` (checked under the latch), or if it has not split since (its `next` link is what
+//! it was: pages are never freed, so only a split changes it), which also covers a `p` that a
+//! rollback removed. Anything else sends the lane to the tail for a new block, or the row down
+//! the classic path: correct in every case, only slower.
 //!
 //! What it costs: numbers are ascending per session, not across sessions (two sessions hold
 //! different blocks at once), and a block's unused numbers are skipped if its leaf fills up
@@ -200,8 +204,9 @@ impl BTree {
         self.start_lane_block(&mut state, value, step, &mut reserve, &mut make_key)
     }
 
-    /// Inserts the lane's next number on the lane's leaf, if that leaf still holds the lane's
-    /// last key and has room. `None` means it did not, and nothing was changed.
+    /// Inserts the lane's next number on the lane's leaf, if that leaf still covers it (holds
+    /// the lane's last key, or has not split since the lane's last insert) and has room. `None`
+    /// means it did not, and nothing was changed.
     fn append_in_lane<E>(
         &self,
         state: &mut LaneState,
