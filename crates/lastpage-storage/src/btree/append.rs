@@ -113,11 +113,8 @@ impl BTree {
         } else {
             None
         };
-        let inserted = self.append_generated_key(value, &mut make_key, own.as_mut());
-        if let Some(own) = own
-            && own.page().next() == NO_PAGE
-            && own.page().prev() == NO_PAGE
-        {
+        let inserted = self.append_generated_key(value, &mut make_key, &mut own);
+        if let Some(own) = own {
             // Not linked in (the row went in another way): keep the page for a later split.
             self.recycle_own_leaf(own);
         }
@@ -126,12 +123,13 @@ impl BTree {
 
     /// The default path of [`BTree::insert_with_generated_key`]: under the tail gate and the
     /// last leaf's latch, makes the key and appends the row (linking `own`, if given and if the
-    /// key fits its placeholder, as the new last leaf), or hands the row to the classic path.
+    /// key fits its placeholder, as the new last leaf, and taking it out of the option), or hands
+    /// the row to the classic path.
     fn append_generated_key<'a, E>(
         &'a self,
         value: &[u8],
         make_key: &mut impl FnMut(&mut Vec<u8>) -> Result<(), E>,
-        own: Option<&mut ExclusiveGuard<'a>>,
+        own: &mut Option<ExclusiveGuard<'a>>,
     ) -> Result<Vec<u8>, GeneratedKeyError<E>> {
         let mut key = Vec::with_capacity(16);
         // The gate is held until the row is in, whichever way it goes in, so generated keys
@@ -145,13 +143,15 @@ impl BTree {
             let page = leaf.page();
             let count = page.slot_count();
             if count == 0 || key.as_slice() > page.key(count - 1) {
-                if let Some(own) = own
+                if let Some(own_leaf) = own.as_mut()
                     && count > 0
-                    && own.page().key(0).len() == key.len()
+                    && own_leaf.page().key(0).len() == key.len()
                     && page.total_free_bytes() < leaf_entry_bytes(key.len(), value.len())
-                    && self.link_own_tail(&mut leaf, own, &key)?
+                    && self.link_own_tail(&mut leaf, own_leaf, &key)?
                 {
                     self.rows.add(1);
+                    // Released before the gate: the next appender's first latch is this page.
+                    drop(own.take());
                     return Ok(key);
                 }
                 self.append_on_last_leaf(leaf, &key, value)?;
