@@ -409,7 +409,7 @@ pub struct MatrixArgs {
     #[arg(long, value_name = "R", value_parser = positive)]
     pub rows_per_thread: Option<u64>,
     /// Runs of every cell (the cell order rotated between repetitions); the tables show
-    /// medians. The default 3 takes about 5 minutes on 2 cores (one repetition about 95 s).
+    /// medians. The default 3 takes about 6 minutes on 2 cores (one repetition about 2 minutes).
     #[arg(long, default_value_t = 3, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeat: u32,
