@@ -16,7 +16,7 @@ use lastpage_storage::btree::{
     BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, RangeIter, TreeCheck,
     TreeOptions,
 };
-use lastpage_storage::limits::MAX_RECORD_BYTES;
+use lastpage_storage::limits::{LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES};
 use lastpage_storage::sync::{AtomicI64, Ordering};
 use lastpage_storage::wal::{Record, TxnId};
 use std::borrow::Cow;
@@ -1130,12 +1130,12 @@ impl Table {
             };
             // INT and BIGINT identities take their values in blocks, one per sequence lane
             // (see the storage crate's `btree/lanes.rs`): ascending per session, spread over
-            // several leaves. Narrower types would run out of values to reserve (SQL Server's
-            // IDENTITY cache is small for them for the same reason): one value at a time.
-            let step = match data_type {
-                DataType::Int | DataType::BigInt => identity.increment,
-                _ => 0,
-            };
+            // several leaves. Narrower types, and increments so large that a few blocks would
+            // use up the type's range, take one value at a time (SQL Server's IDENTITY cache
+            // is small for narrow types for the same reason).
+            let lanes = matches!(data_type, DataType::Int | DataType::BigInt)
+                && identity.increment <= LANE_IDENTITY_MAX_INCREMENT;
+            let step = if lanes { identity.increment } else { 0 };
             let (key, id) = self
                 .clustered
                 .tree(0)

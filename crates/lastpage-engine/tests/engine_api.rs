@@ -589,3 +589,37 @@ fn identity_values_from_sequence_lanes_ascend_per_session_and_never_repeat() {
     let check = table.check_integrity().unwrap();
     assert_eq!(check.rows, all.len() as u64);
 }
+
+/// An INT identity that reaches the end of its range: values are handed out up to the largest
+/// INT (lane blocks do not make one session stop early), then every insert fails with an
+/// identity overflow and leaves nothing behind.
+#[test]
+fn identity_overflow_is_reported_at_the_end_of_the_range() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Edge")
+                .column(ColumnDef::new("Id", DataType::Int).identity(i64::from(i32::MAX) - 99, 1))
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .clustered(IndexDef::new("PK_Edge", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let ids: Vec<i64> = (0..100)
+        .map(|_| {
+            table
+                .insert(&session, InsertRow::new().set(1, "x"))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(*ids.last().unwrap(), i64::from(i32::MAX));
+    for _ in 0..3 {
+        assert!(matches!(
+            table.insert(&session, InsertRow::new().set(1, "x")),
+            Err(EngineError::IdentityOverflow { .. })
+        ));
+    }
+    assert_eq!(table.row_count(), 100);
+    assert_eq!(table.check_integrity().unwrap().rows, 100);
+}

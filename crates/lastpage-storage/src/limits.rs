@@ -67,6 +67,14 @@ pub const LATCH_SPIN_MAX_PAUSE_LOG2: u32 = 9;
 /// one (a thread keeps its lane); each lane leaves at most one leaf partly filled.
 pub const TAIL_LANES: usize = 16;
 
+/// Largest IDENTITY increment whose values are taken in lane blocks (see `btree/lanes.rs`).
+/// Each lane reserves about a leaf's worth of values at once (up to a few hundred rows), so
+/// all lanes together hold up to `TAIL_LANES` blocks; with a larger increment those blocks would
+/// use up a noticeable part of an INT's range, and an insert could report an overflow while
+/// many values were still free. Near the end of the range the same can happen with any
+/// increment: by at most `TAIL_LANES` blocks.
+pub const LANE_IDENTITY_MAX_INCREMENT: i64 = 1000;
+
 /// Rounds of the brief spin (`SpinBudget::BRIEF`), used by the default insert path's tail gate
 /// for rows that share a page: about 35 spin-loop hints in all, a couple of microseconds, then
 /// the thread parks. Their critical section (make the key, put the row on the last leaf) takes a
