@@ -17,8 +17,9 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 
 const BIG: usize = 7000;
 
-fn tree(policy: LatchPolicy) -> Arc<BTree> {
-    let tree = BTree::create(
+/// An empty tree on the default insert path.
+fn empty_tree(policy: LatchPolicy) -> BTree {
+    BTree::create(
         std::sync::Arc::new(BufferPool::new()),
         1,
         TreeOptions {
@@ -27,12 +28,29 @@ fn tree(policy: LatchPolicy) -> Arc<BTree> {
             ..TreeOptions::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn tree(policy: LatchPolicy) -> Arc<BTree> {
+    let tree = empty_tree(policy);
     // Two rows first, so the root has already grown and the tail's parent is known: the
     // model then starts in the steady state where the descent-free split applies.
     tree.insert(&0u64.to_be_bytes(), &[0; BIG]).unwrap();
     tree.insert(&1u64.to_be_bytes(), &[0; BIG]).unwrap();
     Arc::new(tree)
+}
+
+/// Scans the tree (while writers may be running) and checks that keys come in order and every
+/// row is whole: `len` bytes, all equal (each writer fills its rows with one byte).
+fn scan_sees_whole_rows_in_order(tree: &BTree, len: usize) {
+    let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
+        .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+        .collect();
+    assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
+    assert!(
+        seen.iter()
+            .all(|(_, value)| value.len() == len && value.iter().all(|&b| b == value[0]))
+    );
 }
 
 fn keys(tree: &BTree) -> Vec<u64> {
@@ -65,14 +83,7 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
                 })
                 .collect();
             // A reader scanning meanwhile sees keys in order and never a torn row.
-            let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
-                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-                .collect();
-            assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
-            assert!(
-                seen.iter()
-                    .all(|(_, value)| value.len() == BIG && value.iter().all(|&b| b == value[0]))
-            );
+            scan_sees_whole_rows_in_order(&tree, BIG);
             for appender in appenders {
                 appender.join().unwrap();
             }
@@ -117,18 +128,7 @@ fn two_sequence_lanes_fill_their_own_leaves() {
         builder.preemption_bound = Some(2);
         builder.max_branches = 100_000;
         builder.check(move || {
-            let tree = Arc::new(
-                BTree::create(
-                    std::sync::Arc::new(BufferPool::new()),
-                    1,
-                    TreeOptions {
-                        latch_policy: policy,
-                        insert_path: InsertPath::Default,
-                        ..TreeOptions::default()
-                    },
-                )
-                .unwrap(),
-            );
+            let tree = Arc::new(empty_tree(policy));
             let counter = Arc::new(AtomicU64::new(0));
             let insert = |tree: &BTree, counter: &AtomicU64, lane: usize, byte: u8| {
                 tree.insert_with_sequence_key_on_lane(
@@ -155,14 +155,7 @@ fn two_sequence_lanes_fill_their_own_leaves() {
                     loom::thread::spawn(move || insert(&tree, &counter, lane, byte))
                 })
                 .collect();
-            let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
-                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-                .collect();
-            assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
-            assert!(
-                seen.iter()
-                    .all(|(_, value)| value.len() == ROW && value.iter().all(|&b| b == value[0]))
-            );
+            scan_sees_whole_rows_in_order(&tree, ROW);
             let mut numbers: Vec<u64> = lanes
                 .into_iter()
                 .map(|lane| lane.join().unwrap().1 as u64)
