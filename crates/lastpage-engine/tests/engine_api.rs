@@ -497,6 +497,23 @@ fn variable_length_keys_read_back_as_stored_but_compare_without_trailing_spaces(
     );
 }
 
+/// Inserts `rows` rows with `payload` in column 1 and returns their identity values.
+fn insert_payloads(
+    table: &Arc<lastpage_engine::Table>,
+    session: &lastpage_engine::Session,
+    rows: usize,
+    payload: &str,
+) -> Vec<i64> {
+    (0..rows)
+        .map(|_| {
+            table
+                .insert(session, InsertRow::new().set(1, payload))
+                .unwrap()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// IDENTITY on the default path's sequence lanes: a single session gets consecutive values;
 /// concurrent sessions each get ascending values, all distinct, every row keeps its own
 /// payload, and the next value lies above every value handed out; a rolled-back value is never
@@ -506,14 +523,7 @@ fn identity_values_from_sequence_lanes_ascend_per_session_and_never_repeat() {
     let db = database();
     let table = insert_contention_table(&db, "Lanes", DataType::VarChar(100));
     let session = db.session();
-    let single: Vec<i64> = (0..1000)
-        .map(|_| {
-            table
-                .insert(&session, InsertRow::new().set(1, "single"))
-                .unwrap()
-                .unwrap()
-        })
-        .collect();
+    let single = insert_payloads(&table, &session, 1000, "single");
     assert_eq!(
         single,
         (1..=1000).collect::<Vec<_>>(),
@@ -538,18 +548,12 @@ fn identity_values_from_sequence_lanes_ascend_per_session_and_never_repeat() {
             .map(|thread| {
                 let (db, table) = (&db, &table);
                 scope.spawn(move || {
-                    let session = db.session();
-                    (0..per_thread)
-                        .map(|_| {
-                            table
-                                .insert(
-                                    &session,
-                                    InsertRow::new().set(1, format!("thread {thread}")),
-                                )
-                                .unwrap()
-                                .unwrap()
-                        })
-                        .collect::<Vec<i64>>()
+                    insert_payloads(
+                        table,
+                        &db.session(),
+                        per_thread,
+                        &format!("thread {thread}"),
+                    )
                 })
             })
             .collect();
@@ -605,14 +609,7 @@ fn identity_overflow_is_reported_at_the_end_of_the_range() {
         )
         .unwrap();
     let session = db.session();
-    let ids: Vec<i64> = (0..100)
-        .map(|_| {
-            table
-                .insert(&session, InsertRow::new().set(1, "x"))
-                .unwrap()
-                .unwrap()
-        })
-        .collect();
+    let ids = insert_payloads(&table, &session, 100, "x");
     assert_eq!(*ids.last().unwrap(), i64::from(i32::MAX));
     for _ in 0..3 {
         assert!(matches!(
