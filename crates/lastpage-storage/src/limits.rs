@@ -122,6 +122,10 @@ pub const WAL_RECORD_ALIGN_BYTES: usize = 8;
 /// and new values, each limited by a page) with room for large checkpoint records.
 pub const MAX_WAL_RECORD_BYTES: usize = 1 << 20;
 
+/// A thread keeps the buffer it assembles log records in for its next append unless the buffer
+/// has grown past this many bytes (a large record's buffer is freed instead of being kept).
+pub const WAL_KEPT_RECORD_IMAGE_BYTES: usize = 64 << 10;
+
 /// Default size of the in-memory log buffer (a ring that appenders copy into and the group
 /// commit leader writes out from). Appenders wait (LOGBUFFER) when it is full. It must hold the
 /// largest record.

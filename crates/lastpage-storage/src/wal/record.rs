@@ -271,7 +271,7 @@ impl<'a> Record<'a> {
     }
 
     /// Feeds the payload to `sink` piece by piece, without building it in memory: the writer
-    /// computes the CRC and copies into the log buffer straight from the pieces.
+    /// assembles the pieces behind the header where it needs them.
     pub fn write_payload(&self, sink: &mut impl FnMut(&[u8])) {
         fn bytes(sink: &mut impl FnMut(&[u8]), bytes: &[u8]) {
             // A record over MAX_WAL_RECORD_BYTES is refused before it is encoded, so every

@@ -3,9 +3,10 @@
 //! # Appending
 //!
 //! [`LogWriter::append`] sizes the record, reserves its bytes with one `fetch_add`, waits for
-//! room only if the ring is full (LOGBUFFER), computes the CRC and copies the record into the
-//! ring straight from its fields, and publishes it by storing its first word last; see
-//! [`super::buffer`]. No lock is taken on this path.
+//! room only if the ring is full (LOGBUFFER), assembles the record in a buffer its thread
+//! keeps, computes its CRC in one pass, copies it into the ring a word at a time, and
+//! publishes it by storing its first word last; see [`super::buffer`]. No lock is taken on
+//! this path.
 //!
 //! # Group commit: a leader, not a flusher thread
 //!
@@ -47,6 +48,7 @@
 //! synced) and syncs the bytes of the old segment before writing the new one, so that durable
 //! bytes in a segment imply a durable log before it; such a flush does two writes and two syncs.
 
+use std::cell::Cell;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -63,9 +65,16 @@ use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
 use super::{Lsn, WalConfig, WalError, align_up};
 use crate::latch::Waiter;
-use crate::limits::WAL_PREALLOCATE_BYTES;
+use crate::limits::{WAL_KEPT_RECORD_IMAGE_BYTES, WAL_PREALLOCATE_BYTES};
 use crate::stats::{self, WaitType};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+
+thread_local! {
+    /// Where [`LogWriter::append_at`] assembles a record: kept per thread so that an append
+    /// neither allocates nor zeroes a buffer. Taken out while in use (a nested or interleaved
+    /// append just starts a new one).
+    static RECORD_IMAGE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// A source of zeros for preallocating segment files.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
@@ -325,17 +334,30 @@ impl LogWriter {
                 WaitType::LogBuffer,
             )?;
         }
-        // The LSN is part of the header and so of the CRC: both are known only now.
-        let mut header =
-            record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
-        let mut crc = crc32c::crc32c(&header[4..]);
-        record.write_payload(&mut |piece| crc = crc32c::crc32c_append(crc, piece));
-        header[0..4].copy_from_slice(&crc.to_le_bytes());
-        let first_word = u64::from_le_bytes(header[0..8].try_into().expect("8 bytes"));
+        // The LSN is part of the header and so of the CRC: both are known only now. The record
+        // is assembled in one piece, in a buffer the thread keeps, so that the CRC is one call
+        // over contiguous bytes and the copy into the ring moves whole words: feeding the pieces
+        // separately to both costs more than the extra copy.
+        let header = record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
+        let mut image = RECORD_IMAGE.take();
+        image.clear();
+        image.extend_from_slice(&header);
+        record.write_payload(&mut |piece| image.extend_from_slice(piece));
+        debug_assert_eq!(
+            image.len(),
+            total,
+            "payload_len disagrees with write_payload"
+        );
+        let crc = crc32c::crc32c(&image[4..]);
+        image[0..4].copy_from_slice(&crc.to_le_bytes());
+        let first_word = u64::from_le_bytes(image[0..8].try_into().expect("8 bytes"));
         let mut writer = self.buffer.writer(reservation, first_word);
-        writer.put(&header[8..]);
-        record.write_payload(&mut |piece| writer.put(piece));
-        if writer.complete() {
+        writer.put(&image[8..]);
+        let stalled = writer.complete();
+        if image.capacity() <= WAL_KEPT_RECORD_IMAGE_BYTES {
+            RECORD_IMAGE.set(image);
+        }
+        if stalled {
             self.wake_stalled_leader();
         }
         Ok((Lsn(reservation.start), Lsn(reservation.end)))
