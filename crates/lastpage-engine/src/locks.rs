@@ -3,8 +3,8 @@
 //!
 //! Resources ([`LockKey`]: a table id and an encoded clustered key) are hashed into shards; each
 //! shard is a mutex-protected hash map from a key to its lock entry: the holders and a FIFO
-//! queue of waiters. An uncontended request takes one shard mutex and, for a key nobody has
-//! locked yet, allocates only the copy of the key the map keeps.
+//! queue of waiters. An uncontended request takes one shard mutex and allocates nothing but
+//! the map's slot: the map and the transaction share the key's bytes.
 //!
 //! A request that conflicts queues, records an LCK_M_S or LCK_M_X wait (attributed to the
 //! current session like every other wait), checks the waits-for graph for a cycle through
@@ -29,17 +29,21 @@ use lastpage_storage::sync::{self, Arc, AtomicU8, AtomicU64, Condvar, Mutex, Ord
 pub use lastpage_storage::wal::TxnId;
 
 /// A lockable resource: one row of one table, named by its encoded clustered key.
+///
+/// The key bytes are shared (`Arc`), because the lock manager's map and the transaction's list
+/// of held locks both keep the key: cloning it is then a count increment, not a second
+/// allocation and copy per locked row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {
     /// The table the row belongs to.
     pub table_id: u32,
     /// The row's clustered key, in its memcomparable encoding.
-    pub key: Box<[u8]>,
+    pub key: std::sync::Arc<[u8]>,
 }
 
 impl LockKey {
     /// The lock resource of the row with clustered key `key` in table `table_id`.
-    pub fn new(table_id: u32, key: impl Into<Box<[u8]>>) -> LockKey {
+    pub fn new(table_id: u32, key: impl Into<std::sync::Arc<[u8]>>) -> LockKey {
         LockKey {
             table_id,
             key: key.into(),

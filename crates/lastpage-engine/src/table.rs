@@ -897,8 +897,7 @@ impl Table {
     /// Fills in identity (as `identity` says), defaults and computed columns, converts every
     /// value to its column's type and checks nullability.
     fn complete_row(&self, row: InsertRow, identity: IdentityFill) -> Result<(Row, Option<i64>)> {
-        let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
-        for (column, value) in row.values {
+        for &(column, _) in &row.values {
             let Some(definition) = self.columns.get(column) else {
                 return Err(EngineError::UnknownColumn {
                     table: self.name.clone(),
@@ -915,12 +914,12 @@ impl Table {
                     column: definition.name.clone(),
                 });
             }
-            supplied[column] = Some(value);
         }
         let mut identity_value = None;
         let mut values = Vec::with_capacity(self.columns.len());
-        for (position, (definition, supplied)) in self.columns.iter().zip(supplied).enumerate() {
-            let value = match supplied {
+        let mut fill = |position: usize, supplied: Option<Value>| -> Result<Value> {
+            let definition = &self.columns[position];
+            Ok(match supplied {
                 Some(value) => value,
                 None => match (&self.identity, &definition.default) {
                     (Some(state), _) if state.column == position => {
@@ -940,8 +939,25 @@ impl Table {
                     (_, Some(default)) => evaluate_default(default)?,
                     _ => Value::Null,
                 },
-            };
-            values.push(value);
+            })
+        };
+        if row.values.is_sorted_by(|a, b| a.0 < b.0) {
+            // The usual case (columns supplied in table order, each once): merge the supplied
+            // values in without a per-row table of them.
+            let mut supplied = row.values.into_iter().peekable();
+            for position in 0..self.columns.len() {
+                let value = supplied.next_if(|&(column, _)| column == position);
+                values.push(fill(position, value.map(|(_, value)| value))?);
+            }
+        } else {
+            // Any order, and a column supplied twice keeps its last value.
+            let mut supplied: Vec<Option<Value>> = vec![None; self.columns.len()];
+            for (column, value) in row.values {
+                supplied[column] = Some(value);
+            }
+            for (position, value) in supplied.into_iter().enumerate() {
+                values.push(fill(position, value)?);
+            }
         }
         let deferred = self
             .identity
@@ -999,7 +1015,7 @@ impl Table {
 
     /// Encodes the clustered record's value: the columns outside the clustered key.
     fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
-        let mut value = Vec::with_capacity(64);
+        let mut value = Vec::new();
         if let Some(stored) = self.value_columns_range.clone() {
             // The usual shape (key columns first): the stored columns are one slice of the row,
             // encoded where they are.

@@ -90,9 +90,12 @@ impl ActiveSlot {
 
 /// The lock resource of `key` in index `ordinal` of `table` (0: the clustered index).
 pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
-    let mut bytes = Vec::with_capacity(key.len() + 2);
-    bytes.extend_from_slice(&(ordinal as u16).to_be_bytes());
-    bytes.extend_from_slice(key);
+    // Collected straight into the shared key: one allocation, no intermediate vector.
+    let bytes: std::sync::Arc<[u8]> = (ordinal as u16)
+        .to_be_bytes()
+        .into_iter()
+        .chain(key.iter().copied())
+        .collect();
     LockKey::new(table_id, bytes)
 }
 
