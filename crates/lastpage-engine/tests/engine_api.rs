@@ -106,6 +106,46 @@ fn every_column_type_round_trips_through_insert_and_get() {
 }
 
 #[test]
+fn columns_may_be_supplied_in_any_order_and_the_last_of_a_repeat_wins() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Order")
+                .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
+                .column(ColumnDef::new("A", DataType::VarChar(10)))
+                .column(ColumnDef::new("B", DataType::Int))
+                .column(
+                    ColumnDef::new("C", DataType::Int)
+                        .default_value(DefaultValue::Constant(Value::Int(7))),
+                )
+                .clustered(IndexDef::new("PK_Order", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let rows = [
+        // Table order (the merge path), with a default left to fill.
+        (InsertRow::new().set(1, "a").set(2, 1), ["1", "a", "1", "7"]),
+        // Reversed, and with a column supplied twice.
+        (
+            InsertRow::new().set(3, 9).set(2, 2).set(1, "x").set(1, "b"),
+            ["2", "b", "2", "9"],
+        ),
+        // Out of order with a gap.
+        (InsertRow::new().set(2, 3).set(1, "c"), ["3", "c", "3", "7"]),
+    ];
+    for (row, expected) in rows {
+        let id = table.insert(&session, row).unwrap().unwrap();
+        let stored = table
+            .get(&session, &[Value::Int(id as i32)])
+            .unwrap()
+            .unwrap();
+        let text: Vec<String> = stored.iter().map(ToString::to_string).collect();
+        assert_eq!(text, expected);
+    }
+    db.check_integrity().unwrap();
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let db = database();
     let table = db
