@@ -144,6 +144,29 @@ pub(crate) fn replay(
                     slot.in_image.push((table, change));
                 }
             }
+            Record::InsertRun {
+                txn,
+                index_id,
+                rows,
+            } => {
+                let Some((table, partition)) = trees.get(&index_id).cloned() else {
+                    continue;
+                };
+                let slot = pending.entry(txn.0).or_default();
+                for (key, value) in rows {
+                    let change = RowChange::Insert {
+                        partition,
+                        key: key.into_owned(),
+                        value: value.into_owned(),
+                    };
+                    table.note_recovered_identity(&change)?;
+                    if lsn >= checkpoint_lsn {
+                        slot.redo.push((Arc::clone(&table), change));
+                    } else {
+                        slot.in_image.push((Arc::clone(&table), change));
+                    }
+                }
+            }
             Record::Commit { txn } | Record::Abort { txn } => {
                 if let Some(done) = pending.remove(&txn.0) {
                     stats.committed_txns += 1;

@@ -270,6 +270,55 @@ impl RowChange {
         }
     }
 
+    /// The log record of the changes at the start of `changes` (by `txn`, to `table`), and how
+    /// many of them it covers. Two or more inserts into the same partition in a row become one
+    /// `InsertRun` record of at most `max_payload_bytes` (a longer run takes several); anything
+    /// else is one record per change.
+    pub(crate) fn next_log_record<'a>(
+        changes: &[&'a RowChange],
+        txn: TxnId,
+        table: &Table,
+        max_payload_bytes: usize,
+    ) -> (Record<'a>, usize) {
+        let first = changes[0];
+        let RowChange::Insert { partition, .. } = first else {
+            return (first.to_record(txn, table), 1);
+        };
+        let same_partition = |change: &RowChange| matches!(change, RowChange::Insert { partition: other, .. } if other == partition);
+        if !changes.get(1).is_some_and(|second| same_partition(second)) {
+            return (first.to_record(txn, table), 1);
+        }
+        // The run's fixed part: transaction, index and row count.
+        let mut payload_bytes = 16;
+        let mut rows = Vec::new();
+        for change in changes {
+            let RowChange::Insert { key, value, .. } = change else {
+                break;
+            };
+            // Each row is two length-prefixed byte strings.
+            let row_bytes = 8 + key.len() + value.len();
+            if !same_partition(change) || payload_bytes + row_bytes > max_payload_bytes {
+                break;
+            }
+            payload_bytes += row_bytes;
+            rows.push((
+                Cow::Borrowed(key.as_slice()),
+                Cow::Borrowed(value.as_slice()),
+            ));
+        }
+        let covered = rows.len();
+        if covered < 2 {
+            // Rows too large to share a record (only with a tiny log buffer).
+            return (first.to_record(txn, table), 1);
+        }
+        let record = Record::InsertRun {
+            txn,
+            index_id: table.clustered.tree(*partition).index_id(),
+            rows,
+        };
+        (record, covered)
+    }
+
     /// The change a log record describes, in `partition`.
     pub(crate) fn from_record(partition: usize, record: Record<'_>) -> Result<RowChange> {
         match record {
@@ -746,6 +795,12 @@ impl Table {
         }
         scope.logged(self, |changes| {
             self.apply_batch(&records, &completed)?;
+            // Each partition's rows side by side, so the log writes one run per partition rather
+            // than one record per row (inserts of distinct keys may be logged and undone in any
+            // order). The sort is stable: rows keep their order within a partition.
+            if self.partition_count() > 1 {
+                records.sort_by_key(|record| record.0);
+            }
             for (partition, key, value, _) in records {
                 changes.push(RowChange::Insert {
                     partition,

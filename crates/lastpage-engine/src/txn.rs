@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lastpage_storage::limits::{WAL_INSERT_RUN_MAX_BYTES, WAL_RECORD_HEADER_BYTES};
 use lastpage_storage::sync::{AtomicU64, Ordering};
 use lastpage_storage::wal::{Lsn, Record, TxnId};
 
@@ -199,8 +200,23 @@ impl<'s> WriteScope<'s> {
         let Some(wal) = db.wal() else {
             return Ok(());
         };
-        for entry in &self.txn.undo[start..] {
-            let record = entry.change.to_record(self.txn.id, table);
+        let entries = &self.txn.undo[start..];
+        // A single-row statement (the common case) needs no list of its changes to find runs in.
+        let changes: Vec<&RowChange> = if entries.len() > 1 {
+            entries.iter().map(|entry| &entry.change).collect()
+        } else {
+            Vec::new()
+        };
+        let max_run_bytes =
+            WAL_INSERT_RUN_MAX_BYTES.min(wal.max_record_bytes() - WAL_RECORD_HEADER_BYTES);
+        let mut next = 0;
+        while next < entries.len() {
+            let (record, covered) = if changes.is_empty() {
+                (entries[next].change.to_record(self.txn.id, table), 1)
+            } else {
+                RowChange::next_log_record(&changes[next..], self.txn.id, table, max_run_bytes)
+            };
+            next += covered;
             let (first, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
             if self.txn.last_lsn.is_none() {
                 self.session

@@ -316,6 +316,83 @@ fn a_database_larger_than_its_memory_budget_works_and_survives_reopening() {
 }
 
 #[test]
+fn multi_row_statements_are_logged_as_runs_per_partition_and_recovered() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(13));
+    let db = open(&fs);
+    let table = db
+        .create_table(
+            TableDef::new("Orders")
+                .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .column(ColumnDef::new("Part", DataType::TinyInt).not_null())
+                .clustered(IndexDef::new(
+                    "PK_Orders",
+                    &["Part", "Id"],
+                    Uniqueness::PrimaryKey,
+                ))
+                .partitioned("Part", 4),
+        )
+        .unwrap();
+    let session = db.session();
+    let batch = |tag: &str, count: usize| -> Vec<InsertRow> {
+        (0..count)
+            .map(|i| {
+                InsertRow::new()
+                    .set(1, format!("{tag}{i:088}"))
+                    .set(2, (i % 4) as i32)
+            })
+            .collect()
+    };
+    // 3,000 rows of about 100 bytes in one statement: about 75 KB per partition, so each
+    // partition's rows take two runs of at most 64 KiB.
+    let records_before = db.wal_stats().unwrap().appended_records;
+    table.insert_batch(&session, batch("c", 3000)).unwrap();
+    let records = db.wal_stats().unwrap().appended_records - records_before;
+    assert!(
+        (8..=12).contains(&records),
+        "3,000 rows in 4 partitions took {records} log records"
+    );
+    // A rolled-back multi-row statement, and one of a transaction still open at the crash.
+    session.begin().unwrap();
+    table.insert_batch(&session, batch("r", 500)).unwrap();
+    session.rollback().unwrap();
+    let loser = db.session();
+    loser.begin().unwrap();
+    table.insert_batch(&loser, batch("l", 500)).unwrap();
+    // A later commit makes the loser's records durable too.
+    table
+        .insert(&session, InsertRow::new().set(1, "pending").set(2, 0))
+        .unwrap();
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    std::mem::forget(loser);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = open(&after);
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    let mut payloads = Vec::new();
+    for row in table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+    {
+        let row = row.unwrap();
+        let Value::String(text) = &row[1] else {
+            panic!("payload {:?}", row[1])
+        };
+        payloads.push(text.clone());
+    }
+    assert_eq!(payloads.len(), 3001);
+    let committed: BTreeSet<String> = payloads
+        .into_iter()
+        .filter(|p| p.starts_with('c'))
+        .collect();
+    assert_eq!(committed.len(), 3000, "every committed row once");
+    assert!(committed.contains(&format!("c{:088}", 2999)));
+    db.check_integrity().unwrap();
+}
+
+#[test]
 fn checkpoints_remove_old_log_and_bound_recovery() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(5));
     let db = open(&fs);

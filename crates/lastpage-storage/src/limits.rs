@@ -126,6 +126,12 @@ pub const MAX_WAL_RECORD_BYTES: usize = 1 << 20;
 /// has grown past this many bytes (a large record's buffer is freed instead of being kept).
 pub const WAL_KEPT_RECORD_IMAGE_BYTES: usize = 64 << 10;
 
+/// Largest payload of an `InsertRun` log record (a multi-row statement's inserts into one
+/// index): a longer run is logged as several. Large enough that the per-record header is
+/// negligible (about 600 rows of 100 bytes), small enough to leave the log buffer room for
+/// other sessions' records.
+pub const WAL_INSERT_RUN_MAX_BYTES: usize = 64 << 10;
+
 /// Default size of the in-memory log buffer (a ring that appenders copy into and the group
 /// commit leader writes out from). Appenders wait (LOGBUFFER) when it is full. It must hold the
 /// largest record.

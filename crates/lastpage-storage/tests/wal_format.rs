@@ -81,6 +81,20 @@ fn samples() -> Vec<Record<'static>> {
             table_id: 1,
             up_to: i64::MAX,
         },
+        Record::InsertRun {
+            txn: TxnId(8),
+            index_id: 2,
+            rows: vec![
+                (bytes(b"k1"), bytes(b"first row")),
+                (bytes(b""), bytes(b"")),
+                (bytes(&[0xAB; 40]), bytes(&[0xCD; 500])),
+            ],
+        },
+        Record::InsertRun {
+            txn: TxnId(9),
+            index_id: 3,
+            rows: vec![],
+        },
     ]
 }
 
@@ -129,12 +143,16 @@ fn decoding_garbage_fails_without_panicking() {
     for _ in 0..20_000 {
         let len = rng.random_range(0..64);
         let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-        let _ = Record::decode(rng.random_range(0..12), &bytes);
+        let _ = Record::decode(rng.random_range(0..13), &bytes);
     }
     // A checkpoint claiming four billion entries is refused before anything is reserved.
     let mut lying = vec![0u8; 16];
     lying.extend_from_slice(&u32::MAX.to_le_bytes());
     assert!(Record::decode(RecordKind::CheckpointEnd as u8, &lying).is_err());
+    // So is an insert run claiming more rows than its bytes could hold.
+    let mut lying_run = vec![0u8; 12];
+    lying_run.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert!(Record::decode(RecordKind::InsertRun as u8, &lying_run).is_err());
 }
 
 #[test]

@@ -60,6 +60,8 @@ pub enum RecordKind {
     IdentityReserve = 9,
     /// A schema change (a table created or dropped), described by the layer above.
     Schema = 10,
+    /// Several rows were inserted into one index by one statement.
+    InsertRun = 11,
 }
 
 impl RecordKind {
@@ -76,6 +78,7 @@ impl RecordKind {
             8 => RecordKind::CheckpointEnd,
             9 => RecordKind::IdentityReserve,
             10 => RecordKind::Schema,
+            11 => RecordKind::InsertRun,
             _ => return None,
         })
     }
@@ -116,6 +119,7 @@ pub struct DirtyPage {
 ///   rec_lsn: u64`.
 /// - `IdentityReserve`: `table_id: u32, up_to: i64`.
 /// - `Schema`: `description: bytes` (opaque to the log; the engine's catalog format).
+/// - `InsertRun`: `txn: u64, index_id: u32, count: u32, then per row key: bytes, value: bytes`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record<'a> {
     /// A transaction started.
@@ -195,7 +199,21 @@ pub enum Record<'a> {
         /// The description.
         description: Cow<'a, [u8]>,
     },
+    /// Rows inserted into one index, in order: what a multi-row statement logs instead of one
+    /// `Insert` per row. The header, transaction and index are written once for the run, which
+    /// cuts a 100-byte row's log bytes by about a third and its appends to one per run.
+    InsertRun {
+        /// The transaction.
+        txn: TxnId,
+        /// The index the rows went into.
+        index_id: u32,
+        /// Each row's encoded key and value.
+        rows: Vec<RunRow<'a>>,
+    },
 }
+
+/// One row of an [`Record::InsertRun`]: its encoded key and value.
+pub type RunRow<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
 /// Why a payload could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,6 +244,7 @@ impl<'a> Record<'a> {
             Record::CheckpointEnd { .. } => RecordKind::CheckpointEnd,
             Record::IdentityReserve { .. } => RecordKind::IdentityReserve,
             Record::Schema { .. } => RecordKind::Schema,
+            Record::InsertRun { .. } => RecordKind::InsertRun,
         }
     }
 
@@ -236,6 +255,7 @@ impl<'a> Record<'a> {
             | Record::Insert { txn, .. }
             | Record::Delete { txn, .. }
             | Record::Update { txn, .. }
+            | Record::InsertRun { txn, .. }
             | Record::Commit { txn }
             | Record::Abort { txn } => Some(*txn),
             _ => None,
@@ -262,6 +282,12 @@ impl<'a> Record<'a> {
             } => 16 + 4 + 24 * active_txns.len() + 4 + 16 * dirty_pages.len(),
             Record::IdentityReserve { .. } => 12,
             Record::Schema { description } => bytes_len(description),
+            Record::InsertRun { rows, .. } => {
+                16 + rows
+                    .iter()
+                    .map(|(key, value)| bytes_len(key) + bytes_len(value))
+                    .sum::<usize>()
+            }
         }
     }
 
@@ -339,6 +365,19 @@ impl<'a> Record<'a> {
                 sink(&up_to.to_le_bytes());
             }
             Record::Schema { description } => bytes(sink, description),
+            Record::InsertRun {
+                txn,
+                index_id,
+                rows,
+            } => {
+                sink(&txn.0.to_le_bytes());
+                sink(&index_id.to_le_bytes());
+                sink(&(rows.len() as u32).to_le_bytes());
+                for (key, value) in rows {
+                    bytes(sink, key);
+                    bytes(sink, value);
+                }
+            }
         }
     }
 
@@ -412,6 +451,21 @@ impl<'a> Record<'a> {
             RecordKind::Schema => Record::Schema {
                 description: input.bytes()?,
             },
+            RecordKind::InsertRun => {
+                let txn = input.txn()?;
+                let index_id = input.u32()?;
+                // Each row takes at least its two length fields.
+                let count = input.count(8)?;
+                let mut rows = Vec::with_capacity(count);
+                for _ in 0..count {
+                    rows.push((input.bytes()?, input.bytes()?));
+                }
+                Record::InsertRun {
+                    txn,
+                    index_id,
+                    rows,
+                }
+            }
         };
         if !input.rest.is_empty() {
             return Err(DecodeError(format!(
@@ -483,6 +537,18 @@ impl<'a> Record<'a> {
             }
             Record::Schema { description } => Record::Schema {
                 description: own(description),
+            },
+            Record::InsertRun {
+                txn,
+                index_id,
+                rows,
+            } => Record::InsertRun {
+                txn,
+                index_id,
+                rows: rows
+                    .into_iter()
+                    .map(|(key, value)| (own(key), own(value)))
+                    .collect(),
             },
         }
     }

@@ -267,6 +267,11 @@ impl LogWriter {
         Lsn(self.start)
     }
 
+    /// The largest record (header and payload, in bytes) [`LogWriter::append`] accepts.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record
+    }
+
     /// The end of the durable prefix of the log.
     pub fn durable_lsn(&self) -> Lsn {
         Lsn(self.durable.load(Ordering::Acquire))
