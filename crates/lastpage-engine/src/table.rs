@@ -793,12 +793,13 @@ impl Table {
                 self.lock_entries(scope, key, entries)?;
             }
         }
+        let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
         scope.logged(self, |changes| {
             self.apply_batch(&records, &completed)?;
             // Each partition's rows side by side, so the log writes one run per partition rather
             // than one record per row (inserts of distinct keys may be logged and undone in any
             // order). The sort is stable: rows keep their order within a partition.
-            if self.partition_count() > 1 {
+            if sort_for_log {
                 records.sort_by_key(|record| record.0);
             }
             for (partition, key, value, _) in records {

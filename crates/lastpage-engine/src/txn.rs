@@ -141,6 +141,11 @@ impl<'s> WriteScope<'s> {
         self.txn.explicit || self.session.db().is_durable() || !fresh_key
     }
 
+    /// Whether the changes made through this scope are written to the log.
+    pub(crate) fn logs_changes(&self) -> bool {
+        self.log_changes
+    }
+
     /// Locks a row exclusively until the transaction ends, waiting (LCK_M_X) if another
     /// transaction holds it. `ordinal` says which index `key` belongs to (0 for the clustered
     /// index, `1 + n` for nonclustered index `n`). Must be called outside the checkpoint gate
