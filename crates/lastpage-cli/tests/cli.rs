@@ -722,6 +722,7 @@ fn recovery_bench_replays_the_whole_log() {
         "open_sec",
         "replay_mib_per_sec",
         "replay_records_per_sec",
+        "replay_row_changes_per_sec",
     ] {
         assert!(recovery[field].is_number(), "{field}: {report}");
     }
