@@ -212,8 +212,10 @@ impl<'s> WriteScope<'s> {
         } else {
             Vec::new()
         };
-        let max_run_bytes =
-            WAL_INSERT_RUN_MAX_BYTES.min(wal.max_record_bytes() - WAL_RECORD_HEADER_BYTES);
+        let max_run_bytes = WAL_INSERT_RUN_MAX_BYTES.min(
+            wal.max_record_bytes()
+                .saturating_sub(WAL_RECORD_HEADER_BYTES),
+        );
         let mut next = 0;
         while next < entries.len() {
             let (record, covered) = if changes.is_empty() {

@@ -123,8 +123,9 @@ pub const WAL_RECORD_ALIGN_BYTES: usize = 8;
 pub const MAX_WAL_RECORD_BYTES: usize = 1 << 20;
 
 /// A thread keeps the buffer it assembles log records in for its next append unless the buffer
-/// has grown past this many bytes (a large record's buffer is freed instead of being kept).
-pub const WAL_KEPT_RECORD_IMAGE_BYTES: usize = 64 << 10;
+/// has grown past this many bytes (a large record's buffer is freed instead of being kept). It
+/// holds the largest `InsertRun` record, so a batch-loading thread reuses its buffer.
+pub const WAL_KEPT_RECORD_IMAGE_BYTES: usize = 128 << 10;
 
 /// Largest payload of an `InsertRun` log record (a multi-row statement's inserts into one
 /// index): a longer run is logged as several. Large enough that the per-record header is
@@ -153,6 +154,9 @@ pub const WAL_PREALLOCATE_BYTES: u64 = 1 << 20;
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 
 const _: () = assert!(WAL_RECORD_HEADER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
+const _: () =
+    assert!(WAL_RECORD_HEADER_BYTES + WAL_INSERT_RUN_MAX_BYTES <= WAL_KEPT_RECORD_IMAGE_BYTES);
+const _: () = assert!(WAL_RECORD_HEADER_BYTES + WAL_INSERT_RUN_MAX_BYTES <= MAX_WAL_RECORD_BYTES);
 const _: () = assert!(MAX_WAL_RECORD_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
 const _: () = assert!(MAX_WAL_RECORD_BYTES <= u32::MAX as usize);
 const _: () = assert!(MAX_WAL_RECORD_BYTES <= WAL_BUFFER_BYTES);

@@ -346,6 +346,7 @@ impl LogWriter {
         let header = record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
         let mut image = RECORD_IMAGE.take();
         image.clear();
+        image.reserve_exact(total);
         image.extend_from_slice(&header);
         record.write_payload(&mut |piece| image.extend_from_slice(piece));
         debug_assert_eq!(
