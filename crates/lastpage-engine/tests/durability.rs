@@ -393,6 +393,52 @@ fn multi_row_statements_are_logged_as_runs_per_partition_and_recovered() {
 }
 
 #[test]
+fn insert_runs_are_split_to_fit_a_small_log_buffer() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(17));
+    let small = DatabaseOptions {
+        wal: WalConfig {
+            buffer_bytes: 2048,
+            segment_bytes: 256 << 10,
+        },
+        ..options(&fs)
+    };
+    let db = Database::open(DIR, small.clone()).unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    // 200 rows of about 110 bytes of log each: a run may hold at most 2,048 − 24 bytes, so
+    // about 18 rows, and the statement takes a dozen runs.
+    let rows: Vec<InsertRow> = (0..200)
+        .map(|i| InsertRow::new().set(1, format!("{i:090}")))
+        .collect();
+    let records_before = db.wal_stats().unwrap().appended_records;
+    table.insert_batch(&session, rows).unwrap();
+    let records = db.wal_stats().unwrap().appended_records - records_before;
+    assert!(
+        (11..=20).contains(&records),
+        "200 rows took {records} records"
+    );
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(session);
+    drop(table);
+    drop(db);
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            file_system: Some(Arc::new(after.clone())),
+            ..small
+        },
+    )
+    .unwrap();
+    let rows = orders_rows(&db);
+    assert_eq!(rows.len(), 200);
+    assert_eq!(
+        rows.get(&200).map(String::as_str),
+        Some(format!("{:090}", 199).as_str())
+    );
+    db.check_integrity().unwrap();
+}
+
+#[test]
 fn checkpoints_remove_old_log_and_bound_recovery() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(5));
     let db = open(&fs);
