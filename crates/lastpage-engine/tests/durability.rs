@@ -405,7 +405,7 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
     let db = Database::open(DIR, small.clone()).unwrap();
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    // 200 rows of about 110 bytes of log each: a run may hold at most 2,048 − 24 bytes, so
+    // 200 rows of about 115 bytes of log each: a run may hold at most 2,048 − 24 bytes, so
     // about 18 rows, and the statement takes a dozen runs.
     let rows: Vec<InsertRow> = (0..200)
         .map(|i| InsertRow::new().set(1, format!("{i:090}")))
