@@ -284,7 +284,12 @@ impl RowChange {
         let RowChange::Insert { partition, .. } = first else {
             return (first.to_record(txn, table), 1);
         };
-        let same_partition = |change: &RowChange| matches!(change, RowChange::Insert { partition: other, .. } if other == partition);
+        let same_partition = |change: &RowChange| match change {
+            RowChange::Insert {
+                partition: other, ..
+            } => other == partition,
+            _ => false,
+        };
         if !changes.get(1).is_some_and(|second| same_partition(second)) {
             return (first.to_record(txn, table), 1);
         }
