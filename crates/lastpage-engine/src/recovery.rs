@@ -129,42 +129,22 @@ pub(crate) fn replay(
         }
         match record {
             Record::Insert { txn, index_id, .. }
+            | Record::InsertRun { txn, index_id, .. }
             | Record::Delete { txn, index_id, .. }
             | Record::Update { txn, index_id, .. } => {
                 let Some((table, partition)) = trees.get(&index_id).cloned() else {
                     // A table dropped later in the log: nothing of it survives.
                     continue;
                 };
-                let change = RowChange::from_record(partition, record)?;
-                table.note_recovered_identity(&change)?;
                 let slot = pending.entry(txn.0).or_default();
-                if lsn >= checkpoint_lsn {
-                    slot.redo.push((table, change));
+                let held = if lsn >= checkpoint_lsn {
+                    &mut slot.redo
                 } else {
-                    slot.in_image.push((table, change));
-                }
-            }
-            Record::InsertRun {
-                txn,
-                index_id,
-                rows,
-            } => {
-                let Some((table, partition)) = trees.get(&index_id).cloned() else {
-                    continue;
+                    &mut slot.in_image
                 };
-                let slot = pending.entry(txn.0).or_default();
-                for (key, value) in rows {
-                    let change = RowChange::Insert {
-                        partition,
-                        key: key.into_owned(),
-                        value: value.into_owned(),
-                    };
+                for change in RowChange::from_record(partition, record)? {
                     table.note_recovered_identity(&change)?;
-                    if lsn >= checkpoint_lsn {
-                        slot.redo.push((Arc::clone(&table), change));
-                    } else {
-                        slot.in_image.push((Arc::clone(&table), change));
-                    }
+                    held.push((Arc::clone(&table), change));
                 }
             }
             Record::Commit { txn } | Record::Abort { txn } => {

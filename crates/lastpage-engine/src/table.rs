@@ -270,17 +270,18 @@ impl RowChange {
         }
     }
 
-    /// The log record of the changes at the start of `changes` (by `txn`, to `table`), and how
-    /// many of them it covers. Two or more inserts into the same partition in a row become one
+    /// The log record of the next changes of `changes` (by `txn`, to `table`), and how many of
+    /// them it covers. Two or more inserts into the same partition in a row become one
     /// `InsertRun` record of at most `max_payload_bytes` (a longer run takes several); anything
-    /// else is one record per change.
+    /// else is one record per change. `changes` must not be empty.
     pub(crate) fn next_log_record<'a>(
-        changes: &[&'a RowChange],
+        changes: impl Iterator<Item = &'a RowChange>,
         txn: TxnId,
         table: &Table,
         max_payload_bytes: usize,
     ) -> (Record<'a>, usize) {
-        let first = changes[0];
+        let mut changes = changes.peekable();
+        let first = changes.next().expect("a change to log");
         let RowChange::Insert { partition, .. } = first else {
             return (first.to_record(txn, table), 1);
         };
@@ -290,13 +291,14 @@ impl RowChange {
             } => other == partition,
             _ => false,
         };
-        if !changes.get(1).is_some_and(|second| same_partition(second)) {
+        // A single-row statement (the common case) allocates no run.
+        if !changes.peek().is_some_and(|second| same_partition(second)) {
             return (first.to_record(txn, table), 1);
         }
         // The run's fixed part: transaction, index and row count.
         let mut payload_bytes = 16;
         let mut rows = Vec::new();
-        for change in changes {
+        for change in std::iter::once(first).chain(changes) {
             let RowChange::Insert { key, value, .. } = change else {
                 break;
             };
@@ -324,35 +326,46 @@ impl RowChange {
         (record, covered)
     }
 
-    /// The change a log record describes, in `partition`.
-    pub(crate) fn from_record(partition: usize, record: Record<'_>) -> Result<RowChange> {
-        match record {
-            Record::Insert { key, value, .. } => Ok(RowChange::Insert {
+    /// The changes a log record describes, in `partition`: one, or each row of an
+    /// `InsertRun`.
+    pub(crate) fn from_record(partition: usize, record: Record<'_>) -> Result<Vec<RowChange>> {
+        Ok(match record {
+            Record::Insert { key, value, .. } => vec![RowChange::Insert {
                 partition,
                 key: key.into_owned(),
                 value: value.into_owned(),
-            }),
-            Record::Delete { key, old_value, .. } => Ok(RowChange::Delete {
+            }],
+            Record::InsertRun { rows, .. } => rows
+                .into_iter()
+                .map(|(key, value)| RowChange::Insert {
+                    partition,
+                    key: key.into_owned(),
+                    value: value.into_owned(),
+                })
+                .collect(),
+            Record::Delete { key, old_value, .. } => vec![RowChange::Delete {
                 partition,
                 key: key.into_owned(),
                 old_value: old_value.into_owned(),
-            }),
+            }],
             Record::Update {
                 key,
                 old_value,
                 new_value,
                 ..
-            } => Ok(RowChange::Update {
+            } => vec![RowChange::Update {
                 partition,
                 key: key.into_owned(),
                 old_value: old_value.into_owned(),
                 new_value: new_value.into_owned(),
-            }),
-            other => Err(EngineError::Storage(format!(
-                "a {:?} log record is not a row change",
-                other.kind()
-            ))),
-        }
+            }],
+            other => {
+                return Err(EngineError::Storage(format!(
+                    "a {:?} log record is not a row change",
+                    other.kind()
+                )));
+            }
+        })
     }
 }
 

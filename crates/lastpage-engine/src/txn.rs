@@ -206,23 +206,18 @@ impl<'s> WriteScope<'s> {
             return Ok(());
         };
         let entries = &self.txn.undo[start..];
-        // A single-row statement (the common case) needs no list of its changes to find runs in.
-        let changes: Vec<&RowChange> = if entries.len() > 1 {
-            entries.iter().map(|entry| &entry.change).collect()
-        } else {
-            Vec::new()
-        };
         let max_run_bytes = WAL_INSERT_RUN_MAX_BYTES.min(
             wal.max_record_bytes()
                 .saturating_sub(WAL_RECORD_HEADER_BYTES),
         );
         let mut next = 0;
         while next < entries.len() {
-            let (record, covered) = if changes.is_empty() {
-                (entries[next].change.to_record(self.txn.id, table), 1)
-            } else {
-                RowChange::next_log_record(&changes[next..], self.txn.id, table, max_run_bytes)
-            };
+            let (record, covered) = RowChange::next_log_record(
+                entries[next..].iter().map(|entry| &entry.change),
+                self.txn.id,
+                table,
+                max_run_bytes,
+            );
             next += covered;
             let (first, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
             if self.txn.last_lsn.is_none() {

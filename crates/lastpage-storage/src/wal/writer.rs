@@ -154,7 +154,9 @@ struct Group {
 /// What only the leader touches: the files and the scratch space of a flush.
 struct FlushIo {
     fs: StdArc<dyn FileSystem>,
-    dir: PathBuf,
+    /// The log directory; shared so that a flush can keep it for an error message without
+    /// copying the path.
+    dir: StdArc<Path>,
     segment_bytes: u64,
     log_id: u64,
     /// The segment being written: its start LSN and file.
@@ -247,7 +249,7 @@ impl LogWriter {
             }),
             io: Mutex::new(FlushIo {
                 fs,
-                dir,
+                dir: StdArc::from(dir),
                 segment_bytes: recovered.segment_bytes,
                 log_id: recovered.log_id,
                 current: recovered.current,
@@ -643,7 +645,7 @@ impl FlushIo {
             let segment_file_bytes = HEADER_BYTES + self.segment_bytes;
             // The segment's path is only for error messages: it is built when one is, not on
             // every flush (formatting it cost as much as the rest of a small flush's user time).
-            let dir = self.dir.clone();
+            let dir = StdArc::clone(&self.dir);
             let path = || dir.join(segment::file_name(segment_start));
             let file = self.segment(segment_start, durable, counters)?;
             let write_error = |error| {
