@@ -33,6 +33,7 @@ fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
         wal: WalConfig {
             buffer_bytes: 1 << 20,
             segment_bytes: 256 << 10,
+            ..WalConfig::default()
         },
         ..DatabaseOptions::default()
     }
@@ -399,6 +400,7 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
         wal: WalConfig {
             buffer_bytes: 2048,
             segment_bytes: 256 << 10,
+            ..WalConfig::default()
         },
         ..options(&fs)
     };
@@ -809,7 +811,7 @@ fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
         matches!(error, EngineError::LogFailed(_)),
         "a commit that could not be written must fail: {error}"
     );
-    assert!(!acked.is_empty());
+    assert!(!acked.is_empty(), "{error}");
     let refused = insert_order(&db, &session).unwrap_err();
     assert!(
         matches!(refused, EngineError::DatabaseFailed(_)),

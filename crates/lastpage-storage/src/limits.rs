@@ -150,10 +150,19 @@ pub const WAL_SEGMENT_HEADER_BYTES: usize = 4096;
 /// an fdatasync that does not change the file's size has no metadata to commit.
 pub const WAL_PREALLOCATE_BYTES: u64 = 1 << 20;
 
+/// How full, in percent, the log segment being written is when the writer asks for the next
+/// segment file to be prepared in the background (`wal/prepare.rs`): early enough that the
+/// file is ready at the switch, late enough that a short-lived log never prepares one.
+pub const WAL_PREPARE_AT_SEGMENT_PERCENT: u64 = 50;
+
+/// Bytes of zeros the segment preparer writes per call (it checks for shutdown between them).
+pub const WAL_PREPARE_CHUNK_BYTES: usize = 1 << 20;
+
 /// How many bytes a log reader asks the file system for at a time.
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 
 const _: () = assert!(WAL_RECORD_HEADER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
+const _: () = assert!(WAL_PREPARE_AT_SEGMENT_PERCENT <= 100);
 const _: () =
     assert!(WAL_RECORD_HEADER_BYTES + WAL_INSERT_RUN_MAX_BYTES <= WAL_KEPT_RECORD_IMAGE_BYTES);
 const _: () = assert!(WAL_RECORD_HEADER_BYTES + WAL_INSERT_RUN_MAX_BYTES <= MAX_WAL_RECORD_BYTES);

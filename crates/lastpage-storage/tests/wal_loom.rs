@@ -136,6 +136,7 @@ fn two_committers_group_commit() {
                 WalConfig {
                     buffer_bytes: 64,
                     segment_bytes: 1 << 20,
+                    prepare_segments: false,
                 },
             )
             .unwrap(),
@@ -169,6 +170,7 @@ fn appender_waits_for_buffer_space() {
                 WalConfig {
                     buffer_bytes: 64,
                     segment_bytes: 1 << 20,
+                    prepare_segments: false,
                 },
             )
             .unwrap(),
@@ -209,6 +211,7 @@ fn failed_flush_fails_every_committer() {
                 WalConfig {
                     buffer_bytes: 64,
                     segment_bytes: 1 << 20,
+                    prepare_segments: false,
                 },
             )
             .unwrap(),
@@ -238,6 +241,7 @@ fn three_committers_group_commit() {
                 WalConfig {
                     buffer_bytes: 128,
                     segment_bytes: 1 << 20,
+                    prepare_segments: false,
                 },
             )
             .unwrap(),

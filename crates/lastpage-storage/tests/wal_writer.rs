@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, Tear};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
 use lastpage_storage::wal::{
-    LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
+    LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError, WalStats,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,11 +29,20 @@ fn faulty(config: FaultyConfig) -> FaultyFileSystem {
     FaultyFileSystem::new(config)
 }
 
+/// A configuration with the default background preparation of segment files.
 fn config(buffer_bytes: usize, segment_bytes: u64) -> WalConfig {
     WalConfig {
         buffer_bytes,
         segment_bytes,
+        ..WalConfig::default()
     }
+}
+
+/// The log segment files in `DIR` (without the file the writer prepares in the background).
+fn segment_files(fs: &FaultyFileSystem) -> Vec<std::path::PathBuf> {
+    let mut files = fs.list_dir(Path::new(DIR)).unwrap();
+    files.retain(|name| name.extension().is_some_and(|extension| extension == "wal"));
+    files
 }
 
 fn open(fs: &FaultyFileSystem, config: WalConfig) -> Arc<LogWriter> {
@@ -249,7 +258,7 @@ fn records_span_small_segments_and_a_reopened_writer_continues() {
     assert!(errors.is_empty(), "{errors:?}");
     let end = writer.flush_now().unwrap();
     drop(writer);
-    let segments = fs.list_dir(Path::new(DIR)).unwrap();
+    let segments = segment_files(&fs);
     assert!(segments.len() > 10, "{segments:?}");
 
     let crashed = fs.crash_with(CrashMode::LoseUnsynced);
@@ -262,7 +271,7 @@ fn records_span_small_segments_and_a_reopened_writer_continues() {
     assert!(errors.is_empty(), "{errors:?}");
     acked.extend(more);
     writer.flush_now().unwrap();
-    let segments_after = crashed.list_dir(Path::new(DIR)).unwrap();
+    let segments_after = segment_files(&crashed);
     assert!(segments_after.len() > segments.len());
     check_log(&crashed.crash_with(CrashMode::LoseUnsynced), &acked);
 }
@@ -409,7 +418,10 @@ fn crash_round(seed: u64) {
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(tear).sync_delay(delay));
     let segment_bytes = [512, 4096, 1 << 20][rng.random_range(0..3)];
     let buffer_bytes = [1024, 64 << 10][rng.random_range(0..2)];
-    let wal_config = config(buffer_bytes, segment_bytes);
+    let wal_config = WalConfig {
+        prepare_segments: rng.random_bool(0.5),
+        ..config(buffer_bytes, segment_bytes)
+    };
     let writer = open(&fs, wal_config);
 
     // Phase 1: concurrent commits, crash at a random moment.
@@ -468,8 +480,9 @@ fn crash_round(seed: u64) {
     let elapsed = started.elapsed();
     println!(
         "seed {seed}: tear {tear:?}, sync delay {delay:?}, segment {segment_bytes}, buffer \
-         {buffer_bytes}, crash after {crash_after:?}: {} acked, {} committed, first end {:?}, \
+         {buffer_bytes}, prepared segment files {}, crash after {crash_after:?}: {} acked, {} committed, first end {:?}, \
          {elapsed:?}",
+        wal_config.prepare_segments,
         acked.len(),
         committed_again.len(),
         first_end
@@ -533,7 +546,7 @@ fn a_log_ending_exactly_at_a_segment_boundary_keeps_every_segment() {
     let crashed = fs.crash_with(CrashMode::LoseUnsynced);
     let writer = open(&crashed, config(4096, 64));
     assert_eq!(writer.start_lsn(), Lsn(192));
-    assert_eq!(crashed.list_dir(Path::new(DIR)).unwrap().len(), 3);
+    assert_eq!(segment_files(&crashed).len(), 3);
     let end = writer.append(&Record::Commit { txn: TxnId(6) }).unwrap();
     writer.wait_durable(end).unwrap();
     let mut reader = LogReader::open(
@@ -548,4 +561,70 @@ fn a_log_ending_exactly_at_a_segment_boundary_keeps_every_segment() {
         .collect();
     assert_eq!(txns, (0..7).collect::<Vec<_>>());
     assert_eq!(reader.end().unwrap().lsn, Lsn(224));
+}
+
+/// Commits from a few sessions, round after round, until `enough` holds for the writer's
+/// statistics (or ten seconds pass). Returns every acknowledged transaction.
+fn commit_until(writer: &Arc<LogWriter>, enough: impl Fn(&WalStats) -> bool) -> BTreeSet<u64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut acked = BTreeSet::new();
+    let mut round = 0;
+    while !enough(&writer.stats()) && Instant::now() < deadline {
+        let (more, errors) = run_sessions(writer, 2, 5, round * 1_000, None);
+        assert!(errors.is_empty(), "{errors:?}");
+        acked.extend(more);
+        round += 1;
+        // Let the preparing thread run between rounds, as time between commits would.
+        thread::sleep(Duration::from_millis(1));
+    }
+    acked
+}
+
+#[test]
+fn segments_begin_as_prepared_files_and_survive_a_crash() {
+    let fs = faulty(FaultyConfig::new(23));
+    let writer = open(&fs, config(4096, 4096));
+    let acked = commit_until(&writer, |stats| stats.prepared_segments >= 3);
+    let stats = writer.stats();
+    println!("{stats:?}");
+    assert!(stats.prepared_segments >= 3, "{stats:?}");
+    assert_eq!(stats.segment_preparation_failures, 0);
+    // A segment that began as a prepared file is written without extending it: it is exactly
+    // a segment's size (header included) however little of it holds log.
+    let sizes: Vec<u64> = segment_files(&fs)
+        .iter()
+        .map(|name| fs.contents(&Path::new(DIR).join(name)).unwrap().len() as u64)
+        .collect();
+    assert!(sizes.contains(&(4096 + 4096)), "{sizes:?}");
+    drop(writer);
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    check_log(&crashed, &acked);
+    // The reopened log ignores a leftover prepared file and goes on.
+    let writer = open(&crashed, config(4096, 4096));
+    let (more, errors) = run_sessions(&writer, 2, 20, 900_000, None);
+    assert!(errors.is_empty(), "{errors:?}");
+    drop(writer);
+    let mut all = acked;
+    all.extend(more);
+    check_log(&crashed.crash_with(CrashMode::LoseUnsynced), &all);
+}
+
+#[test]
+fn a_failed_preparation_only_means_that_segments_are_created_inline() {
+    let fs = faulty(FaultyConfig::new(29));
+    fs.inject(FaultRule::syncs_fail_from(1).on_path(Path::new(DIR).join("next-segment.prepared")));
+    let writer = open(&fs, config(4096, 4096));
+    let acked = commit_until(&writer, |stats| {
+        stats.segment_preparation_failures >= 2 && stats.durable_lsn.0 > 8 * 4096
+    });
+    let stats = writer.stats();
+    println!("{stats:?}");
+    assert!(stats.segment_preparation_failures >= 2, "{stats:?}");
+    assert_eq!(
+        stats.prepared_segments, 0,
+        "a file whose sync failed was used"
+    );
+    assert!(!writer.is_failed());
+    drop(writer);
+    check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
 }

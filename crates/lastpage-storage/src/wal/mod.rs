@@ -16,6 +16,7 @@
 //! for good; see [`WalError::Failed`].
 
 pub mod buffer;
+mod prepare;
 pub mod reader;
 pub mod record;
 mod segment;
@@ -58,6 +59,10 @@ pub struct WalConfig {
     /// Bytes of logical log per segment file (a multiple of 8). Used when a log is created; an
     /// existing log keeps the segment size written in its segment headers.
     pub segment_bytes: u64,
+    /// Whether a background thread zero-fills the next segment file before the log reaches it
+    /// (see `prepare.rs`); without it a flush zero-fills ahead of itself, inline. On by
+    /// default, except in loom models (which cannot run a thread of their own).
+    pub prepare_segments: bool,
 }
 
 impl Default for WalConfig {
@@ -65,6 +70,7 @@ impl Default for WalConfig {
         WalConfig {
             buffer_bytes: WAL_BUFFER_BYTES,
             segment_bytes: WAL_SEGMENT_BYTES,
+            prepare_segments: !cfg!(loom),
         }
     }
 }

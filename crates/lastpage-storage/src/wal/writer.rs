@@ -47,6 +47,8 @@
 //! A flush that crosses into a new segment creates it (header written and synced, directory
 //! synced) and syncs the bytes of the old segment before writing the new one, so that durable
 //! bytes in a segment imply a durable log before it; such a flush does two writes and two syncs.
+//! The new segment's file is the one a background thread prepared (zero-filled and synced) if
+//! it is ready, so that no flush into it extends the file; see [`super::prepare`].
 
 use std::cell::Cell;
 use std::fmt;
@@ -60,12 +62,15 @@ use crossbeam_utils::CachePadded;
 use lastpage_io::{File, FileSystem, OpenOptions};
 
 use super::buffer::LogBuffer;
+use super::prepare::SegmentPreparer;
 use super::reader::{LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
 use super::{Lsn, WalConfig, WalError, align_up};
-use crate::latch::Waiter;
-use crate::limits::{WAL_KEPT_RECORD_IMAGE_BYTES, WAL_PREALLOCATE_BYTES};
+use crate::latch::{Waiter, current_waiter};
+use crate::limits::{
+    WAL_KEPT_RECORD_IMAGE_BYTES, WAL_PREALLOCATE_BYTES, WAL_PREPARE_AT_SEGMENT_PERCENT,
+};
 use crate::stats::{self, WaitType};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
@@ -97,6 +102,11 @@ pub struct WalStats {
     pub flushed_bytes: u64,
     /// `wait_durable` calls that returned `Ok`: commits made durable.
     pub commits: u64,
+    /// Segments that began as a file prepared in the background (no zero-fill on any flush).
+    pub prepared_segments: u64,
+    /// Background preparations of a segment file that failed (each only means that a segment
+    /// was created inline instead).
+    pub segment_preparation_failures: u64,
     /// The durable LSN when the counters were read.
     pub durable_lsn: Lsn,
 }
@@ -169,6 +179,10 @@ struct FlushIo {
     zeroed_to_segment: u64,
     /// LSNs of the records in the flush being written.
     starts: Vec<u64>,
+    /// Zero-fills the next segment file in the background (if the configuration asks for it).
+    preparer: Option<SegmentPreparer>,
+    /// The start LSN of the segment for whose successor a file was last requested.
+    prepare_requested_for: u64,
 }
 
 /// Plain statistics counters, not part of any protocol.
@@ -181,6 +195,9 @@ struct Counters {
     commits: Counter,
     /// Records the last flush wrote.
     last_flush_records: Counter,
+    prepared_segments: Counter,
+    /// Shared with the segment preparer, which counts its failures here.
+    preparation_failures: StdArc<Counter>,
 }
 
 /// The write-ahead log writer. Share it between threads with an `Arc`; every method takes
@@ -237,6 +254,16 @@ impl LogWriter {
                 .map_err(|error| WalError::io(format!("fsync of {}", parent.display()), error))?;
         }
         let recovered = recover_end(&fs, &dir, &config)?;
+        let dir: StdArc<Path> = StdArc::from(dir);
+        let counters = Counters::default();
+        let preparer = config.prepare_segments.then(|| {
+            SegmentPreparer::new(
+                StdArc::clone(&fs),
+                StdArc::clone(&dir),
+                HEADER_BYTES + recovered.segment_bytes,
+                StdArc::clone(&counters.preparation_failures),
+            )
+        });
         Ok(LogWriter {
             buffer: LogBuffer::new(config.buffer_bytes, recovered.end),
             durable: CachePadded::new(AtomicU64::new(recovered.end)),
@@ -249,7 +276,7 @@ impl LogWriter {
             }),
             io: Mutex::new(FlushIo {
                 fs,
-                dir: StdArc::from(dir),
+                dir,
                 segment_bytes: recovered.segment_bytes,
                 log_id: recovered.log_id,
                 current: recovered.current,
@@ -257,10 +284,12 @@ impl LogWriter {
                 zeroed_to: 0,
                 zeroed_to_segment: u64::MAX,
                 starts: Vec::new(),
+                preparer,
+                prepare_requested_for: u64::MAX,
             }),
             max_record: config.max_record_bytes(),
             start: recovered.end,
-            counters: Counters::default(),
+            counters,
         })
     }
 
@@ -311,6 +340,8 @@ impl LogWriter {
             flushed_records: self.counters.flushed_records.load(Relaxed),
             flushed_bytes: self.counters.flushed_bytes.load(Relaxed),
             commits: self.counters.commits.load(Relaxed),
+            prepared_segments: self.counters.prepared_segments.load(Relaxed),
+            segment_preparation_failures: self.counters.preparation_failures.load(Relaxed),
             durable_lsn: self.durable_lsn(),
         }
     }
@@ -440,7 +471,7 @@ impl LogWriter {
     /// checked that it is not met yet, so this records a wait of `wait_type`.
     fn wait_for(&self, target: Target, wait_type: WaitType) -> Result<(), WalError> {
         let wait = stats::begin_wait(wait_type, None);
-        let waiter = Arc::new(Waiter::new());
+        let waiter = current_waiter();
         let mut signalled_ns = None;
         let result = loop {
             let mut group = sync::lock(&self.group);
@@ -637,6 +668,7 @@ impl FlushIo {
             let segment_start = position - position % self.segment_bytes;
             let length = ((segment_start + self.segment_bytes - position) as usize)
                 .min(bytes.len() - offset);
+            self.open_segment(segment_start, durable, counters)?;
             let zeroed_to = if self.zeroed_to_segment == segment_start {
                 self.zeroed_to
             } else {
@@ -647,7 +679,7 @@ impl FlushIo {
             // every flush (formatting it cost as much as the rest of a small flush's user time).
             let dir = StdArc::clone(&self.dir);
             let path = || dir.join(segment::file_name(segment_start));
-            let file = self.segment(segment_start, durable, counters)?;
+            let file = self.current.as_ref().expect("just opened").1.as_ref();
             let write_error = |error| {
                 failed(
                     format!("writing log segment {}", path().display()),
@@ -685,18 +717,27 @@ impl FlushIo {
             counters.fsyncs.fetch_add(1, Relaxed);
             position += length as u64;
             offset += length;
+            let written_percent = (position - segment_start) * 100 / self.segment_bytes;
+            if written_percent >= WAL_PREPARE_AT_SEGMENT_PERCENT
+                && self.prepare_requested_for != segment_start
+                && let Some(preparer) = &mut self.preparer
+            {
+                preparer.request();
+                self.prepare_requested_for = segment_start;
+            }
         }
         Ok(())
     }
 
-    /// The file of the segment starting at `start`, created (header written and synced,
-    /// directory synced) if this flush is the first to reach it.
-    fn segment(
+    /// Makes the segment starting at `start` the current one, creating it (header written and
+    /// synced, directory synced) if this flush is the first to reach it: from the prepared file
+    /// if one is ready, else as a new, empty file.
+    fn open_segment(
         &mut self,
         start: u64,
         durable: Lsn,
         counters: &Counters,
-    ) -> Result<&dyn File, WalError> {
+    ) -> Result<(), WalError> {
         if self
             .current
             .as_ref()
@@ -721,10 +762,19 @@ impl FlushIo {
                 first_record_lsn,
                 log_id: self.log_id,
             };
-            let file = self
-                .fs
-                .open(&path, OpenOptions::create().truncate())
-                .map_err(|error| fail("creating", error))?;
+            let prepared = self
+                .preparer
+                .as_mut()
+                .is_some_and(|preparer| preparer.take(&path));
+            let file = if prepared {
+                self.fs
+                    .open(&path, OpenOptions::existing())
+                    .map_err(|error| fail("opening the prepared file of", error))?
+            } else {
+                self.fs
+                    .open(&path, OpenOptions::create().truncate())
+                    .map_err(|error| fail("creating", error))?
+            };
             file.write_all_at(0, &header.encode())
                 .map_err(|error| fail("writing the header of", error))?;
             file.sync_data()
@@ -737,9 +787,15 @@ impl FlushIo {
                     error,
                 )
             })?;
+            if prepared {
+                // Written with zeros and synced all the way: no flush into it extends the file.
+                self.zeroed_to = HEADER_BYTES + self.segment_bytes;
+                self.zeroed_to_segment = start;
+                counters.prepared_segments.fetch_add(1, Relaxed);
+            }
             self.current = Some((start, file));
         }
-        Ok(self.current.as_ref().expect("just opened").1.as_ref())
+        Ok(())
     }
 }
 

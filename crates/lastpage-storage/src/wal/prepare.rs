@@ -1,0 +1,201 @@
+//! Segment preparation: the next log segment file is zero-filled and synced by a background
+//! thread before the log reaches it, so that flushes never extend a file.
+//!
+//! Why: an `fdatasync` of a file whose size or block allocation changed must also commit that
+//! metadata (on ext4, a journal commit and a second device flush), which makes it markedly
+//! slower than one that only writes data into blocks already allocated. The writer therefore
+//! never lets a flush write past what is already written or zero-filled: without a prepared
+//! file it zero-fills `WAL_PREALLOCATE_BYTES` ahead inline, on the commit path, once per
+//! mebibyte of log (PostgreSQL zero-fills its segments for the same reason). With a prepared
+//! file, a whole segment's allocation is done ahead of time by a thread no committer waits for
+//! (as PostgreSQL's checkpointer preallocates segments).
+//!
+//! The protocol, all under one mutex:
+//! - The leader *requests* a file once the segment being written is half full
+//!   ([`SegmentPreparer::request`]); the first request starts the thread, so a short-lived log
+//!   never starts one nor writes a segment's worth of zeros.
+//! - The thread prepares only while a file is wanted and none is ready: it creates
+//!   [`PREPARED_FILE_NAME`] afresh, writes zeros over the header and body, syncs the file and the
+//!   directory, and marks it ready. It checks for shutdown between chunks.
+//! - At a segment switch the leader *takes* the ready file ([`SegmentPreparer::take`]): it
+//!   renames it to the segment's name while holding the mutex (the thread never touches a ready
+//!   file), then writes the header and syncs the file and the directory as it would for a new
+//!   file. If no file is ready it creates the segment inline, as without a preparer.
+//!
+//! Nothing here affects what is durable: a prepared file holds only zeros and a name that is
+//! not a segment's, so a crash leaves at most a stray file, which the next preparation
+//! overwrites and recovery never reads; a crash between the rename and the synced header leaves
+//! a segment with an invalid header at the end of the log, which recovery removes exactly as it
+//! removes one that was being created. A preparation that fails (a full disk, a failed sync)
+//! is counted and abandoned, and the writer falls back to creating segments inline, where a
+//! failure does fail the log.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64 as Counter;
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread::JoinHandle;
+
+use lastpage_io::{File, FileSystem, OpenOptions};
+
+use crate::limits::WAL_PREPARE_CHUNK_BYTES;
+use crate::sync::{self, Condvar, Mutex};
+
+/// The name of the prepared file in the log directory (not a segment name, so the log's
+/// readers never see it).
+pub(crate) const PREPARED_FILE_NAME: &str = "next-segment.prepared";
+
+/// What the leader and the preparing thread share.
+struct Shared {
+    fs: Arc<dyn FileSystem>,
+    dir: Arc<Path>,
+    /// Bytes of a prepared file: header and body.
+    file_bytes: u64,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Preparations that failed or whose file could not be taken (shared with the writer's
+    /// statistics).
+    failures: Arc<Counter>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The leader wants a file ready for its next segment.
+    wanted: bool,
+    /// A prepared file is in place, complete and synced.
+    ready: bool,
+    /// The writer is going away.
+    stop: bool,
+}
+
+/// Prepares the next segment file in the background; owned by the log writer's flush state.
+pub(crate) struct SegmentPreparer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SegmentPreparer {
+    /// A preparer for segment files of `file_bytes` (header included) in `dir`. No thread runs
+    /// until the first [`SegmentPreparer::request`].
+    /// Failures are counted in `failures`.
+    pub(crate) fn new(
+        fs: Arc<dyn FileSystem>,
+        dir: Arc<Path>,
+        file_bytes: u64,
+        failures: Arc<Counter>,
+    ) -> Self {
+        SegmentPreparer {
+            shared: Arc::new(Shared {
+                fs,
+                dir,
+                file_bytes,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+                failures,
+            }),
+            thread: None,
+        }
+    }
+
+    /// Asks for a prepared file, starting the thread if this is the first request. A thread
+    /// that cannot be started only means that segments are created inline.
+    pub(crate) fn request(&mut self) {
+        sync::lock(&self.shared.state).wanted = true;
+        self.shared.changed.notify_one();
+        if self.thread.is_none() {
+            let shared = Arc::clone(&self.shared);
+            self.thread = std::thread::Builder::new()
+                .name("lastpage-wal-prepare".into())
+                .spawn(move || shared.run())
+                .inspect_err(|_| {
+                    self.shared.failures.fetch_add(1, Relaxed);
+                })
+                .ok();
+        }
+    }
+
+    /// Renames the prepared file to `segment` if one is ready. Returns whether it did; on
+    /// `false` the caller creates the segment itself. The next file is not requested here but
+    /// when the new segment is half written, so that a log that ends within it never makes one.
+    pub(crate) fn take(&mut self, segment: &Path) -> bool {
+        let mut state = sync::lock(&self.shared.state);
+        let taken = state.ready
+            && self
+                .shared
+                .fs
+                .rename(&self.shared.prepared_path(), segment)
+                .inspect_err(|_| {
+                    self.shared.failures.fetch_add(1, Relaxed);
+                })
+                .is_ok();
+        state.ready = false;
+        taken
+    }
+}
+
+impl Drop for SegmentPreparer {
+    fn drop(&mut self) {
+        sync::lock(&self.shared.state).stop = true;
+        self.shared.changed.notify_one();
+        if let Some(thread) = self.thread.take() {
+            // The thread only returns (it catches nothing that could panic short of a bug in
+            // the file system implementation, which would show up in tests).
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Shared {
+    fn prepared_path(&self) -> PathBuf {
+        self.dir.join(PREPARED_FILE_NAME)
+    }
+
+    /// The thread's loop: prepare whenever a file is wanted and none is ready.
+    fn run(&self) {
+        loop {
+            {
+                let mut state = sync::lock(&self.state);
+                // Idle until a file is wanted and none is ready (or the writer goes away).
+                while !state.stop && (!state.wanted || state.ready) {
+                    state = sync::wait(&self.changed, state);
+                }
+                if state.stop {
+                    return;
+                }
+                state.wanted = false;
+            }
+            match self.prepare() {
+                Ok(true) => sync::lock(&self.state).ready = true,
+                // Stopped halfway: the file is incomplete and is never used.
+                Ok(false) => return,
+                Err(_) => {
+                    self.failures.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Writes the prepared file: zeros over all of it, then syncs it and the directory.
+    /// Returns `Ok(false)` if the writer stopped meanwhile.
+    fn prepare(&self) -> io::Result<bool> {
+        let zeros = vec![0u8; WAL_PREPARE_CHUNK_BYTES];
+        let file: Box<dyn File> = self
+            .fs
+            .open(&self.prepared_path(), OpenOptions::create().truncate())?;
+        let mut written = 0;
+        while written < self.file_bytes {
+            if sync::lock(&self.state).stop {
+                return Ok(false);
+            }
+            let piece = (self.file_bytes - written).min(zeros.len() as u64) as usize;
+            file.write_all_at(written, &zeros[..piece])?;
+            // Synced chunk by chunk: a whole segment's zeros written back at once would hold up
+            // the device, and every log flush queued behind them, for a tenth of a second.
+            file.sync_data()?;
+            written += piece as u64;
+        }
+        self.fs.sync_dir(&self.dir)?;
+        Ok(true)
+    }
+}
