@@ -4,7 +4,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use lastpage_engine::{InsertPath, LatchPolicy};
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use lastpage_storage::limits::CHECKPOINT_LOG_BYTES;
+
+use crate::bench::checkpoint::{CheckpointConfig, MAX_CHECKPOINT_LOG_MB};
 use crate::bench::durable::DurableConfig;
 use crate::bench::insert::{InsertConfig, KeyKind, MAX_ROW_BYTES, Remedy};
 use crate::bench::matrix::MatrixConfig;
@@ -73,6 +77,14 @@ pub enum BenchCommand {
     /// the row count, a full scan and the integrity check find every row inserted (exit code 1
     /// if not). About a minute for the default 1 GiB on a fast disk.
     Recovery(RecoveryArgs),
+    /// What a checkpoint costs the writers that run through it: one thread fills a fresh
+    /// durable database (Durability::Full, automatic checkpoints off) with 1,000-row
+    /// transactions of 100-byte rows until the log holds --log-mb MiB (by default what an
+    /// automatic checkpoint finds), then a writer of 100-row statements runs for a baseline
+    /// window and on through one checkpoint. Reports the checkpoint's pause (writers stopped)
+    /// and duration, and the writer's rows/s, p50, p99 and longest statement in both windows;
+    /// then checks the row count and the integrity (exit code 1 if wrong).
+    Checkpoint(CheckpointArgs),
 }
 
 /// The latch flavour of the clustered index's pages.
@@ -330,6 +342,52 @@ impl RecoveryArgs {
             memory_mb: self.memory_mb,
             db: self.db.clone(),
             keep: self.keep,
+        }
+    }
+}
+
+/// `lastpage bench checkpoint`
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// MiB of log to write before the checkpoint: the default is the log size at which a
+    /// database takes an automatic checkpoint. About 9,000 rows per MiB.
+    #[arg(long, default_value_t = CHECKPOINT_LOG_BYTES >> 20, value_name = "N",
+          conflicts_with = "quick",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_CHECKPOINT_LOG_MB))]
+    pub log_mb: u64,
+    /// The buffer pool's memory budget, MiB (keep the table in memory to measure only the
+    /// checkpoint).
+    #[arg(long, default_value_t = 4096, value_name = "M",
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub memory_mb: u64,
+    /// Length of the writer's baseline window, milliseconds.
+    #[arg(long, default_value_t = 1000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub baseline_ms: u64,
+    /// Directory for the database (a fresh subdirectory is created in it and removed at the
+    /// end). Default: the system's temporary directory. Put it on the disk you want to measure.
+    #[arg(long, value_name = "DIR")]
+    pub db: Option<PathBuf>,
+    /// A smoke run: 16 MiB of log, a 200 ms baseline.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CheckpointArgs {
+    /// The run these flags describe (`--quick` overrides the log size and the baseline).
+    pub fn config(&self) -> CheckpointConfig {
+        CheckpointConfig {
+            log_mb: if self.quick {
+                QUICK_LOG_MB
+            } else {
+                self.log_mb
+            },
+            memory_mb: self.memory_mb,
+            baseline: Duration::from_millis(if self.quick { 200 } else { self.baseline_ms }),
+            db: self.db.clone(),
         }
     }
 }

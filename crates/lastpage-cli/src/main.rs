@@ -14,13 +14,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use bench::checkpoint as checkpoint_bench;
 use bench::compare::{self, CompareConfig};
 use bench::durable as durable_bench;
 use bench::insert::{BenchError, run_insert_bench};
 use bench::matrix;
 use bench::recovery as recovery_bench;
 use cli::{
-    BenchCommand, Cli, Command, CompareArgs, DurableArgs, InsertArgs, MatrixArgs, RecoveryArgs,
+    BenchCommand, CheckpointArgs, Cli, Command, CompareArgs, DurableArgs, InsertArgs, MatrixArgs,
+    RecoveryArgs,
 };
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::InsertMatrix(args)) => bench_insert_matrix(&args),
         Command::Bench(BenchCommand::Durable(args)) => bench_durable(&args),
         Command::Bench(BenchCommand::Recovery(args)) => bench_recovery(&args),
+        Command::Bench(BenchCommand::Checkpoint(args)) => bench_checkpoint(&args),
         Command::CrashTest(args) => crash::run_crash_test(&args),
         Command::CrashChild(args) => crash::run_child(&args),
     }
@@ -58,6 +61,16 @@ fn bench_recovery(args: &RecoveryArgs) -> ExitCode {
         )
     });
     emit(&report, args.json, recovery_bench::render, failure)
+}
+
+fn bench_checkpoint(args: &CheckpointArgs) -> ExitCode {
+    let report = match checkpoint_bench::run_checkpoint(&args.config()) {
+        Ok(report) => report,
+        Err(error) => return fail(&error),
+    };
+    let failure = (report.verified != "ok")
+        .then(|| format!("the table is not what was inserted: {}", report.verified));
+    emit(&report, args.json, checkpoint_bench::render, failure)
 }
 
 fn bench_insert(args: &InsertArgs) -> ExitCode {

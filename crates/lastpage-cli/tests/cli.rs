@@ -842,3 +842,55 @@ fn bad_durability_flags_fail_cleanly() {
         assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
     }
 }
+
+#[test]
+fn checkpoint_bench_times_a_writer_through_a_checkpoint() {
+    let scratch = Scratch::new("checkpoint");
+    let output = lastpage(&[
+        "bench",
+        "checkpoint",
+        "--quick",
+        "--json",
+        "--db",
+        &scratch.path(""),
+    ]);
+    assert!(
+        output.status.success(),
+        "bench checkpoint failed: {}\nstdout: {}",
+        text(&output.stderr),
+        text(&output.stdout)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["verified"], "ok", "{report}");
+    let load = &report["load"];
+    assert!(
+        load["log_appended_bytes"]
+            .as_u64()
+            .is_some_and(|bytes| bytes >= 16 * 1024 * 1024),
+        "{report}"
+    );
+    let checkpoint = &report["checkpoint"];
+    let (pause, duration) = (
+        checkpoint["pause_ms"].as_f64().expect("pause"),
+        checkpoint["duration_ms"].as_f64().expect("duration"),
+    );
+    assert!(pause >= 0.0 && pause <= duration, "{report}");
+    for window in ["baseline", "during_checkpoint"] {
+        let window = &report[window];
+        assert!(
+            window["statements"].as_u64().is_some_and(|n| n > 0),
+            "{report}"
+        );
+        let (p50, p99, max) = (
+            window["p50_ms"].as_f64().expect("p50"),
+            window["p99_ms"].as_f64().expect("p99"),
+            window["max_ms"].as_f64().expect("max"),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{report}");
+    }
+    assert!(report["throughput_ratio"].is_number(), "{report}");
+    let left: Vec<_> = std::fs::read_dir(&scratch.0)
+        .expect("read the scratch directory")
+        .collect();
+    assert!(left.is_empty(), "bench checkpoint left files behind");
+}

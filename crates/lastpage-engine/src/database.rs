@@ -506,6 +506,12 @@ impl Database {
         };
         let started = Instant::now();
         let mut last = sync::lock(&durable.checkpoint);
+        // Most pages are written before the writers are stopped, so that the pause below only
+        // writes those dirtied meanwhile.
+        self.inner
+            .pool
+            .write_dirty_pages()
+            .map_err(|error| EngineError::Storage(error.to_string()))?;
         let (pending, catalog, pause) = {
             let _gate = durable
                 .gate

@@ -382,6 +382,16 @@ impl DataFile {
         }
     }
 
+    /// Makes the pages written so far durable. A failure fails the file (no more checkpoints):
+    /// after a failed `fdatasync` nothing is known about the writes it covered, and a later one
+    /// that succeeds would not mean they are on disk.
+    pub(crate) fn sync_pages(&self) -> Result<(), PageError> {
+        self.file.sync_data().map_err(|error| {
+            self.fail();
+            io_error(0, "syncing written pages", error)
+        })
+    }
+
     /// Starts a capture: refuses if an earlier checkpoint failed or another is pending.
     pub(crate) fn begin_capture(&self) -> Result<u64, PageError> {
         if self.failed.load(Ordering::Acquire) {
@@ -526,7 +536,7 @@ impl DataFile {
     }
 }
 
-fn refused() -> PageError {
+pub(crate) fn refused() -> PageError {
     PageError::Io {
         page: 0,
         message: "an earlier checkpoint failed, so the pool refuses further checkpoints".into(),

@@ -186,6 +186,10 @@ const _: () = assert!(
     LOCK_MANAGER_DEFAULT_SHARDS >= 1 && LOCK_MANAGER_DEFAULT_SHARDS <= LOCK_MANAGER_MAX_SHARDS
 );
 
+/// Pages a checkpoint writes per batch before it quiesces the writers (one log flush and one
+/// round of shared latches per batch; see `BufferPool::write_dirty_pages`).
+pub const CHECKPOINT_WRITE_BATCH_PAGES: usize = 256;
+
 /// Default memory budget of a durable database's buffer pool, in bytes.
 pub const MEMORY_BUDGET_BYTES: usize = 1 << 30;
 

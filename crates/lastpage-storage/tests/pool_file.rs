@@ -444,3 +444,67 @@ fn pages_changed_and_evicted_between_capture_and_finish_keep_both_versions() {
         assert_matches(&tree, &snapshot);
     }
 }
+
+#[test]
+fn pages_written_ahead_of_a_capture_while_writers_go_on_are_in_its_image() {
+    let base = seed();
+    for round in 0..12u64 {
+        let seed = base.wrapping_add(round);
+        let fs = faulty(seed);
+        // Small enough that eviction runs alongside, and for some rounds everything fits.
+        let budget_pages = [48, 4096][round as usize % 2];
+        let (pool, _) = open(&fs, budget_pages);
+        let path = InsertPath::ALL[round as usize % 2];
+        let tree = Arc::new(BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap());
+        let oracle = Arc::new(std::sync::Mutex::new(BTreeMap::<Vec<u8>, Vec<u8>>::new()));
+        let writers: Vec<_> = (0..3u64)
+            .map(|thread| {
+                let (tree, oracle) = (Arc::clone(&tree), Arc::clone(&oracle));
+                std::thread::spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (thread << 32));
+                    for _ in 0..1_500 {
+                        let key = rng.random::<u32>().to_be_bytes().to_vec();
+                        // The oracle's lock spans the change, so the oracle's order of changes
+                        // to a key is the tree's.
+                        let mut oracle = oracle.lock().unwrap();
+                        let victim = oracle.range(key.clone()..).next().map(|(k, _)| k.clone());
+                        if let Some(victim) = victim.filter(|_| rng.random_bool(0.2)) {
+                            tree.update(&victim, &key).unwrap();
+                            oracle.insert(victim, key);
+                        } else if tree.insert(&key, &value_for(&key)).is_ok() {
+                            oracle.insert(key.clone(), value_for(&key));
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Write-ahead passes while the writers run.
+        let mut written_ahead = 0;
+        while writers.iter().any(|writer| !writer.is_finished()) {
+            written_ahead += pool.write_dirty_pages().unwrap();
+        }
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        // One more pass with the writers stopped leaves nothing for the capture to write.
+        written_ahead += pool.write_dirty_pages().unwrap();
+        assert!(written_ahead > 0, "seed {seed}");
+        let pending = pool.checkpoint_capture().unwrap();
+        let stats = pending.finish(&pool, &blob(&tree)).unwrap();
+        assert_eq!(stats.pages_written, 0, "seed {seed}: {stats:?}");
+        let snapshot = oracle.lock().unwrap().clone();
+        // Changes after the checkpoint, lost in the crash.
+        for i in 0..200u32 {
+            let key = i.to_be_bytes().to_vec();
+            let _ = tree.insert(&key, b"after");
+        }
+        pool.write_dirty_pages().unwrap();
+        drop(tree);
+        drop(pool);
+        let crashed =
+            fs.crash_with([CrashMode::Random, CrashMode::LoseUnsynced][round as usize % 2]);
+        let (pool, blob) = open(&crashed, budget_pages);
+        let tree = reattach(pool, &blob.expect("a checkpoint was finished"));
+        assert_matches(&tree, &snapshot);
+    }
+}

@@ -2,8 +2,9 @@
 //! through; [`compare`] and [`matrix`] drive it over grids of configurations; [`ideal`] is the
 //! no-B-tree reference the matrix measures against; [`render`] draws reports; [`durable`]
 //! measures durable inserts against SQLite ([`sqlite`]); [`recovery`] times the recovery of a
-//! large log.
+//! large log; [`checkpoint`] measures what a checkpoint costs the writers running through it.
 
+pub mod checkpoint;
 pub mod compare;
 pub mod durable;
 pub mod ideal;

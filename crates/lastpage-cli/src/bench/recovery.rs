@@ -33,7 +33,7 @@ use crate::durable::{self, Durability, OpenSettings};
 use crate::sys;
 
 /// Bytes in a MiB, the unit of `--log-mb` and `--memory-mb`.
-const MIB: u64 = 1024 * 1024;
+pub(super) const MIB: u64 = 1024 * 1024;
 
 /// Rows per transaction of the load: the batched cell of `bench durable`.
 pub const BATCH_ROWS: u64 = 1000;
@@ -163,17 +163,7 @@ pub fn run_recovery(config: &RecoveryConfig) -> Result<RecoveryReport, BenchErro
             config.log_mb
         )));
     }
-    let memory_budget_bytes = config
-        .memory_mb
-        .checked_mul(MIB)
-        .and_then(|bytes| usize::try_from(bytes).ok())
-        .filter(|&bytes| bytes > 0)
-        .ok_or_else(|| {
-            BenchError::InvalidConfig(format!(
-                "--memory-mb {} is not a memory budget this machine can address",
-                config.memory_mb
-            ))
-        })?;
+    let memory_budget_bytes = memory_budget_bytes(config.memory_mb)?;
     let settings = OpenSettings {
         durability: Durability::Full,
         memory_budget_bytes: Some(memory_budget_bytes),
@@ -205,6 +195,19 @@ pub fn run_recovery(config: &RecoveryConfig) -> Result<RecoveryReport, BenchErro
     })
 }
 
+/// `--memory-mb` in bytes, or why it cannot be a memory budget.
+pub(super) fn memory_budget_bytes(memory_mb: u64) -> Result<usize, BenchError> {
+    memory_mb
+        .checked_mul(MIB)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| {
+            BenchError::InvalidConfig(format!(
+                "--memory-mb {memory_mb} is not a memory budget this machine can address"
+            ))
+        })
+}
+
 /// The three phases, in `dir`.
 fn load_crash_recover(
     config: &RecoveryConfig,
@@ -213,7 +216,7 @@ fn load_crash_recover(
 ) -> Result<(LoadReport, RecoveredReport, VerificationReport), BenchError> {
     let load = {
         let db = durable::open_with(dir, settings).map_err(BenchError::Failed)?;
-        let load = load(&db, config.log_mb * MIB)?;
+        let (load, _) = load(&db, config.log_mb * MIB, "bench recovery")?;
         db.flush_log()
             .map_err(|error| BenchError::Failed(format!("cannot flush the log: {error}")))?;
         // The crash: the handle goes without `close()`, so no checkpoint is taken and the
@@ -253,8 +256,13 @@ fn load_crash_recover(
 }
 
 /// Inserts 1,000-row transactions from one thread until the log holds `target_bytes`, with a
-/// progress line on stderr at every tenth of the way.
-fn load(db: &Database, target_bytes: u64) -> Result<LoadReport, BenchError> {
+/// progress line on stderr (starting with `label`) at every tenth of the way. Returns what it
+/// did and the table.
+pub(super) fn load(
+    db: &Database,
+    target_bytes: u64,
+    label: &str,
+) -> Result<(LoadReport, std::sync::Arc<Table>), BenchError> {
     let failed =
         |what: &str, error: &dyn std::fmt::Display| BenchError::Failed(format!("{what}: {error}"));
     let workload = Workload::for_config(&InsertConfig {
@@ -284,7 +292,7 @@ fn load(db: &Database, target_bytes: u64) -> Result<LoadReport, BenchError> {
         if reached > tenths {
             tenths = reached;
             eprintln!(
-                "bench recovery: loading {:>3}%: {} MiB of log, {} rows, {:.1} s",
+                "{label}: loading {:>3}%: {} MiB of log, {} rows, {:.1} s",
                 tenths * 10,
                 written / MIB,
                 thousands(transactions * BATCH_ROWS),
@@ -294,13 +302,14 @@ fn load(db: &Database, target_bytes: u64) -> Result<LoadReport, BenchError> {
     }
     let elapsed_sec = started.elapsed().as_secs_f64().max(1e-9);
     let rows = transactions * BATCH_ROWS;
-    Ok(LoadReport {
+    let report = LoadReport {
         rows,
         transactions,
         log_appended_bytes: written,
         elapsed_sec: round6(elapsed_sec),
         rows_per_sec: (rows as f64 / elapsed_sec).round(),
-    })
+    };
+    Ok((report, table))
 }
 
 /// The recovered table holds exactly `expected` rows: by its row count, by a full scan and by

@@ -430,18 +430,27 @@ impl LogWriter {
     /// opening the log needs that record. The segment being written is never removed. A
     /// removal lost in a crash only leaves an old file behind, which recovery never reads, so
     /// the directory is not synced.
+    ///
+    /// The files are removed without the flush mutex held: unlinking a large file can take tens
+    /// of milliseconds, and every commit would wait for it. Only segments before the current
+    /// one are removed, and flushes only ever write the current segment or create later ones.
     pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
-        let io = sync::lock(&self.io);
-        let current = io.current.as_ref().map(|(start, _)| *start);
-        let segments = segment::list(io.fs.as_ref(), &io.dir)?;
+        let (fs, segments, current) = {
+            let io = sync::lock(&self.io);
+            let current = io.current.as_ref().map(|(start, _)| *start);
+            (
+                StdArc::clone(&io.fs),
+                segment::list(io.fs.as_ref(), &io.dir)?,
+                current,
+            )
+        };
         let mut removed = 0;
         for window in segments.windows(3) {
             let ((start, path), (after_next, _)) = (&window[0], &window[2]);
-            if *after_next > lsn.0 || Some(*start) == current {
+            if *after_next > lsn.0 || current.is_some_and(|current| *start >= current) {
                 break;
             }
-            io.fs
-                .remove(path)
+            fs.remove(path)
                 .map_err(|error| WalError::io(format!("removing {}", path.display()), error))?;
             removed += 1;
         }
