@@ -625,12 +625,12 @@ fn durable_insert_reports_group_commit() {
     }
 }
 
-#[test]
-fn durable_bench_runs_both_engines() {
-    let scratch = Scratch::new("durable");
+/// Runs `lastpage bench <bench> --quick --json --db <scratch>`, which must succeed, and returns
+/// its output and its JSON report.
+fn quick_bench(bench: &str, scratch: &Scratch) -> (Output, Value) {
     let output = lastpage(&[
         "bench",
-        "durable",
+        bench,
         "--quick",
         "--json",
         "--db",
@@ -638,11 +638,18 @@ fn durable_bench_runs_both_engines() {
     ]);
     assert!(
         output.status.success(),
-        "bench durable failed: {}\nstdout: {}",
+        "bench {bench} failed: {}\nstdout: {}",
         text(&output.stderr),
         text(&output.stdout)
     );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let report = serde_json::from_slice(&output.stdout).expect("JSON");
+    (output, report)
+}
+
+#[test]
+fn durable_bench_runs_both_engines() {
+    let scratch = Scratch::new("durable");
+    let (_, report) = quick_bench("durable", &scratch);
     let cells = report["cells"].as_array().expect("cells");
     // --quick: autocommit at 1 and 4 threads, then the batch, each on both engines.
     assert_eq!(cells.len(), 6, "{report}");
@@ -675,21 +682,7 @@ fn durable_bench_runs_both_engines() {
 #[test]
 fn recovery_bench_replays_the_whole_log() {
     let scratch = Scratch::new("recovery");
-    let output = lastpage(&[
-        "bench",
-        "recovery",
-        "--quick",
-        "--json",
-        "--db",
-        &scratch.path(""),
-    ]);
-    assert!(
-        output.status.success(),
-        "bench recovery failed: {}\nstdout: {}",
-        text(&output.stderr),
-        text(&output.stdout)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let (output, report) = quick_bench("recovery", &scratch);
     let load = &report["load"];
     let recovery = &report["recovery"];
     let verification = &report["verification"];
@@ -846,21 +839,7 @@ fn bad_durability_flags_fail_cleanly() {
 #[test]
 fn checkpoint_bench_times_a_writer_through_a_checkpoint() {
     let scratch = Scratch::new("checkpoint");
-    let output = lastpage(&[
-        "bench",
-        "checkpoint",
-        "--quick",
-        "--json",
-        "--db",
-        &scratch.path(""),
-    ]);
-    assert!(
-        output.status.success(),
-        "bench checkpoint failed: {}\nstdout: {}",
-        text(&output.stderr),
-        text(&output.stdout)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let (_, report) = quick_bench("checkpoint", &scratch);
     assert_eq!(report["verified"], "ok", "{report}");
     let load = &report["load"];
     assert!(

@@ -25,7 +25,7 @@ use serde::Serialize;
 use super::durable::{ROW_BYTES, remove_dir, run_directory, verify_lastpage};
 use super::insert::{BenchError, InsertConfig, Workload, round3, round6};
 use super::recovery::{LoadReport, MIB, load, memory_budget_bytes};
-use super::render::{number, run_footer, table, thousands};
+use super::render::{machine, number, run_footer, table, thousands};
 use crate::durable::{self, Durability, OpenSettings};
 use crate::sys;
 
@@ -262,17 +262,12 @@ pub fn render(report: &CheckpointReport) -> String {
     let mut out = format!(
         "bench checkpoint: {} rows loaded ({} MiB of log, {}-byte rows, 1,000-row \
          transactions, no checkpoint since); then a writer of {}-row statements runs through \
-         one checkpoint; {} CPUs{}\n",
+         one checkpoint; {}\n",
         thousands(load.rows),
         number(load.log_appended_bytes as f64 / MIB as f64),
         report.row_bytes,
         report.writer_statement_rows,
-        report.cpus,
-        report
-            .cpu_model
-            .as_ref()
-            .map(|model| format!(" ({model})"))
-            .unwrap_or_default(),
+        machine(report.cpus, report.cpu_model.as_deref()),
     );
     out.push_str(&format!(
         "checkpoint: writers paused {} ms, whole checkpoint {} ms, {} log segments removed\n",

@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::insert::{
     BenchError, InsertConfig, LatencyReport, StartGate, WaitReport, Workload, round3, round6,
 };
-use super::render::{number, run_footer, table, thousands};
+use super::render::{machine, number, run_footer, table, thousands};
 use super::sqlite::SqliteBench;
 use crate::durable::{self, Durability};
 use crate::sys;
@@ -648,7 +648,7 @@ fn run_cells(
 pub fn render(report: &DurableReport) -> String {
     let mut out = format!(
         "bench durable: lastpage (Durability::Full) vs SQLite (WAL, synchronous=FULL, one shared \
-         connection), {}-byte rows, {}, batches of {} rows; {} CPUs{}\n",
+         connection), {}-byte rows, {}, batches of {} rows; {}\n",
         report.row_bytes,
         match (report.seconds_per_cell, report.rows_per_cell) {
             (_, Some(rows)) => format!("{} rows per cell", thousands(rows)),
@@ -659,12 +659,7 @@ pub fn render(report: &DurableReport) -> String {
             (None, None) => String::new(),
         },
         thousands(report.batch_rows),
-        report.cpus,
-        report
-            .cpu_model
-            .as_ref()
-            .map(|model| format!(" ({model})"))
-            .unwrap_or_default(),
+        machine(report.cpus, report.cpu_model.as_deref()),
     );
     out.push_str(&format!("databases in {} (removed)\n", report.db_dir));
     let mut cells = table(

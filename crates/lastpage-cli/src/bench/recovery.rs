@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::durable::{ROW_BYTES, remove_dir, run_directory, verify_lastpage};
 use super::insert::{BenchError, InsertConfig, Workload, round3, round6};
-use super::render::{number, run_footer, table, thousands};
+use super::render::{machine, number, run_footer, table, thousands};
 use crate::durable::{self, Durability, OpenSettings};
 use crate::sys;
 
@@ -369,16 +369,11 @@ pub fn render(report: &RecoveryReport) -> String {
     let recovery = &report.recovery;
     let mut out = format!(
         "bench recovery: {} MiB of log ({}-byte rows, {}-row transactions, Durability::Full, \
-         no checkpoint since the table was created), crash without close, reopen; {} CPUs{}\n",
+         no checkpoint since the table was created), crash without close, reopen; {}\n",
         thousands(report.log_target_bytes / MIB),
         report.row_bytes,
         thousands(report.rows_per_transaction),
-        report.cpus,
-        report
-            .cpu_model
-            .as_ref()
-            .map(|model| format!(" ({model})"))
-            .unwrap_or_default(),
+        machine(report.cpus, report.cpu_model.as_deref()),
     );
     out.push_str(&format!(
         "database in {} ({}); memory budget {} MiB\n",

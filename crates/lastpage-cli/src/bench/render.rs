@@ -49,6 +49,14 @@ pub fn number(value: f64) -> String {
     }
 }
 
+/// The machine as a report's first line names it: "2 CPUs (model)".
+pub fn machine(cpus: usize, cpu_model: Option<&str>) -> String {
+    match cpu_model {
+        Some(model) => format!("{cpus} CPUs ({model})"),
+        None => format!("{cpus} CPUs"),
+    }
+}
+
 /// The closing line of a multi-run report: total time, and how busy the rest of the machine
 /// was meanwhile (wall-clock rates on a busy 2-core machine are noise).
 pub fn run_footer(elapsed_sec: f64, other_cpu_load_percent: Option<f64>) -> String {
