@@ -83,6 +83,8 @@ pub struct Recovery {
     pub undone_changes: u64,
     /// Reading and applying the log.
     pub replay_duration: Duration,
+    /// Pages written back to the data file during replay.
+    pub pages_written_during_replay: u64,
     /// The checkpoint that ends recovery.
     pub checkpoint_duration: Duration,
     /// Wall time of the recovery (all of opening the database).
@@ -163,6 +165,7 @@ pub fn recovery(db: &Database) -> Option<Recovery> {
     db.recovery_stats().map(|stats| Recovery {
         log_bytes: stats.log_bytes,
         records: stats.records,
+        pages_written_during_replay: stats.pages_written_during_replay,
         committed_txns: stats.committed_txns,
         loser_txns: stats.loser_txns,
         redone_changes: stats.redone_changes,

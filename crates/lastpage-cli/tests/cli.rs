@@ -716,6 +716,7 @@ fn recovery_bench_replays_the_whole_log() {
         "replay_mib_per_sec",
         "replay_records_per_sec",
         "replay_row_changes_per_sec",
+        "pages_written_during_replay",
     ] {
         assert!(recovery[field].is_number(), "{field}: {report}");
     }

@@ -17,6 +17,7 @@ use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
     LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
+    RECOVERY_WRITE_BACK_IDLE_MS,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -250,7 +251,7 @@ impl Database {
             }
         }
         let wal_dir = dir.join(WAL_DIR_NAME);
-        let mut recovery = recovery::replay(&db, Arc::clone(&fs), &wal_dir, catalog.as_ref())?;
+        let mut recovery = replay_writing_back(&db, &pool, Arc::clone(&fs), &wal_dir, &catalog)?;
         let wal = LogWriter::open(Arc::clone(&fs), wal_dir.clone(), options.wal)
             .map_err(|error| EngineError::Storage(error.to_string()))?;
         recovery.log_end = wal.start_lsn().0;
@@ -884,4 +885,45 @@ impl Session {
         };
         (result, statement_waits.snapshot())
     }
+}
+
+/// Replays the log (see [`recovery::replay`]) while another thread writes the pages it fills
+/// back to the data file, so that the checkpoint ending recovery finds them clean instead of
+/// writing and syncing the whole table after replay: replay is CPU, write-back is I/O, and on
+/// two threads they overlap. Every change replay makes is in the durable log already, so an
+/// early write breaks no rule (and the pool has no log to flush yet); the passes skip any page
+/// replay holds, and a page filled further after it was written is dirty again and written
+/// again.
+fn replay_writing_back(
+    db: &Database,
+    pool: &BufferPool,
+    fs: Arc<dyn FileSystem>,
+    wal_dir: &Path,
+    catalog: &Option<Catalog>,
+) -> Result<RecoveryStats> {
+    let replaying = std::sync::atomic::AtomicBool::new(true);
+    let (replayed, written_back) = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut written = 0;
+            while replaying.load(std::sync::atomic::Ordering::Relaxed) {
+                let pass = pool.write_dirty_pages()?;
+                written += pass;
+                if pass == 0 {
+                    std::thread::sleep(Duration::from_millis(RECOVERY_WRITE_BACK_IDLE_MS));
+                }
+            }
+            Ok::<usize, lastpage_storage::buffer::PageError>(written)
+        });
+        let replayed = recovery::replay(db, fs, wal_dir, catalog.as_ref());
+        replaying.store(false, std::sync::atomic::Ordering::Relaxed);
+        let written_back = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (replayed, written_back)
+    });
+    let mut stats = replayed?;
+    stats.pages_written_during_replay = written_back
+        .map_err(|error| EngineError::Storage(format!("writing back replayed pages: {error}")))?
+        as u64;
+    Ok(stats)
 }

@@ -56,6 +56,9 @@ pub struct RecoveryStats {
     pub undone_changes: u64,
     /// Reading and applying the log.
     pub replay_duration: Duration,
+    /// Pages written back to the data file while the log was replayed (so that the checkpoint
+    /// ending recovery need not write them).
+    pub pages_written_during_replay: u64,
     /// The checkpoint that ends recovery, in microseconds.
     pub checkpoint_us: u64,
     /// All of opening the database.

@@ -87,6 +87,9 @@ pub struct RecoveredReport {
     pub redone_changes: u64,
     /// Reading and applying the log, seconds.
     pub replay_sec: f64,
+    /// Pages written back to the data file during replay, by a second thread (the closing
+    /// checkpoint writes only the rest).
+    pub pages_written_during_replay: u64,
     /// The checkpoint that ends recovery (it writes the whole table to the data file), seconds.
     pub checkpoint_sec: f64,
     /// All of `Database::open` as the engine measured it, seconds.
@@ -242,6 +245,7 @@ fn load_crash_recover(
         loser_txns: stats.loser_txns,
         redone_changes: stats.redone_changes,
         replay_sec: round6(replay_sec),
+        pages_written_during_replay: stats.pages_written_during_replay,
         checkpoint_sec: round6(stats.checkpoint_duration.as_secs_f64()),
         engine_open_sec: round6(stats.duration.as_secs_f64()),
         open_sec: round6(open_sec),
@@ -390,7 +394,7 @@ pub fn render(report: &RecoveryReport) -> String {
         thousands(load.rows_per_sec as u64),
     ));
     let mut figures = table(&["recovery", "value"], 1);
-    let rows: [(&str, String); 10] = [
+    let rows: [(&str, String); 11] = [
         (
             "log replayed",
             format!(
@@ -410,6 +414,10 @@ pub fn render(report: &RecoveryReport) -> String {
         ("committed transactions", thousands(recovery.committed_txns)),
         ("loser transactions", thousands(recovery.loser_txns)),
         ("replay", format!("{} s", number(recovery.replay_sec))),
+        (
+            "pages written back during replay",
+            thousands(recovery.pages_written_during_replay),
+        ),
         (
             "closing checkpoint",
             format!("{} s", number(recovery.checkpoint_sec)),
