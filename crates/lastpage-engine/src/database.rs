@@ -17,7 +17,7 @@ use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
     LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
-    RECOVERY_WRITE_BACK_IDLE_MS,
+    RECOVERY_WRITE_BACK_PAUSE_MS,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -906,11 +906,11 @@ fn replay_writing_back(
         let writer = scope.spawn(|| {
             let mut written = 0;
             while replaying.load(std::sync::atomic::Ordering::Relaxed) {
-                let pass = pool.write_dirty_pages()?;
-                written += pass;
-                if pass == 0 {
-                    std::thread::sleep(Duration::from_millis(RECOVERY_WRITE_BACK_IDLE_MS));
-                }
+                written += pool.write_dirty_pages()?;
+                // A pause between passes lets pages fill up, so that each pass writes whole
+                // batches of full pages and syncs once per batch, rather than chasing replay
+                // page by page (a sync and a scan of every frame each time).
+                std::thread::sleep(Duration::from_millis(RECOVERY_WRITE_BACK_PAUSE_MS));
             }
             Ok::<usize, lastpage_storage::buffer::PageError>(written)
         });

@@ -190,9 +190,9 @@ const _: () = assert!(
 /// round of shared latches per batch; see `BufferPool::write_dirty_pages`).
 pub const CHECKPOINT_WRITE_BATCH_PAGES: usize = 256;
 
-/// How long the thread that writes replayed pages back during recovery sleeps after a pass
-/// that found nothing to write, in milliseconds.
-pub const RECOVERY_WRITE_BACK_IDLE_MS: u64 = 1;
+/// How long the thread that writes replayed pages back during recovery pauses between its
+/// passes over the pool, in milliseconds.
+pub const RECOVERY_WRITE_BACK_PAUSE_MS: u64 = 10;
 
 /// Default memory budget of a durable database's buffer pool, in bytes.
 pub const MEMORY_BUDGET_BYTES: usize = 1 << 30;
