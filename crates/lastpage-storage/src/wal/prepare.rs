@@ -15,8 +15,9 @@
 //!   ([`SegmentPreparer::request`]); the first request starts the thread, so a short-lived log
 //!   never starts one nor writes a segment's worth of zeros.
 //! - The thread prepares only while a file is wanted and none is ready: it creates
-//!   [`PREPARED_FILE_NAME`] afresh, writes zeros over the header and body, syncs the file and the
-//!   directory, and marks it ready. It checks for shutdown between chunks.
+//!   [`PREPARED_FILE_NAME`] afresh, writes zeros over the header and body a mebibyte at a time
+//!   (syncing each, and checking for shutdown between them), syncs the directory, and marks
+//!   the file ready.
 //! - At a segment switch the leader *takes* the ready file ([`SegmentPreparer::take`]): it
 //!   renames it to the segment's name while holding the mutex (the thread never touches a ready
 //!   file), then writes the header and syncs the file and the directory as it would for a new
