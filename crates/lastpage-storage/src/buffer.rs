@@ -257,6 +257,15 @@ impl Default for BufferPool {
     }
 }
 
+/// The error of a page write that did not happen because the before-write hook (the engine's
+/// log flush) failed.
+fn hook_failed(page_id: PageId) -> PageError {
+    PageError::Io {
+        page: page_id,
+        message: "the before-write hook (the log flush) failed".into(),
+    }
+}
+
 /// A page id that may be corrupt (it came from page contents) and names no allocated page.
 fn unallocated(page_id: PageId) -> PageError {
     PageError::Corrupt {
@@ -760,10 +769,7 @@ impl BufferPool {
             let mut result = if self.run_before_write_hook() {
                 Ok(())
             } else {
-                Err(PageError::Io {
-                    page: batch[0].1,
-                    message: "the before-write hook (the log flush) failed".into(),
-                })
+                Err(hook_failed(batch[0].1))
             };
             for (frame, page_id) in batch.drain(..) {
                 if result.is_ok() {
@@ -809,10 +815,7 @@ impl BufferPool {
                 result = if hook_ok {
                     self.write_frame(file, frame, page_id)
                 } else {
-                    Err(PageError::Io {
-                        page: page_id,
-                        message: "the before-write hook (the log flush) failed".into(),
-                    })
+                    Err(hook_failed(page_id))
                 };
                 pages_written += 1;
             }
