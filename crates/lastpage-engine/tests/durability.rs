@@ -43,6 +43,24 @@ fn open(fs: &FaultyFileSystem) -> Database {
     Database::open(DIR, options(fs)).unwrap()
 }
 
+/// Pulls the plug on `fs` (in `mode`) while `db` is open, then lets go of the old handle so that
+/// the crashed copy can be opened: `held` (the sessions and tables that keep the handle alive)
+/// is dropped before `db`, and `abandoned` (sessions with a transaction still open) is leaked,
+/// so that no rollback runs as if the process had gone on. Returns what the crash left.
+fn crash(
+    fs: &FaultyFileSystem,
+    mode: CrashMode,
+    db: Database,
+    held: impl Sized,
+    abandoned: impl Sized,
+) -> FaultyFileSystem {
+    let after = fs.crash_with(mode);
+    std::mem::forget(abandoned);
+    drop(held);
+    drop(db);
+    after
+}
+
 /// `Orders(Id BIGINT IDENTITY PRIMARY KEY, Payload VARCHAR(100) NOT NULL)`.
 fn orders() -> TableDef {
     TableDef::new("Orders")
@@ -132,10 +150,7 @@ fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
             CrashMode::LoseUnsynced,
             CrashMode::KeepUnsynced,
         ][(round % 3) as usize];
-        let after = fs.crash_with(mode);
-        std::mem::forget(open_session);
-        drop(session);
-        drop(db);
+        let after = crash(&fs, mode, db, session, open_session);
         let db = open(&after);
         let rows = orders_rows(&db);
         let acked = acked.lock().unwrap();
@@ -199,11 +214,7 @@ fn recovery_replays_updates_deletes_and_undoes_losers_over_a_checkpoint() {
     table
         .update(&session, &[Value::Int(12)], &[(0, Value::Int(612))])
         .unwrap();
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    std::mem::forget(loser);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), loser);
     let db = open(&after);
     let table = db.table("Accounts").unwrap();
     let session = db.session();
@@ -264,9 +275,7 @@ fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
             .get(&session, &[Value::BigInt(1)])
             .is_err()
     );
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(session);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
     let db = open(&after);
     let rows = orders_rows(&db);
     for id in before {
@@ -364,11 +373,7 @@ fn multi_row_statements_are_logged_as_runs_per_partition_and_recovered() {
     table
         .insert(&session, InsertRow::new().set(1, "pending").set(2, 0))
         .unwrap();
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    std::mem::forget(loser);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), loser);
     let db = open(&after);
     let table = db.table("Orders").unwrap();
     let session = db.session();
@@ -419,10 +424,7 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
         (11..=20).contains(&records),
         "200 rows took {records} records"
     );
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
     let db = Database::open(
         DIR,
         DatabaseOptions {
@@ -455,10 +457,7 @@ fn checkpoints_remove_old_log_and_bound_recovery() {
     let stats = db.checkpoint().unwrap();
     assert!(stats.segments_removed > 0, "{stats:?}");
     table.insert_batch(&session, rows[..10].to_vec()).unwrap();
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
     let db = open(&after);
     let recovery = db.recovery_stats().unwrap();
     assert!(
@@ -487,10 +486,7 @@ fn statements_are_atomic_inside_transactions() {
     assert!(matches!(error, EngineError::DuplicateKey { .. }), "{error}");
     assert_eq!(table.get(&session, &[Value::Int(2)]).unwrap(), None);
     session.commit().unwrap();
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
     let db = open(&after);
     let table = db.table("Accounts").unwrap();
     let session = db.session();
@@ -612,10 +608,7 @@ fn a_non_logged_table_is_emptied_by_crash_recovery_and_kept_by_a_clean_close() {
         .unwrap();
     let wal_bytes = db.wal_stats().unwrap().appended_bytes;
     assert_eq!(wal_bytes, 0, "a non-logged table writes no log");
-    let after = fs.crash_with(CrashMode::KeepUnsynced);
-    drop(session);
-    drop(table);
-    drop(db);
+    let after = crash(&fs, CrashMode::KeepUnsynced, db, (session, table), ());
     let db = open(&after);
     assert!(
         orders_rows(&db).is_empty(),
@@ -648,9 +641,7 @@ fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
         "delayed commits do not wait for the log"
     );
     db.flush_log().unwrap();
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(session);
-    drop(db);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
     let db = open(&after);
     let rows = orders_rows(&db);
     for id in ids {
@@ -683,9 +674,7 @@ fn a_torn_log_tail_is_cut_and_the_database_opens() {
                 db.flush_log().unwrap();
             }
         }
-        let after = fs.crash_with(CrashMode::Random);
-        drop(session);
-        drop(db);
+        let after = crash(&fs, CrashMode::Random, db, session, ());
         let db = open(&after);
         let rows = orders_rows(&db);
         // Whatever survived is a prefix of the commits (ids were taken in order).
@@ -817,9 +806,7 @@ fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
         matches!(refused, EngineError::DatabaseFailed(_)),
         "{refused}"
     );
-    let after = fs.crash_with(CrashMode::Random);
-    drop(session);
-    drop(db);
+    let after = crash(&fs, CrashMode::Random, db, session, ());
     let db = open(&after);
     let rows = orders_rows(&db);
     for id in acked {
