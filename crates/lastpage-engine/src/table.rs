@@ -18,7 +18,7 @@ use lastpage_storage::btree::{
 };
 use lastpage_storage::limits::{LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES};
 use lastpage_storage::sync::{AtomicI64, Ordering};
-use lastpage_storage::wal::{Record, TxnId};
+use lastpage_storage::wal::{Record, TxnId, record};
 use std::borrow::Cow;
 
 use crate::catalog::{CatalogEntry, IndexTrees};
@@ -295,15 +295,13 @@ impl RowChange {
         if !changes.peek().is_some_and(|second| same_partition(second)) {
             return (first.to_record(txn, table), 1);
         }
-        // The run's fixed part: transaction, index and row count.
-        let mut payload_bytes = 16;
+        let mut payload_bytes = record::INSERT_RUN_FIXED_BYTES;
         let mut rows = Vec::new();
         for change in std::iter::once(first).chain(changes) {
             let RowChange::Insert { key, value, .. } = change else {
                 break;
             };
-            // Each row is two length-prefixed byte strings.
-            let row_bytes = 8 + key.len() + value.len();
+            let row_bytes = record::insert_run_row_bytes(key, value);
             if !same_partition(change) || payload_bytes + row_bytes > max_payload_bytes {
                 break;
             }

@@ -230,6 +230,14 @@ fn bytes_len(bytes: &[u8]) -> usize {
     4 + bytes.len()
 }
 
+/// Payload bytes of an `InsertRun` before its rows: transaction, index and row count.
+pub const INSERT_RUN_FIXED_BYTES: usize = 16;
+
+/// Payload bytes one row takes in an `InsertRun`: its key and value, each length-prefixed.
+pub fn insert_run_row_bytes(key: &[u8], value: &[u8]) -> usize {
+    bytes_len(key) + bytes_len(value)
+}
+
 impl<'a> Record<'a> {
     /// The record's type byte.
     pub fn kind(&self) -> RecordKind {
@@ -283,10 +291,11 @@ impl<'a> Record<'a> {
             Record::IdentityReserve { .. } => 12,
             Record::Schema { description } => bytes_len(description),
             Record::InsertRun { rows, .. } => {
-                16 + rows
-                    .iter()
-                    .map(|(key, value)| bytes_len(key) + bytes_len(value))
-                    .sum::<usize>()
+                INSERT_RUN_FIXED_BYTES
+                    + rows
+                        .iter()
+                        .map(|(key, value)| insert_run_row_bytes(key, value))
+                        .sum::<usize>()
             }
         }
     }
