@@ -3,8 +3,8 @@
 //!
 //! Resources ([`LockKey`]: a table id and an encoded clustered key) are hashed into shards; each
 //! shard is a mutex-protected hash map from a key to its lock entry: the holders and a FIFO
-//! queue of waiters. An uncontended request takes one shard mutex and allocates nothing but
-//! the map's slot: the map and the transaction share the key's bytes.
+//! queue of waiters. An uncontended request takes one shard mutex, makes one lookup and
+//! allocates nothing but the map's slot: a short key is stored inside the [`LockKey`].
 //!
 //! A request that conflicts queues, records an LCK_M_S or LCK_M_X wait (attributed to the
 //! current session like every other wait), checks the waits-for graph for a cycle through
@@ -15,6 +15,7 @@
 //! Every synchronization primitive comes from `lastpage_storage::sync`, so `--cfg loom` model
 //! checks this module too (`tests/locks_loom.rs`).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 
@@ -22,7 +23,7 @@ use rustc_hash::FxBuildHasher;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use lastpage_storage::limits::LOCK_MANAGER_MAX_SHARDS;
+use lastpage_storage::limits::{LOCK_KEY_INLINE_BYTES, LOCK_MANAGER_MAX_SHARDS};
 use lastpage_storage::stats::{self, WaitType};
 use lastpage_storage::sync::{self, Arc, AtomicU8, AtomicU64, Condvar, Mutex, Ordering};
 
@@ -30,24 +31,88 @@ pub use lastpage_storage::wal::TxnId;
 
 /// A lockable resource: one row of one table, named by its encoded clustered key.
 ///
-/// The key bytes are shared (`Arc`), because the lock manager's map and the transaction's list
-/// of held locks both keep the key: cloning it is then a count increment, not a second
-/// allocation and copy per locked row.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The map of lock entries and the transaction's list of held locks both keep the key. A short
+/// key (an identity or a GUID, with its index prefix) is stored inline, so that locking a row
+/// allocates nothing for its key and a copy is a few words; a longer one is shared through an
+/// `Arc`, so that the second copy is a count increment rather than another allocation.
+#[derive(Clone)]
 pub struct LockKey {
-    /// The table the row belongs to.
-    pub table_id: u32,
-    /// The row's clustered key, in its memcomparable encoding.
-    pub key: std::sync::Arc<[u8]>,
+    table_id: u32,
+    bytes: KeyBytes,
+}
+
+#[derive(Clone)]
+enum KeyBytes {
+    Inline {
+        len: u8,
+        bytes: [u8; LOCK_KEY_INLINE_BYTES],
+    },
+    Shared(std::sync::Arc<[u8]>),
 }
 
 impl LockKey {
     /// The lock resource of the row with clustered key `key` in table `table_id`.
-    pub fn new(table_id: u32, key: impl Into<std::sync::Arc<[u8]>>) -> LockKey {
-        LockKey {
-            table_id,
-            key: key.into(),
+    pub fn new(table_id: u32, key: impl AsRef<[u8]>) -> LockKey {
+        let key = key.as_ref();
+        let bytes = match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= LOCK_KEY_INLINE_BYTES => {
+                let mut bytes = [0; LOCK_KEY_INLINE_BYTES];
+                bytes[..key.len()].copy_from_slice(key);
+                KeyBytes::Inline { len, bytes }
+            }
+            _ => KeyBytes::Shared(key.into()),
+        };
+        LockKey { table_id, bytes }
+    }
+
+    /// The table the row belongs to.
+    pub fn table_id(&self) -> u32 {
+        self.table_id
+    }
+
+    /// The row's clustered key, in its memcomparable encoding.
+    pub fn key(&self) -> &[u8] {
+        match &self.bytes {
+            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyBytes::Shared(bytes) => bytes,
         }
+    }
+}
+
+// Equality, hashing and order are the table's and the key bytes', however they are stored.
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.table_id == other.table_id && self.key() == other.key()
+    }
+}
+
+impl Eq for LockKey {}
+
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.table_id.hash(state);
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for LockKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LockKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.table_id, self.key()).cmp(&(other.table_id, other.key()))
+    }
+}
+
+impl std::fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockKey")
+            .field("table_id", &self.table_id)
+            .field("key", &self.key())
+            .finish()
     }
 }
 
@@ -497,16 +562,18 @@ impl LockManager {
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
         let Shard { entries, stats } = &mut *shard;
-        let Some(entry) = entries.get_mut(key) else {
-            entries.insert(
-                key.clone(),
-                LockEntry {
+        // One lookup whether or not the key is locked (the usual case for a new row is that it
+        // is not): cloning a key costs less than hashing and probing it a second time.
+        let entry = match entries.entry(key.clone()) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(LockEntry {
                     holders: Holders::one(Holder { txn, mode }),
                     queue: VecDeque::new(),
-                },
-            );
-            stats.acquired += 1;
-            return Ok(Granted::New);
+                });
+                stats.acquired += 1;
+                return Ok(Granted::New);
+            }
+            Entry::Occupied(occupied) => occupied.into_mut(),
         };
         let request = match entry.holders.mode_of(txn) {
             Some(held) if held.covers(mode) => return Ok(Granted::AlreadyHeld),
@@ -605,14 +672,15 @@ impl LockManager {
         for key in keys {
             let mut shard = sync::lock(self.shard(key));
             let Shard { entries, stats } = &mut *shard;
-            let Some(entry) = entries.get_mut(key) else {
+            let Entry::Occupied(mut occupied) = entries.entry(key.clone()) else {
                 continue;
             };
+            let entry = occupied.get_mut();
             if entry.holders.remove(txn) {
                 stats.acquired += entry.grant_waiters();
             }
             if entry.is_unused() {
-                entries.remove(key);
+                occupied.remove();
             }
         }
     }

@@ -91,26 +91,19 @@ impl ActiveSlot {
 
 /// The lock resource of `key` in index `ordinal` of `table` (0: the clustered index).
 pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
-    // A short key (the usual: an identity is 4 or 8 bytes) is assembled on the stack and copied
-    // into the shared key in one go: one allocation and a `memcpy` (collecting the chained
-    // bytes into the `Arc` went byte by byte, a few hundred instructions a row). A longer one
-    // goes through a vector.
+    // The index's ordinal and the key are assembled on the stack when they fit (the usual: an
+    // identity is 4 or 8 bytes), and only a longer key goes through a vector.
     const ON_STACK_BYTES: usize = 64;
+    let ordinal = (ordinal as u16).to_be_bytes();
     let mut prefixed = [0u8; ON_STACK_BYTES];
-    let bytes: std::sync::Arc<[u8]> = match prefixed.get_mut(2..2 + key.len()) {
+    match prefixed.get_mut(2..2 + key.len()) {
         Some(tail) => {
             tail.copy_from_slice(key);
-            prefixed[..2].copy_from_slice(&(ordinal as u16).to_be_bytes());
-            std::sync::Arc::from(&prefixed[..2 + key.len()])
+            prefixed[..2].copy_from_slice(&ordinal);
+            LockKey::new(table_id, &prefixed[..2 + key.len()])
         }
-        None => {
-            let mut long = Vec::with_capacity(2 + key.len());
-            long.extend_from_slice(&(ordinal as u16).to_be_bytes());
-            long.extend_from_slice(key);
-            long.into()
-        }
-    };
-    LockKey::new(table_id, bytes)
+        None => LockKey::new(table_id, [&ordinal[..], key].concat()),
+    }
 }
 
 /// Locks clustered keys that did not exist before: an identity key the tree makes under its

@@ -51,6 +51,60 @@ fn compatibility_matrix_is_sql_servers() {
 }
 
 #[test]
+fn keys_of_every_length_lock_by_their_bytes() {
+    // Short keys are stored inside the lock and long ones allocated: around the boundary and far
+    // past it, two keys are the same resource exactly when their table and bytes are.
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+    let hash = |key: &LockKey| {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        hasher.finish()
+    };
+    let manager = LockManager::new(8);
+    let lengths = [0, 1, 29, 30, 31, 32, 100, 1000];
+    for &length in &lengths {
+        let bytes: Vec<u8> = (0..length).map(|i| (i * 7 + length) as u8).collect();
+        let (first, second) = (LockKey::new(3, &bytes), LockKey::new(3, bytes.clone()));
+        assert_eq!(first, second, "length {length}");
+        assert_eq!(hash(&first), hash(&second), "length {length}");
+        assert_eq!(first.key(), &bytes[..]);
+        assert_eq!(first.table_id(), 3);
+        assert_ne!(first, LockKey::new(4, &bytes), "length {length}");
+        manager.acquire(TxnId(1), &first, Exclusive, ZERO).unwrap();
+        let conflict = manager.acquire(TxnId(2), &second.clone(), Shared, ZERO);
+        assert!(
+            matches!(conflict, Err(LockError::Timeout { .. })),
+            "length {length}"
+        );
+        assert!(manager.is_locked_by_other(Some(TxnId(2)), &second));
+    }
+    // A key one byte longer or shorter is another row.
+    for pair in lengths.windows(2) {
+        let shorter = LockKey::new(9, vec![5; pair[0]]);
+        let longer = LockKey::new(9, vec![5; pair[1]]);
+        assert_ne!(shorter, longer);
+        assert!(shorter < longer);
+    }
+    let all: Vec<LockKey> = lengths
+        .iter()
+        .map(|&length| {
+            LockKey::new(
+                3,
+                (0..length)
+                    .map(|i| (i * 7 + length) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect();
+    manager.release_all(TxnId(1), &all);
+    for key in &all {
+        assert!(!manager.is_locked_by_other(Some(TxnId(2)), key));
+        manager.acquire(TxnId(2), key, Exclusive, ZERO).unwrap();
+    }
+}
+
+#[test]
 fn reacquiring_is_free_and_release_all_frees_everything() {
     let manager = LockManager::new(1);
     let mut locks = TxnLocks::new(TxnId(7));

@@ -182,6 +182,11 @@ pub const LOCK_MANAGER_DEFAULT_SHARDS: usize = 64;
 /// cache-line-padded mutex and an empty hash map, so this bounds the manager's fixed memory.
 pub const LOCK_MANAGER_MAX_SHARDS: usize = 1 << 16;
 
+/// Bytes of a row lock's key (index ordinal and encoded key) stored inside the lock itself;
+/// a longer key is allocated. Covers an identity (2 + 9 bytes), a GUID (2 + 17) and the
+/// remedies' (ModValue, InsertID) keys, and keeps a lock key at 40 bytes.
+pub const LOCK_KEY_INLINE_BYTES: usize = 30;
+
 const _: () = assert!(
     LOCK_MANAGER_DEFAULT_SHARDS >= 1 && LOCK_MANAGER_DEFAULT_SHARDS <= LOCK_MANAGER_MAX_SHARDS
 );
