@@ -274,6 +274,17 @@ impl<'a> Page<'a> {
         Err(low)
     }
 
+    /// [`Page::search`] for a key about to be inserted: a key above the page's last one (an
+    /// ascending key arriving at the tail, the workload this engine is for) is placed with one
+    /// comparison instead of a binary search.
+    pub fn search_for_insert(&self, key: &[u8]) -> Result<usize, usize> {
+        let count = self.slot_count();
+        if count > 0 && self.key(count - 1) < key {
+            return Err(count);
+        }
+        self.search(key)
+    }
+
     /// For an inner page: the child whose subtree covers `key`, and the index of the separator
     /// that led there (`None` for the low child).
     pub fn child_for(&self, key: &[u8]) -> (PageId, Option<usize>) {
@@ -573,6 +584,29 @@ mod tests {
         assert!(view.check_layout().is_ok());
         assert_eq!(view.value(1), &[2; 100]);
         assert_eq!(view.slot_count(), 73);
+    }
+
+    #[test]
+    fn the_insert_search_agrees_with_the_binary_search() {
+        // Keys 10, 20, ..., 500 on one page; probe every key from below the first to above the
+        // last, present or not: the fast path for keys past the end must not change an answer.
+        let mut bytes = leaf();
+        let mut page = PageMut::new(&mut bytes);
+        assert_eq!(page.as_page().search_for_insert(&[5]), Err(0));
+        for (index, key) in (10u16..=500).step_by(10).enumerate() {
+            page.insert_leaf(index, &key.to_be_bytes(), &[1]).unwrap();
+        }
+        let view = page.as_page();
+        for probe in 0u16..=520 {
+            let key = probe.to_be_bytes();
+            assert_eq!(
+                view.search_for_insert(&key),
+                view.search(&key),
+                "key {probe}"
+            );
+        }
+        assert_eq!(view.search_for_insert(&600u16.to_be_bytes()), Err(50));
+        assert_eq!(view.search_for_insert(&500u16.to_be_bytes()), Ok(49));
     }
 
     #[test]

@@ -311,7 +311,11 @@ impl BTree {
         mode: WriteMode<'_>,
     ) -> Result<Attempt, BTreeError> {
         let page = leaf.page();
-        match (page.search(key), mode) {
+        let found = match mode {
+            WriteMode::Insert => page.search_for_insert(key),
+            WriteMode::Replace { .. } => page.search(key),
+        };
+        match (found, mode) {
             (Ok(_), WriteMode::Insert) => Err(BTreeError::DuplicateKey),
             (Err(_), WriteMode::Replace { .. }) => Ok(Attempt::Done(Applied::NotFound)),
             (Err(index), WriteMode::Insert) => match leaf.page_mut().insert_leaf(index, key, value)
