@@ -787,22 +787,23 @@ impl Table {
                 .next
                 .fetch_add(identity.increment.saturating_mul(count), Ordering::Relaxed)
         });
-        let mut completed = Vec::with_capacity(rows.len());
+        // One buffer of values serves every row in turn: the records are what the batch keeps
+        // (a failed row's values are decoded from its record for the error message).
+        let mut identities = Vec::with_capacity(rows.len());
+        let mut records = Vec::with_capacity(rows.len());
+        let mut values = Vec::with_capacity(self.columns.len());
         for row in rows {
             let preassigned = next_identity;
             if let (Some(next), Some(identity)) = (next_identity.as_mut(), self.identity.as_ref()) {
                 *next += identity.increment;
             }
             let identity = preassigned.map_or(IdentityFill::TakeNext, IdentityFill::Preassigned);
-            completed.push(self.complete_row(row, identity)?);
-        }
-        let mut records = Vec::with_capacity(completed.len());
-        for (values, _) in &completed {
-            let key = self.clustered_key(values)?;
-            let value = self.clustered_value(values)?;
+            identities.push(self.complete_row_into(row, identity, &mut values)?);
+            let key = self.clustered_key(&values)?;
+            let value = self.clustered_value(&values)?;
             self.check_sizes(&self.clustered, &key, &value)?;
-            let entries = self.nonclustered_entries(values, &key)?;
-            records.push((self.partition_of_row(values), key, value, entries));
+            let entries = self.nonclustered_entries(&values, &key)?;
+            records.push((self.partition_of_row(&values), key, value, entries));
         }
         if scope.needs_locks(self.key_has_identity()) {
             for (_, key, _, entries) in &records {
@@ -811,7 +812,7 @@ impl Table {
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
         scope.logged(self, |changes| {
-            self.apply_batch(&records, &completed)?;
+            self.apply_batch(&records)?;
             // Each partition's rows side by side, so the log writes one run per partition rather
             // than one record per row (inserts of distinct keys may be logged and undone in any
             // order). The sort is stable: rows keep their order within a partition.
@@ -827,16 +828,13 @@ impl Table {
             }
             Ok(())
         })?;
-        Ok(completed
-            .into_iter()
-            .map(|(_, identity)| identity)
-            .collect())
+        Ok(identities)
     }
 
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered
     /// index, each as one batch per partition. If any entry is rejected, removes everything
     /// the batch inserted and returns the first error in row order.
-    fn apply_batch(&self, records: &[PreparedRow], completed: &[(Row, Option<i64>)]) -> Result<()> {
+    fn apply_batch(&self, records: &[PreparedRow]) -> Result<()> {
         // `done` remembers what went in (index position, partition, row), for the undo.
         let mut done: Vec<(usize, usize, usize)> = Vec::new();
         let mut failure: Option<(usize, EngineError)> = None;
@@ -867,10 +865,11 @@ impl Table {
                         Ok(()) => done.push((position, partition, row)),
                         Err(error) => {
                             if failure.as_ref().is_none_or(|(first, _)| row < *first) {
-                                failure = Some((
-                                    row,
-                                    self.storage_error(index, error, &completed[row].0),
-                                ));
+                                let (_, key, value, _) = &records[row];
+                                let error = self
+                                    .decode_record(key, value)
+                                    .map(|values| self.storage_error(index, error, &values));
+                                failure = Some((row, error.unwrap_or_else(|error| error)));
                             }
                         }
                     }
@@ -969,6 +968,21 @@ impl Table {
     /// Fills in identity (as `identity` says), defaults and computed columns, converts every
     /// value to its column's type and checks nullability.
     fn complete_row(&self, row: InsertRow, identity: IdentityFill) -> Result<(Row, Option<i64>)> {
+        let mut values = Vec::with_capacity(self.columns.len());
+        let identity = self.complete_row_into(row, identity, &mut values)?;
+        Ok((values, identity))
+    }
+
+    /// [`Table::complete_row`] into `values` (cleared first), returning the identity value.
+    /// Inlined into both callers: through a reference the single-row path's pushes cost more.
+    #[inline(always)]
+    fn complete_row_into(
+        &self,
+        row: InsertRow,
+        identity: IdentityFill,
+        values: &mut Row,
+    ) -> Result<Option<i64>> {
+        values.clear();
         for &(column, _) in &row.values {
             let Some(definition) = self.columns.get(column) else {
                 return Err(EngineError::UnknownColumn {
@@ -988,7 +1002,6 @@ impl Table {
             }
         }
         let mut identity_value = None;
-        let mut values = Vec::with_capacity(self.columns.len());
         let mut fill = |position: usize, supplied: Option<Value>| -> Result<Value> {
             let definition = &self.columns[position];
             Ok(match supplied {
@@ -1036,8 +1049,8 @@ impl Table {
             .as_ref()
             .filter(|_| identity == IdentityFill::LeaveToTree)
             .map(|state| state.column);
-        self.finish_row(&mut values, deferred)?;
-        Ok((values, identity_value))
+        self.finish_row(values, deferred)?;
+        Ok(identity_value)
     }
 
     /// Evaluates computed columns, converts values to their column types and checks NULLs

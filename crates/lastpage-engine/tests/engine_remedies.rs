@@ -212,6 +212,13 @@ fn a_batch_takes_a_block_of_identities_and_is_all_or_nothing() {
         .collect();
     let error = table.insert_batch(&session, rows).unwrap_err();
     assert!(matches!(error, EngineError::DuplicateKey { .. }), "{error}");
+    // The batch keeps only the rows' records; the message's key comes from the failed one.
+    assert!(
+        error
+            .to_string()
+            .contains("'UQ_Code'. Cannot insert duplicate key in object 'Batched'. The duplicate key value is (c7)."),
+        "{error}"
+    );
     assert_eq!(table.row_count(), 100);
     table.check_integrity().unwrap();
     // A duplicate inside one batch is caught too.
