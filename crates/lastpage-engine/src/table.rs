@@ -166,6 +166,33 @@ const UNIQUIFIER_BYTES: usize = 8;
 /// A clustered record found by a lookup: its partition, key and value.
 type FoundRecord = (usize, Vec<u8>, Vec<u8>);
 
+thread_local! {
+    /// A single-row insert's values, kept per thread so that an insert neither allocates nor
+    /// frees the vector (see [`with_scratch`]).
+    static ROW_SCRATCH: Cell<Row> = const { Cell::new(Vec::new()) };
+    /// A single-row insert's encoded value, likewise (moved out when the change is kept).
+    static VALUE_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f` with a per-thread buffer (empty when `f` gets it) and keeps the buffer for the next
+/// call, emptied, unless it grew past [`SCRATCH_KEPT_BYTES`]. A nested call finds the buffer
+/// taken and starts a new one.
+fn with_scratch<T, R>(
+    scratch: &'static std::thread::LocalKey<Cell<Vec<T>>>,
+    f: impl FnOnce(&mut Vec<T>) -> R,
+) -> R {
+    let mut buffer = scratch.take();
+    let result = f(&mut buffer);
+    buffer.clear();
+    if buffer.capacity() * std::mem::size_of::<T>() <= SCRATCH_KEPT_BYTES {
+        scratch.set(buffer);
+    }
+    result
+}
+
+/// The largest buffer [`with_scratch`] keeps for its thread: a CHAR(8000) row's, with room.
+const SCRATCH_KEPT_BYTES: usize = 16 << 10;
+
 /// A row ready to insert: its partition, clustered key and value, and nonclustered entries.
 type PreparedRow = (usize, Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
 
@@ -900,8 +927,10 @@ impl Table {
         row: InsertRow,
     ) -> Result<Option<i64>> {
         if self.identity_keyed {
-            let (values, _) = self.complete_row(row, IdentityFill::LeaveToTree)?;
-            return self.insert_with_identity_key(scope, values).map(Some);
+            return with_scratch(&ROW_SCRATCH, |values| {
+                self.complete_row_into(row, IdentityFill::LeaveToTree, values)?;
+                self.insert_with_identity_key(scope, values).map(Some)
+            });
         }
         let (values, identity) = self.complete_row(row, IdentityFill::TakeNext)?;
         let key = self.clustered_key(&values)?;
@@ -1101,19 +1130,25 @@ impl Table {
     /// Encodes the clustered record's value: the columns outside the clustered key.
     fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
         let mut value = Vec::new();
+        self.encode_clustered_value(values, &mut value)?;
+        Ok(value)
+    }
+
+    /// [`Table::clustered_value`] appended to `out`.
+    fn encode_clustered_value(&self, values: &[Value], out: &mut Vec<u8>) -> Result<()> {
         if let Some(stored) = self.value_columns_range.clone() {
             // The usual shape (key columns first): the stored columns are one slice of the row,
             // encoded where they are.
-            encode_row(&self.value_types, &values[stored], &mut value)?;
+            encode_row(&self.value_types, &values[stored], out)?;
         } else {
             let stored: Vec<Value> = self
                 .value_columns
                 .iter()
                 .map(|&column| values[column].clone())
                 .collect();
-            encode_row(&self.value_types, &stored, &mut value)?;
+            encode_row(&self.value_types, &stored, out)?;
         }
-        Ok(value)
+        Ok(())
     }
 
     /// The key and value of `index`'s entry for a row whose clustered key is `locator`.
@@ -1212,14 +1247,29 @@ impl Table {
     fn insert_with_identity_key(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
-        mut values: Row,
+        values: &mut Row,
+    ) -> Result<i64> {
+        with_scratch(&VALUE_SCRATCH, |value| {
+            self.encode_clustered_value(values, value)?;
+            self.insert_encoded_with_identity_key(scope, values, value)
+        })
+    }
+
+    /// [`Table::insert_with_identity_key`] once the row's value is encoded in `value`. The
+    /// value is moved into the statement's change only if the change is kept (logged or
+    /// undoable); otherwise the buffer goes back to its thread for the next insert.
+    fn insert_encoded_with_identity_key(
+        self: &Arc<Self>,
+        scope: &mut WriteScope<'_>,
+        values: &mut Row,
+        value: &mut Vec<u8>,
     ) -> Result<i64> {
         let identity = self
             .identity
             .as_ref()
             .expect("identity_keyed implies an identity column");
         let data_type = self.columns[identity.column].data_type;
-        let mut value = self.clustered_value(&values)?;
+        let keep_change = scope.keeps_changes();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let id = scope.logged(self, |changes| {
             let make_key = |id: i64, key: &mut Vec<u8>| {
@@ -1241,7 +1291,7 @@ impl Table {
                 .clustered
                 .tree(0)
                 .insert_with_sequence_key(
-                    &value,
+                    value,
                     step,
                     |rows| {
                         let span = i64::try_from(rows)
@@ -1257,11 +1307,11 @@ impl Table {
                 .map_err(|error| match error {
                     GeneratedKeyError::Key(error) => error,
                     GeneratedKeyError::Tree(error) => {
-                        self.storage_error(&self.clustered, error, &values)
+                        self.storage_error(&self.clustered, error, values)
                     }
                 })?;
             values[identity.column] = identity_as_value(id, data_type)?;
-            let entries = match self.nonclustered_entries(&values, &key) {
+            let entries = match self.nonclustered_entries(values, &key) {
                 Ok(entries) => entries,
                 Err(error) => {
                     // Undo is best effort: a page that cannot be read leaves the entry behind,
@@ -1270,12 +1320,14 @@ impl Table {
                     return Err(error);
                 }
             };
-            self.insert_nonclustered(0, &values, &key, &entries)?;
-            changes.push(RowChange::Insert {
-                partition: 0,
-                key,
-                value: std::mem::take(&mut value),
-            });
+            self.insert_nonclustered(0, values, &key, &entries)?;
+            if keep_change {
+                changes.push(RowChange::Insert {
+                    partition: 0,
+                    key,
+                    value: std::mem::take(value),
+                });
+            }
             Ok(id)
         });
         if let Some(locker) = locker {

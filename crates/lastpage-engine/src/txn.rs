@@ -147,6 +147,15 @@ impl<'s> WriteScope<'s> {
         self.txn.explicit || self.session.db().is_durable() || !fresh_key
     }
 
+    /// Whether the changes made through this scope must be recorded (see [`Changes::push`]):
+    /// to be logged, or to be undone if a later statement of the transaction rolls it back. An
+    /// autocommit statement that is not logged and changes one row can leave its change out:
+    /// nothing reads it once the statement has succeeded, and a failing statement cleans up
+    /// after itself before it records anything.
+    pub(crate) fn keeps_changes(&self) -> bool {
+        self.txn.explicit || self.log_changes
+    }
+
     /// Whether the changes made through this scope are written to the log.
     pub(crate) fn logs_changes(&self) -> bool {
         self.log_changes

@@ -575,7 +575,13 @@ fn identity_values_from_sequence_lanes_ascend_per_session_and_never_repeat() {
         .insert(&session, InsertRow::new().set(1, "gone"))
         .unwrap()
         .unwrap();
+    let rolled_back_key = [Value::Int(i32::try_from(rolled_back).unwrap())];
+    assert!(table.get(&session, &rolled_back_key).unwrap().is_some());
     session.rollback().unwrap();
+    // An explicit transaction keeps its inserts' changes (an autocommit insert in memory does
+    // not need to), so the rollback removes the row.
+    assert_eq!(table.get(&session, &rolled_back_key).unwrap(), None);
+    assert_eq!(table.row_count(), 1000);
     let after = table
         .insert(&session, InsertRow::new().set(1, "single"))
         .unwrap()
