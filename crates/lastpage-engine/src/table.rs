@@ -892,6 +892,8 @@ impl Table {
                         Ok(()) => done.push((position, partition, row)),
                         Err(error) => {
                             if failure.as_ref().is_none_or(|(first, _)| row < *first) {
+                                // The batch encoded the record itself, so it decodes; should it
+                                // not, that error says more than a key it cannot name.
                                 let (_, key, value, _) = &records[row];
                                 let error = self
                                     .decode_record(key, value)

@@ -61,6 +61,11 @@ fn keys_of_every_length_lock_by_their_bytes() {
         key.hash(&mut hasher);
         hasher.finish()
     };
+    assert_eq!(
+        std::mem::size_of::<LockKey>(),
+        40,
+        "the size LOCK_KEY_INLINE_BYTES promises"
+    );
     let manager = LockManager::new(8);
     let lengths = [0, 1, 29, 30, 31, 32, 100, 1000];
     for &length in &lengths {
