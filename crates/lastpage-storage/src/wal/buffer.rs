@@ -194,24 +194,41 @@ impl LogBuffer {
         position
     }
 
+    /// The ring indexes of the words of `[from, to)` (at most one lap), as at most two
+    /// contiguous runs: up to the end of the ring, then from its start. Loops over a run step
+    /// through a slice instead of wrapping an index at every word.
+    fn runs(&self, from: u64, to: u64) -> [std::ops::Range<usize>; 2] {
+        let words = ((to - from) / WORD) as usize;
+        debug_assert!(words <= self.words.len(), "more than one lap of the ring");
+        let start = self.index_of(from);
+        let first = words.min(self.words.len() - start);
+        [start..start + first, 0..words - first]
+    }
+
     /// Appends the bytes of `[from, to)` (a completed prefix) to `out`. The relaxed loads see
     /// the appenders' stores because `completed_prefix` read each record's first word with
     /// acquire, after which the appender's earlier stores are visible.
     pub fn copy_out(&self, from: u64, to: u64, out: &mut Vec<u8>) {
-        out.reserve((to - from) as usize);
-        let mut index = self.index_of(from);
-        for _ in 0..(to - from) / WORD {
-            out.extend_from_slice(&self.words[index].load(Ordering::Relaxed).to_le_bytes());
-            index = self.next_index(index);
+        let mut at = out.len();
+        out.resize(at + (to - from) as usize, 0);
+        for run in self.runs(from, to) {
+            let bytes = &mut out[at..at + run.len() * WORD as usize];
+            for (word, chunk) in self.words[run.clone()]
+                .iter()
+                .zip(bytes.chunks_exact_mut(WORD as usize))
+            {
+                chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+            }
+            at += run.len() * WORD as usize;
         }
     }
 
     /// Zeroes `[from, to)` and releases it to the appenders.
     pub fn release(&self, from: u64, to: u64) {
-        let mut index = self.index_of(from);
-        for _ in 0..(to - from) / WORD {
-            self.words[index].store(0, Ordering::Relaxed);
-            index = self.next_index(index);
+        for run in self.runs(from, to) {
+            for word in &self.words[run] {
+                word.store(0, Ordering::Relaxed);
+            }
         }
         self.released.store(to, Ordering::Release);
     }
