@@ -1299,7 +1299,7 @@ impl Table {
                         let span = i64::try_from(rows)
                             .ok()
                             .and_then(|rows| rows.checked_mul(identity.increment))
-                            .ok_or(EngineError::IdentityOverflow {
+                            .ok_or_else(|| EngineError::IdentityOverflow {
                                 data_type: data_type.name(),
                             })?;
                         Ok(identity.next.fetch_add(span, Ordering::Relaxed))
