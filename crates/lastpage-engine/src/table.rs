@@ -16,7 +16,10 @@ use lastpage_storage::btree::{
     BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, RangeIter, TreeCheck,
     TreeOptions,
 };
-use lastpage_storage::limits::{LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES};
+use lastpage_storage::limits::{
+    INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
+};
+use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicI64, Ordering};
 use lastpage_storage::wal::{Record, TxnId, record};
 use std::borrow::Cow;
@@ -167,31 +170,12 @@ const UNIQUIFIER_BYTES: usize = 8;
 type FoundRecord = (usize, Vec<u8>, Vec<u8>);
 
 thread_local! {
-    /// A single-row insert's values, kept per thread so that an insert neither allocates nor
-    /// frees the vector (see [`with_scratch`]).
+    /// A single-row insert's values, kept per thread (see [`with_scratch`]) so that an insert
+    /// neither allocates nor frees the vector.
     static ROW_SCRATCH: Cell<Row> = const { Cell::new(Vec::new()) };
     /// A single-row insert's encoded value, likewise (moved out when the change is kept).
     static VALUE_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
-
-/// Runs `f` with a per-thread buffer (empty when `f` gets it) and keeps the buffer for the next
-/// call, emptied, unless it grew past [`SCRATCH_KEPT_BYTES`]. A nested call finds the buffer
-/// taken and starts a new one.
-fn with_scratch<T, R>(
-    scratch: &'static std::thread::LocalKey<Cell<Vec<T>>>,
-    f: impl FnOnce(&mut Vec<T>) -> R,
-) -> R {
-    let mut buffer = scratch.take();
-    let result = f(&mut buffer);
-    buffer.clear();
-    if buffer.capacity() * std::mem::size_of::<T>() <= SCRATCH_KEPT_BYTES {
-        scratch.set(buffer);
-    }
-    result
-}
-
-/// The largest buffer [`with_scratch`] keeps for its thread: a CHAR(8000) row's, with room.
-const SCRATCH_KEPT_BYTES: usize = 16 << 10;
 
 /// A row ready to insert: its partition, clustered key and value, and nonclustered entries.
 type PreparedRow = (usize, Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
@@ -929,7 +913,7 @@ impl Table {
         row: InsertRow,
     ) -> Result<Option<i64>> {
         if self.identity_keyed {
-            return with_scratch(&ROW_SCRATCH, |values| {
+            return with_scratch(&ROW_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |values| {
                 self.complete_row_into(row, IdentityFill::LeaveToTree, values)?;
                 self.insert_with_identity_key(scope, values).map(Some)
             });
@@ -1251,7 +1235,7 @@ impl Table {
         scope: &mut WriteScope<'_>,
         values: &mut Row,
     ) -> Result<i64> {
-        with_scratch(&VALUE_SCRATCH, |value| {
+        with_scratch(&VALUE_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |value| {
             self.encode_clustered_value(values, value)?;
             self.insert_encoded_with_identity_key(scope, values, value)
         })

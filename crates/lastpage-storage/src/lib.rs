@@ -11,6 +11,7 @@ mod datafile;
 pub mod latch;
 pub mod limits;
 pub mod page;
+pub mod scratch;
 pub mod stats;
 pub mod sync;
 pub mod wal;

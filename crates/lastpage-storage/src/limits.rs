@@ -158,6 +158,11 @@ pub const WAL_PREPARE_AT_SEGMENT_PERCENT: u64 = 50;
 /// Bytes of zeros the segment preparer writes per call (it checks for shutdown between them).
 pub const WAL_PREPARE_CHUNK_BYTES: usize = 1 << 20;
 
+/// A thread keeps the buffers it completes and encodes single-row inserts in (the engine's
+/// `with_scratch` buffers) unless one has grown past this many bytes: room for a CHAR(8000)
+/// row's encoded value, and for the values of a row of a few hundred columns.
+pub const INSERT_SCRATCH_KEPT_BYTES: usize = 16 << 10;
+
 /// How many bytes a log reader asks the file system for at a time.
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 

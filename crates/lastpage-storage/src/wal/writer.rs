@@ -71,13 +71,13 @@ use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
     WAL_KEPT_RECORD_IMAGE_BYTES, WAL_PREALLOCATE_BYTES, WAL_PREPARE_AT_SEGMENT_PERCENT,
 };
+use crate::scratch::with_scratch;
 use crate::stats::{self, WaitType};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 thread_local! {
-    /// Where [`LogWriter::append_at`] assembles a record: kept per thread so that an append
-    /// neither allocates nor zeroes a buffer. Taken out while in use (a nested or interleaved
-    /// append just starts a new one).
+    /// Where [`LogWriter::append_at`] assembles a record: kept per thread (see
+    /// [`with_scratch`]) so that an append neither allocates nor zeroes a buffer.
     static RECORD_IMAGE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
@@ -377,29 +377,27 @@ impl LogWriter {
         // over contiguous bytes and the copy into the ring moves whole words: feeding the pieces
         // separately to both costs more than the extra copy.
         let header = record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
-        let mut image = RECORD_IMAGE.take();
-        image.clear();
-        image.reserve_exact(total);
-        image.extend_from_slice(&header);
-        record.write_payload(&mut |piece| image.extend_from_slice(piece));
-        debug_assert_eq!(
-            image.len(),
-            total,
-            "payload_len disagrees with write_payload"
-        );
-        let crc = crc32c::crc32c(&image[4..]);
-        image[0..4].copy_from_slice(&crc.to_le_bytes());
-        let first_word = u64::from_le_bytes(image[0..8].try_into().expect("8 bytes"));
-        let mut writer = self.buffer.writer(reservation, first_word);
-        writer.put(&image[8..]);
-        let stalled = writer.complete();
-        if image.capacity() <= WAL_KEPT_RECORD_IMAGE_BYTES {
-            RECORD_IMAGE.set(image);
-        }
+        let (start, end) = (reservation.start, reservation.end);
+        let stalled = with_scratch(&RECORD_IMAGE, WAL_KEPT_RECORD_IMAGE_BYTES, |image| {
+            image.reserve_exact(total);
+            image.extend_from_slice(&header);
+            record.write_payload(&mut |piece| image.extend_from_slice(piece));
+            debug_assert_eq!(
+                image.len(),
+                total,
+                "payload_len disagrees with write_payload"
+            );
+            let crc = crc32c::crc32c(&image[4..]);
+            image[0..4].copy_from_slice(&crc.to_le_bytes());
+            let first_word = u64::from_le_bytes(image[0..8].try_into().expect("8 bytes"));
+            let mut writer = self.buffer.writer(reservation, first_word);
+            writer.put(&image[8..]);
+            writer.complete()
+        });
         if stalled {
             self.wake_stalled_leader();
         }
-        Ok((Lsn(reservation.start), Lsn(reservation.end)))
+        Ok((Lsn(start), Lsn(end)))
     }
 
     /// Waits until the log is durable up to `lsn` (an end LSN from [`LogWriter::append`]).
