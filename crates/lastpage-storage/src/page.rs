@@ -38,8 +38,8 @@
 use std::cmp::Ordering;
 
 use crate::limits::{
-    INNER_RECORD_HEADER_BYTES, LEAF_RECORD_HEADER_BYTES, PAGE_HEADER_BYTES, PAGE_SIZE_BYTES,
-    SLOT_BYTES,
+    INNER_RECORD_HEADER_BYTES, LEAF_RECORD_HEADER_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES,
+    PAGE_HEADER_BYTES, PAGE_SIZE_BYTES, SLOT_BYTES,
 };
 
 /// A page number. Page 0 is never a valid page, so it doubles as "no page" in sibling links.
@@ -296,9 +296,11 @@ impl<'a> Page<'a> {
     }
 
     /// Whether the page's record area and slot array are self-consistent: every slot points at
-    /// a record inside the record area, no two records overlap, and the record bytes plus the
-    /// garbage fill the area exactly. Used by the integrity checker before it reads records, so
-    /// that a corrupt page is reported rather than read out of bounds.
+    /// a record inside the record area, no record is larger than the limits allow, keys are
+    /// strictly ascending, no two records overlap, and the record bytes plus the garbage fill
+    /// the area exactly. Checked on every page read from the data file and by the integrity
+    /// checker before it reads records, so that a corrupt page is reported rather than read out
+    /// of bounds or searched as if it were sorted.
     pub fn check_layout(&self) -> Result<(), String> {
         let kind = self
             .kind()
@@ -332,6 +334,19 @@ impl<'a> Page<'a> {
             if offset + length > free_start {
                 return Err(format!(
                     "record in slot {index} ({offset}+{length}) runs past free_start {free_start}"
+                ));
+            }
+            // Within the limits every write enforces: splits rely on any two records fitting
+            // on an empty page, and on a full inner page holding at least three.
+            if key_len > MAX_KEY_BYTES || length > MAX_RECORD_BYTES {
+                return Err(format!(
+                    "record in slot {index} has a {key_len}-byte key and {length} bytes in all"
+                ));
+            }
+            if index > 0 && self.key(index - 1) >= self.key(index) {
+                return Err(format!(
+                    "keys in slots {} and {index} are not strictly ascending",
+                    index - 1
                 ));
             }
             extents.push((offset, offset + length));
@@ -584,6 +599,43 @@ mod tests {
         assert!(view.check_layout().is_ok());
         assert_eq!(view.value(1), &[2; 100]);
         assert_eq!(view.slot_count(), 73);
+    }
+
+    #[test]
+    fn the_layout_check_refuses_unsorted_keys_and_records_over_the_limits() {
+        let mut bytes = leaf();
+        let mut page = PageMut::new(&mut bytes);
+        for (index, key) in [b"b", b"d", b"f"].into_iter().enumerate() {
+            page.insert_leaf(index, key, b"value").unwrap();
+        }
+        assert_eq!(page.as_page().check_layout(), Ok(()));
+        // Equal neighbours, then a key out of order: a binary search would silently miss rows.
+        page.overwrite_key(1, b"b");
+        assert!(
+            page.as_page()
+                .check_layout()
+                .unwrap_err()
+                .contains("ascending")
+        );
+        page.overwrite_key(1, b"z");
+        assert!(
+            page.as_page()
+                .check_layout()
+                .unwrap_err()
+                .contains("ascending")
+        );
+        page.overwrite_key(1, b"d");
+        assert_eq!(page.as_page().check_layout(), Ok(()));
+
+        // No write makes a key longer than MAX_KEY_BYTES; a split relies on that.
+        let mut bytes = leaf();
+        let mut page = PageMut::new(&mut bytes);
+        page.insert_leaf(0, &[7; MAX_KEY_BYTES], b"").unwrap();
+        assert_eq!(page.as_page().check_layout(), Ok(()));
+        let mut bytes = leaf();
+        let mut page = PageMut::new(&mut bytes);
+        page.insert_leaf(0, &[7; MAX_KEY_BYTES + 1], b"").unwrap();
+        assert!(page.as_page().check_layout().unwrap_err().contains("key"));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! many threads inserting, updating, deleting, reading and scanning at once. Every test prints
 //! its seed; rerun one with `LASTPAGE_SEED=<seed>`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -12,15 +14,6 @@ use lastpage_storage::latch::LatchPolicy;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn seed() -> u64 {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    seed
-}
 
 fn tree(policy: LatchPolicy) -> BTree {
     tree_with(policy, InsertPath::Classic)
@@ -80,7 +73,7 @@ fn as_slice(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 
 #[test]
 fn random_operations_match_a_btreemap() {
-    let seed = seed();
+    let seed = common::seed();
     for (policy, path) in configurations() {
         let mut rng = StdRng::seed_from_u64(seed);
         let tree = tree_with(policy, path);
@@ -221,7 +214,7 @@ fn maximal_rows_take_a_page_each() {
 /// concurrently and check that every scan is strictly ordered.
 #[test]
 fn concurrent_writers_and_scanners_match_their_oracles() {
-    let seed = seed();
+    let seed = common::seed();
     for (policy, path) in configurations() {
         let tree = tree_with(policy, path);
         let threads = 16u32;
@@ -325,7 +318,7 @@ fn concurrent_writers_and_scanners_match_their_oracles() {
 
 #[test]
 fn batches_insert_like_single_rows_and_report_each_failure() {
-    let seed = seed();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     for policy in [LatchPolicy::Fifo, LatchPolicy::Adaptive] {
         let tree = tree(policy);
@@ -435,7 +428,7 @@ fn generated_keys_arrive_in_order_and_leave_every_page_full() {
 /// 50/50 splits leave them.
 #[test]
 fn default_path_handles_out_of_order_appends_and_duplicates() {
-    let seed = seed();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut keys: Vec<u32> = (0..20_000).collect();
     // Shuffle within small windows only: nearly ascending.
@@ -479,7 +472,7 @@ fn default_path_handles_out_of_order_appends_and_duplicates() {
 /// leaves stay mostly full.
 #[test]
 fn sequence_lanes_keep_every_row_in_order() {
-    let seed = seed();
+    let seed = common::seed();
     for policy in LatchPolicy::ALL {
         let tree = tree_with(policy, InsertPath::Default);
         let counter = std::sync::atomic::AtomicI64::new(1);

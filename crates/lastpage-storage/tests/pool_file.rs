@@ -2,6 +2,8 @@
 //! tiny budget, checkpoints that survive crashes, torn meta slots, corrupt pages and failed
 //! fsyncs. Randomized tests print their seed; rerun one with `LASTPAGE_SEED=<seed>`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
@@ -16,15 +18,6 @@ use rand::{Rng, SeedableRng};
 
 const PATH: &str = "db/data.lp";
 const INDEX: u32 = 7;
-
-fn seed() -> u64 {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    seed
-}
 
 fn faulty(seed: u64) -> FaultyFileSystem {
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
@@ -97,7 +90,7 @@ fn checkpoint(pool: &BufferPool, tree: &BTree) {
 
 #[test]
 fn a_tree_much_larger_than_the_budget_stays_correct_on_both_insert_paths() {
-    let seed = seed();
+    let seed = common::seed();
     for path in InsertPath::ALL {
         let fs = faulty(seed);
         let (pool, blob) = open(&fs, 64);
@@ -141,7 +134,7 @@ fn a_tree_much_larger_than_the_budget_stays_correct_on_both_insert_paths() {
 
 #[test]
 fn concurrent_inserters_and_readers_under_a_tiny_budget() {
-    let seed = seed();
+    let seed = common::seed();
     let fs = faulty(seed);
     let (pool, _) = open(&fs, 16);
     let hook_calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -197,7 +190,7 @@ fn concurrent_inserters_and_readers_under_a_tiny_budget() {
 
 #[test]
 fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
-    let base = seed();
+    let base = common::seed();
     for round in 0..40u64 {
         let seed = base.wrapping_add(round);
         let mode = match round % 3 {
@@ -264,7 +257,7 @@ fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
 
 #[test]
 fn a_torn_meta_slot_falls_back_to_the_previous_image() {
-    let seed = seed();
+    let seed = common::seed();
     let fs = faulty(seed);
     let (pool, _) = open(&fs, 32);
     let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
@@ -298,7 +291,7 @@ fn a_torn_meta_slot_falls_back_to_the_previous_image() {
 
 #[test]
 fn a_corrupt_page_slot_is_reported_not_a_panic() {
-    let seed = seed();
+    let seed = common::seed();
     let fs = faulty(seed);
     let (pool, _) = open(&fs, 32);
     let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
@@ -349,7 +342,7 @@ fn a_corrupt_page_slot_is_reported_not_a_panic() {
 
 #[test]
 fn a_failed_fsync_fails_the_checkpoint_and_reopening_gives_the_previous_image() {
-    let base = seed();
+    let base = common::seed();
     for nth in 1..=3u64 {
         let fs = faulty(base.wrapping_add(nth));
         let (pool, _) = open(&fs, 24);
@@ -397,7 +390,7 @@ fn a_failed_fsync_fails_the_checkpoint_and_reopening_gives_the_previous_image() 
 /// (evictions after the capture must not write into the captured image's slots).
 #[test]
 fn pages_changed_and_evicted_between_capture_and_finish_keep_both_versions() {
-    let base = seed();
+    let base = common::seed();
     for round in 0..12u64 {
         let seed = base.wrapping_add(round);
         let fs = faulty(seed);
@@ -447,7 +440,7 @@ fn pages_changed_and_evicted_between_capture_and_finish_keep_both_versions() {
 
 #[test]
 fn pages_written_ahead_of_a_capture_while_writers_go_on_are_in_its_image() {
-    let base = seed();
+    let base = common::seed();
     for round in 0..12u64 {
         let seed = base.wrapping_add(round);
         let fs = faulty(seed);

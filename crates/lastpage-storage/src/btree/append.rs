@@ -350,16 +350,18 @@ impl BTree {
             Err(error) => return Some(Err(error)),
         };
         let page = parent.page();
+        // The hint is checked as a node first: its records are read only once it is known to
+        // be an inner page of this tree.
+        if self.check_node(&page, Some(1)).is_err() {
+            return None;
+        }
         let count = page.slot_count();
         let last_child = if count == 0 {
             page.low_child()
         } else {
             page.child(count - 1)
         };
-        if page.is_leaf()
-            || page.index_id() != self.index_id
-            || page.level() != 1
-            || last_child != leaf.page_id()
+        if last_child != leaf.page_id()
             || page.total_free_bytes() < inner_entry_bytes(separator.len())
         {
             return None;

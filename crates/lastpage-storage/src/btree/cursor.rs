@@ -10,8 +10,9 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
-use super::{BTree, BTreeError};
+use super::{BTree, BTreeError, corrupt};
 use crate::buffer::SharedGuard;
+use crate::page::PageId;
 
 /// Scan order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -74,7 +75,7 @@ impl BTree {
     /// Descends with shared latch coupling; returns the leaf and its fences (the separators
     /// that bound its key range; `None` at the ends of the index).
     fn descend_for_scan(&self, seek: Seek<'_>) -> Result<ScanLeaf<'_>, BTreeError> {
-        let mut node = self.pool.latch_shared(self.root)?;
+        let mut node = self.root_shared()?;
         let mut low: Option<Vec<u8>> = None;
         let mut high: Option<Vec<u8>> = None;
         while !node.page().is_leaf() {
@@ -99,10 +100,18 @@ impl BTree {
             if next_separator < count {
                 high = Some(page.key(next_separator).to_vec());
             }
-            node = self.pool.latch_shared(child)?;
+            node = self.child_shared(&page, child)?;
         }
         Ok((node, low, high))
     }
+}
+
+/// The error of a scan whose next leaf would not lie beyond the one just read.
+fn no_progress(leaf: PageId) -> BTreeError {
+    corrupt(
+        leaf,
+        "the separators above this leaf do not move a scan past it".into(),
+    )
 }
 
 impl RangeIter<'_> {
@@ -159,7 +168,17 @@ impl RangeIter<'_> {
                 .push_back((key.to_vec(), page.value(index).to_vec()));
         }
         match high {
-            Some(fence) => self.lower = Bound::Included(fence),
+            Some(fence) => {
+                // The next leaf's range starts above everything this one could hold. A fence
+                // that does not move the scan forward (possible only if pages disagree about
+                // their keys) would make it read the same leaf for ever.
+                if let Bound::Included(key) | Bound::Excluded(key) = &self.lower
+                    && fence.as_slice() <= key.as_slice()
+                {
+                    return Err(no_progress(leaf.page_id()));
+                }
+                self.lower = Bound::Included(fence);
+            }
             None => self.exhausted = true,
         }
         Ok(())
@@ -195,7 +214,20 @@ impl RangeIter<'_> {
                 .push_back((key.to_vec(), page.value(index).to_vec()));
         }
         match low {
-            Some(fence) => self.upper = Bound::Excluded(fence),
+            Some(fence) => {
+                // The mirror image of the forward scan's check, except that a leaf read for
+                // an inclusive bound may start at that very key: the scan then goes on below
+                // it, exclusively, which is progress too.
+                let stuck = match &self.upper {
+                    Bound::Included(key) => fence.as_slice() > key.as_slice(),
+                    Bound::Excluded(key) => fence.as_slice() >= key.as_slice(),
+                    Bound::Unbounded => false,
+                };
+                if stuck {
+                    return Err(no_progress(leaf.page_id()));
+                }
+                self.upper = Bound::Excluded(fence);
+            }
             None => self.exhausted = true,
         }
         Ok(())

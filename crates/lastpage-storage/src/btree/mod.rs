@@ -145,6 +145,11 @@ impl From<PageError> for BTreeError {
     }
 }
 
+/// The error for a page that is intact but not what the tree's structure says it is.
+fn corrupt(page: PageId, reason: String) -> BTreeError {
+    BTreeError::Storage(PageError::Corrupt { page, reason })
+}
+
 /// Checks a key and value against the size limits.
 pub fn check_record_size(key: &[u8], value: &[u8]) -> Result<(), BTreeError> {
     if key.len() > MAX_KEY_BYTES {
@@ -324,12 +329,92 @@ impl BTree {
         self.stats.snapshot()
     }
 
+    /// Checks what every descent relies on before it reads a page as a node of this tree: the
+    /// page belongs to this index, its kind agrees with its level (a leaf at level 0, an inner
+    /// page above, with a low child), and its level is `expected_level` when the caller knows
+    /// it (a child's is one below its parent's). Pages read from the data file have passed
+    /// their checksum and [`Page::check_layout`], but a page that is intact and still not what
+    /// its parent names (a stale or misdirected write, a bad link) must stop the operation with
+    /// an error: read as a node it would send a descent round a cycle, into another index, or
+    /// into a page of the wrong kind. Because a child must sit exactly one level below its
+    /// parent, every descent that checks its children ends within the root's level + 1 steps.
+    fn check_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> Result<(), BTreeError> {
+        let level = page.level();
+        let kind_fits = match page.kind() {
+            Some(PageKind::Leaf) => level == 0,
+            Some(PageKind::Inner) => level > 0 && page.low_child() != NO_PAGE,
+            _ => false,
+        };
+        if page.index_id() == self.index_id
+            && kind_fits
+            && expected_level.is_none_or(|expected| level == expected)
+        {
+            return Ok(());
+        }
+        let kind = match page.kind() {
+            Some(PageKind::Leaf) => "leaf",
+            Some(PageKind::Inner) => "inner page",
+            Some(PageKind::Free) => "free page",
+            None => "page of no valid kind",
+        };
+        Err(corrupt(
+            page.page_id(),
+            format!(
+                "reached as a node of index {} at level {}, it is a {kind} of index {} at level \
+                 {level}",
+                self.index_id,
+                expected_level.map_or_else(|| "any".to_owned(), |level| level.to_string()),
+                page.index_id()
+            ),
+        ))
+    }
+
+    /// Latches the root in shared mode and checks it.
+    fn root_shared(&self) -> Result<SharedGuard<'_>, BTreeError> {
+        let root = self.pool.latch_shared(self.root)?;
+        self.check_node(&root.page(), None)?;
+        Ok(root)
+    }
+
+    /// Latches `child`, named by the inner page `parent`, in shared mode and checks that it
+    /// sits one level below it.
+    fn child_shared(
+        &self,
+        parent: &Page<'_>,
+        child: PageId,
+    ) -> Result<SharedGuard<'_>, BTreeError> {
+        let guard = self.pool.latch_shared(child)?;
+        self.check_node(&guard.page(), Some(parent.level() - 1))?;
+        Ok(guard)
+    }
+
+    /// Latches `child`, named by the inner page `parent`, exclusively and checks that it sits
+    /// one level below it. `held` are the pages this thread has latched: a corrupt link to one
+    /// of them is refused before the latch is requested, since waiting for a latch this thread
+    /// holds would never end.
+    fn child_exclusive(
+        &self,
+        parent: &Page<'_>,
+        child: PageId,
+        held: impl IntoIterator<Item = PageId>,
+    ) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        if held.into_iter().any(|page| page == child) {
+            return Err(corrupt(
+                parent.page_id(),
+                format!("links to page {child}, which lies on the path to it"),
+            ));
+        }
+        let guard = self.pool.latch_exclusive(child)?;
+        self.check_node(&guard.page(), Some(parent.level() - 1))?;
+        Ok(guard)
+    }
+
     /// Latches the leaf that covers `key` in shared mode, coupling shared latches down.
     fn leaf_shared(&self, key: &[u8]) -> Result<SharedGuard<'_>, BTreeError> {
-        let mut node = self.pool.latch_shared(self.root)?;
+        let mut node = self.root_shared()?;
         while !node.page().is_leaf() {
             let (child, _) = node.page().child_for(key);
-            node = self.pool.latch_shared(child)?;
+            node = self.child_shared(&node.page(), child)?;
         }
         Ok(node)
     }
@@ -367,6 +452,7 @@ impl BTree {
         loop {
             if self.root_level_hint.load(Ordering::Relaxed) == 0 {
                 let root = self.pool.latch_exclusive(self.root)?;
+                self.check_node(&root.page(), None)?;
                 if root.page().is_leaf() {
                     return Ok(root);
                 }
@@ -374,7 +460,7 @@ impl BTree {
                     .store(root.page().level(), Ordering::Relaxed);
                 continue;
             }
-            let mut node = self.pool.latch_shared(self.root)?;
+            let mut node = self.root_shared()?;
             if node.page().is_leaf() {
                 // Only possible if the hint was wrong, which it cannot be (levels only grow),
                 // but restarting costs nothing and keeps the loop obviously correct.
@@ -386,9 +472,9 @@ impl BTree {
                 let (child, chosen) = page.child_for(key);
                 observe(&page, chosen);
                 if page.level() == 1 {
-                    return Ok(self.pool.latch_exclusive(child)?);
+                    return self.child_exclusive(&page, child, [node.page_id()]);
                 }
-                node = self.pool.latch_shared(child)?;
+                node = self.child_shared(&page, child)?;
             }
         }
     }

@@ -4,7 +4,7 @@ use std::cmp::Ordering as KeyOrdering;
 
 use crossbeam_utils::CachePadded;
 
-use super::{BTree, BTreeError, InsertPath, TreeStats, check_record_size, flow_control};
+use super::{BTree, BTreeError, InsertPath, TreeStats, check_record_size, corrupt, flow_control};
 use crate::buffer::ExclusiveGuard;
 use crate::limits::{MAX_KEY_BYTES, SLOT_BYTES};
 use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes};
@@ -278,7 +278,8 @@ impl BTree {
                 self.grow_root(&mut path)?;
             }
             let leaf_index = path.len() - 1;
-            let mut right = self.split_leaf(&mut path[leaf_index], &plan)?;
+            let (above, leaf) = path.split_at_mut(leaf_index);
+            let mut right = self.split_leaf(&mut leaf[0], above, &plan)?;
             let parent = self.push_separator(
                 &mut path,
                 plan.separator.clone(),
@@ -358,15 +359,16 @@ impl BTree {
     ) -> Result<Vec<ExclusiveGuard<'_>>, BTreeError> {
         let mut path: Vec<ExclusiveGuard<'_>> = Vec::with_capacity(4);
         loop {
-            let root = self.pool.latch_shared(self.root)?;
+            let root = self.root_shared()?;
             if root.page().level() > exclusive_from_level {
                 let mut node = root;
                 loop {
-                    let (child, _) = node.page().child_for(key);
-                    if node.page().level() - 1 > exclusive_from_level {
-                        node = self.pool.latch_shared(child)?;
+                    let page = node.page();
+                    let (child, _) = page.child_for(key);
+                    if page.level() - 1 > exclusive_from_level {
+                        node = self.child_shared(&page, child)?;
                     } else {
-                        path.push(self.pool.latch_exclusive(child)?);
+                        path.push(self.child_exclusive(&page, child, [node.page_id()])?);
                         break;
                     }
                 }
@@ -374,6 +376,7 @@ impl BTree {
             }
             drop(root);
             let root = self.pool.latch_exclusive(self.root)?;
+            self.check_node(&root.page(), None)?;
             if root.page().level() > exclusive_from_level {
                 // The root grew while it was unlatched; start again.
                 continue;
@@ -387,7 +390,8 @@ impl BTree {
                 return Ok(path);
             }
             let (child, _) = top.page().child_for(key);
-            let child = self.pool.latch_exclusive(child)?;
+            let held = path.iter().map(ExclusiveGuard::page_id);
+            let child = self.child_exclusive(&top.page(), child, held)?;
             if !child.page().is_leaf()
                 && child.page().total_free_bytes() >= inner_entry_bytes(MAX_KEY_BYTES)
             {
@@ -414,9 +418,11 @@ impl BTree {
     }
 
     /// Splits a full leaf according to `plan`; returns the new right page, still latched.
+    /// `above` are the leaf's ancestors this thread holds.
     fn split_leaf<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
+        above: &[ExclusiveGuard<'a>],
         plan: &LeafSplitPlan,
     ) -> Result<ExclusiveGuard<'a>, BTreeError> {
         let mut right = self
@@ -443,11 +449,31 @@ impl BTree {
         if old_next != NO_PAGE {
             // Left to right at the same level, as the latch order requires.
             // Before the left page changes, so a failure here leaves the tree as it was (the
-            // new right page stays unlinked, as a page that is never used).
-            self.pool
-                .latch_exclusive(old_next)?
-                .page_mut()
-                .set_prev(right_id);
+            // new right page stays unlinked, as a page that is never used). A next link to a
+            // page this thread holds (only possible in a corrupt tree) is refused before the
+            // latch is requested, since that wait would never end.
+            if old_next == left_id
+                || old_next == right_id
+                || above.iter().any(|ancestor| ancestor.page_id() == old_next)
+            {
+                return Err(corrupt(
+                    left_id,
+                    format!("its next link names page {old_next}"),
+                ));
+            }
+            let mut next = self.pool.latch_exclusive(old_next)?;
+            let next_page = next.page();
+            if next_page.prev() != left_id {
+                return Err(corrupt(
+                    old_next,
+                    format!(
+                        "reached by the next link of leaf {left_id}, its prev link names page {}",
+                        next_page.prev()
+                    ),
+                ));
+            }
+            self.check_node(&next_page, Some(0))?;
+            next.page_mut().set_prev(right_id);
         }
         let mut left_page = leaf.page_mut();
         left_page.truncate(plan.split_at);
@@ -481,9 +507,16 @@ impl BTree {
                 child_index = 1;
             }
             let parent = &mut path[child_index - 1];
+            // A separator lies strictly inside its child's key range, so its parent cannot
+            // hold it already unless the pages disagree about their keys.
             let index = match parent.page().search(&separator) {
                 Err(index) => index,
-                Ok(_) => unreachable!("a separator lies strictly inside its child's key range"),
+                Ok(_) => {
+                    return Err(corrupt(
+                        parent.page_id(),
+                        "already holds the separator a split of its child produced".into(),
+                    ));
+                }
             };
             if parent
                 .page_mut()
