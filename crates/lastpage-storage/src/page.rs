@@ -51,15 +51,26 @@ pub const NO_PAGE: PageId = 0;
 /// The bytes of one page.
 pub type PageBytes = [u8; PAGE_SIZE_BYTES];
 
-const OFFSET_PAGE_ID: usize = 0;
-const OFFSET_KIND: usize = 4;
-const OFFSET_LEVEL: usize = 5;
-const OFFSET_SLOT_COUNT: usize = 6;
-const OFFSET_FREE_START: usize = 8;
-const OFFSET_GARBAGE: usize = 10;
-const OFFSET_PREV: usize = 12;
-const OFFSET_NEXT: usize = 16;
-const OFFSET_INDEX_ID: usize = 20;
+// Header field offsets (the table in the module documentation). Public because they are part
+// of the file format: tests that corrupt pages write these bytes directly.
+/// Offset of the page id in the header.
+pub const OFFSET_PAGE_ID: usize = 0;
+/// Offset of the page kind byte.
+pub const OFFSET_KIND: usize = 4;
+/// Offset of the level byte.
+pub const OFFSET_LEVEL: usize = 5;
+/// Offset of the slot count.
+pub const OFFSET_SLOT_COUNT: usize = 6;
+/// Offset of `free_start`.
+pub const OFFSET_FREE_START: usize = 8;
+/// Offset of the garbage byte count.
+pub const OFFSET_GARBAGE: usize = 10;
+/// Offset of the previous-leaf link.
+pub const OFFSET_PREV: usize = 12;
+/// Offset of the next-leaf link, or of an inner page's low child.
+pub const OFFSET_NEXT: usize = 16;
+/// Offset of the owning index's id.
+pub const OFFSET_INDEX_ID: usize = 20;
 
 /// What a page holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

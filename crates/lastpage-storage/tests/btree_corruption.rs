@@ -20,7 +20,10 @@ use std::time::Duration;
 use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
 use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::buffer::PageError;
-use lastpage_storage::page::{Page, PageBytes, PageId};
+use lastpage_storage::limits::{INNER_RECORD_HEADER_BYTES, LEAF_RECORD_HEADER_BYTES, SLOT_BYTES};
+use lastpage_storage::page::{
+    OFFSET_INDEX_ID, OFFSET_KIND, OFFSET_LEVEL, OFFSET_NEXT, OFFSET_PREV, Page, PageBytes, PageId,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -36,13 +39,6 @@ const ROWS: u32 = 6_000;
 
 const KEY_SUFFIX_BYTES: usize = 150;
 const VALUE_BYTES: usize = 600;
-
-/// Header offsets, as documented in `page.rs`.
-const OFFSET_KIND: usize = 4;
-const OFFSET_LEVEL: usize = 5;
-const OFFSET_PREV: usize = 12;
-const OFFSET_NEXT: usize = 16;
-const OFFSET_INDEX_ID: usize = 20;
 
 fn key(number: u32) -> Vec<u8> {
     let mut key = number.to_be_bytes().to_vec();
@@ -78,7 +74,7 @@ fn read_u16(bytes: &PageBytes, offset: usize) -> usize {
 }
 
 fn slot_offset(bytes: &PageBytes, index: usize) -> usize {
-    read_u16(bytes, bytes.len() - 2 * (index + 1))
+    read_u16(bytes, bytes.len() - SLOT_BYTES * (index + 1))
 }
 
 /// What a round did to the tree.
@@ -157,7 +153,11 @@ fn corrupt(tree: &BTree, other: &BTree, rng: &mut StdRng) -> Option<Corruption> 
             // disagree with its neighbours, or stop being sorted.
             let index = rng.random_range(0..slot_count);
             let offset = slot_offset(&bytes, index);
-            let header = if is_leaf { 4 } else { 6 };
+            let header = if is_leaf {
+                LEAF_RECORD_HEADER_BYTES
+            } else {
+                INNER_RECORD_HEADER_BYTES
+            };
             let key_len = read_u16(&bytes, offset);
             if key_len == 0 {
                 return None;
