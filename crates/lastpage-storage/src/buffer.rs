@@ -30,20 +30,22 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use lastpage_io::{FileSystem, OpenOptions};
 
-use crate::datafile::{DataFile, refused, zeroed_page};
+use crate::datafile::{DataFile, refused};
 use crate::latch::{Latch, LatchClass, LatchMode, LatchPolicy};
 use crate::limits::{
     CHECKPOINT_WRITE_BATCH_PAGES, DEFAULT_MEMORY_BUDGET_BYTES, EVICTION_BATCH_PAGES, MAX_PAGES,
     PAGE_SIZE_BYTES, PAGE_TABLE_CHUNK_PAGES,
 };
 use crate::page::{Page, PageBytes, PageId, PageKind, PageMut};
+use crate::page_memory::PageMemory;
 use crate::sync::{AtomicU32, Ordering};
 
 /// One page's frame: its latch, its bytes while resident, and what the pool knows about it.
 struct Frame {
     latch: Latch,
-    /// The page's bytes, or null while the page is not resident. Owned by the frame (a leaked
-    /// `Box<PageBytes>`); changed only under the exclusive latch, read only under the latch.
+    /// The page's bytes, or null while the page is not resident: a buffer of the pool's
+    /// [`PageMemory`], which the frame holds from install to discard; changed only under the
+    /// exclusive latch, read only under the latch.
     bytes: UnsafeCell<*mut PageBytes>,
     /// A hint for the eviction sweep, kept equal to `!bytes.is_null()` under the exclusive
     /// latch and rechecked under the latch before it is trusted.
@@ -63,15 +65,16 @@ struct Frame {
 // pool's load and eviction paths (which hold it exclusively, so nobody else reads or writes).
 // Every other field is an atomic or a thread-safe latch.
 unsafe impl Sync for Frame {}
-// SAFETY: the frame owns its page buffer outright; moving the frame moves that ownership.
+// SAFETY: the frame holds its page buffer (taken from the pool's page memory) exclusively;
+// moving the frame moves that hold.
 unsafe impl Send for Frame {}
 
 impl Frame {
-    fn new(policy: LatchPolicy, bytes: Option<Box<PageBytes>>, slot: u32, crc: u32) -> Frame {
+    fn new(policy: LatchPolicy, bytes: Option<NonNull<PageBytes>>, slot: u32, crc: u32) -> Frame {
         let resident = bytes.is_some();
         Frame {
             latch: Latch::new(policy, LatchClass::Buffer),
-            bytes: UnsafeCell::new(bytes.map_or(std::ptr::null_mut(), Box::into_raw)),
+            bytes: UnsafeCell::new(bytes.map_or(std::ptr::null_mut(), NonNull::as_ptr)),
             resident: AtomicBool::new(resident),
             dirty: AtomicBool::new(false),
             referenced: AtomicBool::new(true),
@@ -99,34 +102,21 @@ impl Frame {
 
     /// Installs `bytes` as the page's contents. The caller holds the latch exclusively and the
     /// page is not resident.
-    fn install(&self, bytes: Box<PageBytes>) {
+    fn install(&self, bytes: NonNull<PageBytes>) {
         // SAFETY: the caller holds the latch exclusively, so nobody else reads or writes the
-        // pointer; the old value is null, so nothing leaks.
-        unsafe { *self.bytes.get() = Box::into_raw(bytes) };
+        // pointer; the old value is null, so no buffer is lost.
+        unsafe { *self.bytes.get() = bytes.as_ptr() };
         self.resident.store(true, Ordering::Relaxed);
     }
 
-    /// Drops the page's bytes. The caller holds the latch exclusively and the page is resident.
-    fn discard(&self) {
-        // SAFETY: the caller holds the latch exclusively; the pointer came from
-        // `Box::into_raw` and is replaced by null before anyone can see it again.
-        unsafe {
-            let bytes = std::mem::replace(&mut *self.bytes.get(), std::ptr::null_mut());
-            if !bytes.is_null() {
-                drop(Box::from_raw(bytes));
-            }
-        }
+    /// Takes the page's bytes away and returns the buffer, for the caller to give back to the
+    /// page memory. The caller holds the latch exclusively and the page is resident.
+    fn discard(&self) -> Option<NonNull<PageBytes>> {
+        // SAFETY: the caller holds the latch exclusively, so nobody else reads or writes the
+        // pointer, and it is replaced by null before anyone can see it again.
+        let bytes = unsafe { std::mem::replace(&mut *self.bytes.get(), std::ptr::null_mut()) };
         self.resident.store(false, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Frame {
-    fn drop(&mut self) {
-        let bytes = *self.bytes.get_mut();
-        if !bytes.is_null() {
-            // SAFETY: `&mut self` means no guard exists; the pointer came from `Box::into_raw`.
-            drop(unsafe { Box::from_raw(bytes) });
-        }
+        NonNull::new(bytes)
     }
 }
 
@@ -249,6 +239,10 @@ pub struct BufferPool {
     writes: AtomicU64,
     evictions: AtomicU64,
     eviction_failures: AtomicU64,
+    /// The buffers resident pages live in. Frames hold pointers into it and never dereference
+    /// them once the pool is being dropped, so the order in which the two are dropped does not
+    /// matter.
+    memory: PageMemory,
 }
 
 impl Default for BufferPool {
@@ -296,6 +290,7 @@ impl BufferPool {
             writes: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             eviction_failures: AtomicU64::new(0),
+            memory: PageMemory::new(),
         }
     }
 
@@ -446,7 +441,7 @@ impl BufferPool {
             });
         }
         self.reserve_frame();
-        let frame = Frame::new(policy, Some(zeroed_page()), 0, 0);
+        let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);
         frame.dirty.store(true, Ordering::Relaxed);
         let installed = self.install_frame(page_id, frame).is_ok();
         assert!(installed, "page id {page_id} was handed out twice");
@@ -574,7 +569,7 @@ impl BufferPool {
     }
 
     /// Reserves a frame and reads the page's slot, verifying its checksum and header.
-    fn read_page(&self, frame: &Frame, page_id: PageId) -> Result<Box<PageBytes>, PageError> {
+    fn read_page(&self, frame: &Frame, page_id: PageId) -> Result<NonNull<PageBytes>, PageError> {
         let Some(file) = &self.file else {
             // A memory-only pool never drops a page's bytes.
             return Err(PageError::Corrupt {
@@ -583,10 +578,13 @@ impl BufferPool {
             });
         };
         self.reserve_frame();
-        let mut bytes = zeroed_page();
+        let buffer = self.memory.take();
+        // SAFETY: the buffer was just taken from the page memory, so this is its only user
+        // until it is installed in the frame or given back below.
+        let bytes = unsafe { &mut *buffer.as_ptr() };
         let slot = frame.slot.load(Ordering::Relaxed);
         if slot != 0 {
-            let checked = file.read_slot(page_id, slot, &mut bytes).and_then(|()| {
+            let checked = file.read_slot(page_id, slot, bytes).and_then(|()| {
                 let crc = crc32c::crc32c(bytes.as_slice());
                 let expected = frame.crc.load(Ordering::Relaxed);
                 if crc != expected {
@@ -597,7 +595,7 @@ impl BufferPool {
                         ),
                     });
                 }
-                let page = Page::new(&bytes);
+                let page = Page::new(bytes);
                 if page.page_id() != page_id {
                     return Err(PageError::Corrupt {
                         page: page_id,
@@ -613,12 +611,14 @@ impl BufferPool {
                 Ok(())
             });
             if let Err(error) = checked {
+                // SAFETY: taken above and not installed; `bytes` is not used again.
+                unsafe { self.memory.give_back(buffer) };
                 self.resident.fetch_sub(1, Ordering::Relaxed);
                 return Err(error);
             }
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
-        Ok(bytes)
+        Ok(buffer)
     }
 
     /// Counts a page about to become resident, and evicts a batch if that goes over budget.
@@ -687,7 +687,12 @@ impl BufferPool {
                     continue;
                 }
             }
-            frame.discard();
+            if let Some(bytes) = frame.discard() {
+                // SAFETY: the buffer came from this pool's page memory (every installed buffer
+                // does), and the frame no longer points at it; the exclusive latch this thread
+                // holds means no guard can still be reading it.
+                unsafe { self.memory.give_back(bytes) };
+            }
             self.resident.fetch_sub(1, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
             frame.latch.release(LatchMode::Exclusive);

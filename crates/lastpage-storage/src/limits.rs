@@ -45,6 +45,14 @@ pub const DEFAULT_MEMORY_BUDGET_BYTES: usize = 1 << 30;
 /// so a sweep never empties the pool of the pages its threads are about to latch again.
 pub const EVICTION_BATCH_PAGES: usize = 32;
 
+/// Page buffers in the buffer pool's first slab of page memory (`page_memory.rs`); each later
+/// slab is twice the one before, up to [`PAGE_SLAB_MAX_PAGES`]. 16 pages are 128 KiB, glibc's
+/// default mmap threshold, so even the first slab is a mapping of its own.
+pub const PAGE_SLAB_MIN_PAGES: usize = 16;
+
+/// Page buffers in the largest slab of page memory: 8 MiB, one allocation per 1,024 pages.
+pub const PAGE_SLAB_MAX_PAGES: usize = 1024;
+
 /// Deepest B+tree the tree code accepts (levels from the root down to the leaves). With 8 KiB
 /// pages and keys of at most `MAX_KEY_BYTES`, 32 levels address far more than `MAX_PAGES`.
 pub const MAX_INDEX_LEVELS: usize = 32;
