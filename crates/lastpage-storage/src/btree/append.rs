@@ -352,7 +352,7 @@ impl BTree {
         let page = parent.page();
         // The hint is checked as a node first: its records are read only once it is known to
         // be an inner page of this tree.
-        if self.check_node(&page, Some(1)).is_err() {
+        if !self.is_node(&page, Some(1)) {
             return None;
         }
         let count = page.slot_count();

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use super::BTree;
 use crate::buffer::PageError;
-use crate::page::{NO_PAGE, Page, PageId, PageKind};
+use crate::page::{NO_PAGE, Page, PageId};
 
 /// What the checker found in a healthy tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -203,34 +203,9 @@ impl BTree {
         if page.page_id() != page_id {
             return Err(self.error(page_id, format!("header says page {}", page.page_id())));
         }
-        if page.index_id() != self.index_id {
-            return Err(self.error(
-                page_id,
-                format!("page belongs to index {}", page.index_id()),
-            ));
-        }
-        if page.level() != expected_level {
-            return Err(self.error(
-                page_id,
-                format!("level {} where {expected_level} was expected", page.level()),
-            ));
-        }
-        let expected_kind = if expected_level == 0 {
-            PageKind::Leaf
-        } else {
-            PageKind::Inner
-        };
-        if page.kind() != Some(expected_kind) {
-            return Err(self.error(
-                page_id,
-                format!(
-                    "kind {:?} where {expected_kind:?} was expected",
-                    page.kind()
-                ),
-            ));
-        }
-        if expected_level > 0 && (page.low_child() == NO_PAGE) {
-            return Err(self.error(page_id, "inner page has no low child".into()));
+        // The same predicate every descent applies (index, kind, level, low child).
+        if !self.is_node(page, Some(expected_level)) {
+            return Err(self.error(page_id, self.not_a_node(page, Some(expected_level))));
         }
         Ok(())
     }

@@ -329,59 +329,75 @@ impl BTree {
         self.stats.snapshot()
     }
 
-    /// Checks what every descent relies on before it reads a page as a node of this tree: the
-    /// page belongs to this index, its kind agrees with its level (a leaf at level 0, an inner
-    /// page above, with a low child), and its level is `expected_level` when the caller knows
-    /// it (a child's is one below its parent's). Pages read from the data file have passed
-    /// their checksum and [`Page::check_layout`], but a page that is intact and still not what
-    /// its parent names (a stale or misdirected write, a bad link) must stop the operation with
-    /// an error: read as a node it would send a descent round a cycle, into another index, or
-    /// into a page of the wrong kind. Because a child must sit exactly one level below its
-    /// parent, every descent that checks its children ends within the root's level + 1 steps.
+    /// Whether `page` is what every descent relies on before it reads a page as a node of this
+    /// tree: it belongs to this index, its kind agrees with its level (a leaf at level 0, an
+    /// inner page above, with a low child), and its level is `expected_level` when the caller
+    /// knows it (a child's is one below its parent's). Pages read from the data file have
+    /// passed their checksum and [`Page::check_layout`], but a page that is intact and still not
+    /// what its parent names (a stale or misdirected write, a bad link) must stop the operation:
+    /// read as a node it would send a descent round a cycle, into another index, or into a page
+    /// of the wrong kind. Because a child must sit exactly one level below its parent, every
+    /// descent that checks its children ends within the root's level + 1 steps. The integrity
+    /// checker applies the same predicate to every page it visits.
     #[inline]
-    fn check_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> Result<(), BTreeError> {
+    fn is_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> bool {
         let level = page.level();
         let kind_fits = match page.kind() {
             Some(PageKind::Leaf) => level == 0,
             Some(PageKind::Inner) => level > 0 && page.low_child() != NO_PAGE,
             _ => false,
         };
-        if page.index_id() == self.index_id
+        page.index_id() == self.index_id
             && kind_fits
             && expected_level.is_none_or(|expected| level == expected)
-        {
-            return Ok(());
-        }
-        Err(self.not_a_node(page, expected_level))
     }
 
-    /// The error of [`BTree::check_node`]: out of line, so that formatting it does not weigh on
-    /// every descent (inlined, it cost the classic insert about 200 instructions per row).
+    /// [`BTree::is_node`] as a `Corrupt` error.
+    #[inline]
+    fn check_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> Result<(), BTreeError> {
+        if self.is_node(page, expected_level) {
+            return Ok(());
+        }
+        Err(corrupt(
+            page.page_id(),
+            self.not_a_node(page, expected_level),
+        ))
+    }
+
+    /// Why [`BTree::is_node`] refused `page`: out of line, so that formatting it does not weigh
+    /// on every descent (inlined, it cost the classic insert about 90 instructions per row).
     #[cold]
     #[inline(never)]
-    fn not_a_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> BTreeError {
+    fn not_a_node(&self, page: &Page<'_>, expected_level: Option<u8>) -> String {
         let kind = match page.kind() {
             Some(PageKind::Leaf) => "leaf",
+            Some(PageKind::Inner) if page.low_child() == NO_PAGE => {
+                "inner page without a low child"
+            }
             Some(PageKind::Inner) => "inner page",
             Some(PageKind::Free) => "free page",
             None => "page of no valid kind",
         };
-        corrupt(
-            page.page_id(),
-            format!(
-                "reached as a node of index {} at level {}, it is a {kind} of index {} at level \
-                 {}",
-                self.index_id,
-                expected_level.map_or_else(|| "any".to_owned(), |level| level.to_string()),
-                page.index_id(),
-                page.level()
-            ),
+        format!(
+            "reached as a node of index {} at level {}, it is a {kind} of index {} at level {}",
+            self.index_id,
+            expected_level.map_or_else(|| "any".to_owned(), |level| level.to_string()),
+            page.index_id(),
+            page.level()
         )
     }
 
     /// Latches the root in shared mode and checks it.
     fn root_shared(&self) -> Result<SharedGuard<'_>, BTreeError> {
         let root = self.pool.latch_shared(self.root)?;
+        self.check_node(&root.page(), None)?;
+        Ok(root)
+    }
+
+    /// Latches the root exclusively and checks it. Nothing is held above the root, so this
+    /// cannot wait for a latch its own thread holds.
+    fn root_exclusive(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        let root = self.pool.latch_exclusive(self.root)?;
         self.check_node(&root.page(), None)?;
         Ok(root)
     }
@@ -399,23 +415,35 @@ impl BTree {
     }
 
     /// Latches `child`, named by the inner page `parent`, exclusively and checks that it sits
-    /// one level below it. `held` are the pages this thread has latched: a corrupt link to one
-    /// of them is refused before the latch is requested, since waiting for a latch this thread
-    /// holds would never end.
+    /// one level below it; see [`BTree::node_exclusive`] for `held`.
     fn child_exclusive(
         &self,
         parent: &Page<'_>,
         child: PageId,
         held: impl IntoIterator<Item = PageId>,
     ) -> Result<ExclusiveGuard<'_>, BTreeError> {
-        if held.into_iter().any(|page| page == child) {
+        self.node_exclusive(child, parent.level() - 1, parent.page_id(), held)
+    }
+
+    /// Latches `page`, which the page `named_by` links to, exclusively and checks that it is a
+    /// node of this tree at `level`. `held` are the pages this thread has latched: a corrupt
+    /// link to one of them is refused before the latch is requested, since waiting for a latch
+    /// this thread holds would never end.
+    fn node_exclusive(
+        &self,
+        page: PageId,
+        level: u8,
+        named_by: PageId,
+        held: impl IntoIterator<Item = PageId>,
+    ) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        if held.into_iter().any(|held| held == page) {
             return Err(corrupt(
-                parent.page_id(),
-                format!("links to page {child}, which lies on the path to it"),
+                named_by,
+                format!("links to page {page}, which this thread already holds"),
             ));
         }
-        let guard = self.pool.latch_exclusive(child)?;
-        self.check_node(&guard.page(), Some(parent.level() - 1))?;
+        let guard = self.pool.latch_exclusive(page)?;
+        self.check_node(&guard.page(), Some(level))?;
         Ok(guard)
     }
 
@@ -461,8 +489,7 @@ impl BTree {
     ) -> Result<ExclusiveGuard<'_>, BTreeError> {
         loop {
             if self.root_level_hint.load(Ordering::Relaxed) == 0 {
-                let root = self.pool.latch_exclusive(self.root)?;
-                self.check_node(&root.page(), None)?;
+                let root = self.root_exclusive()?;
                 if root.page().is_leaf() {
                     return Ok(root);
                 }

@@ -375,8 +375,7 @@ impl BTree {
                 break;
             }
             drop(root);
-            let root = self.pool.latch_exclusive(self.root)?;
-            self.check_node(&root.page(), None)?;
+            let root = self.root_exclusive()?;
             if root.page().level() > exclusive_from_level {
                 // The root grew while it was unlatched; start again.
                 continue;
@@ -449,19 +448,12 @@ impl BTree {
         if old_next != NO_PAGE {
             // Left to right at the same level, as the latch order requires.
             // Before the left page changes, so a failure here leaves the tree as it was (the
-            // new right page stays unlinked, as a page that is never used). A next link to a
-            // page this thread holds (only possible in a corrupt tree) is refused before the
-            // latch is requested, since that wait would never end.
-            if old_next == left_id
-                || old_next == right_id
-                || above.iter().any(|ancestor| ancestor.page_id() == old_next)
-            {
-                return Err(corrupt(
-                    left_id,
-                    format!("its next link names page {old_next}"),
-                ));
-            }
-            let mut next = self.pool.latch_exclusive(old_next)?;
+            // new right page stays unlinked, as a page that is never used). The link may be
+            // corrupt: `node_exclusive` refuses a page this thread holds and checks for a leaf.
+            let held = [left_id, right_id]
+                .into_iter()
+                .chain(above.iter().map(ExclusiveGuard::page_id));
+            let mut next = self.node_exclusive(old_next, 0, left_id, held)?;
             let next_page = next.page();
             if next_page.prev() != left_id {
                 return Err(corrupt(
@@ -472,7 +464,6 @@ impl BTree {
                     ),
                 ));
             }
-            self.check_node(&next_page, Some(0))?;
             next.page_mut().set_prev(right_id);
         }
         let mut left_page = leaf.page_mut();
