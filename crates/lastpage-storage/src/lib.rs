@@ -11,7 +11,7 @@ mod datafile;
 pub mod latch;
 pub mod limits;
 pub mod page;
-mod page_memory;
+pub mod page_memory;
 pub mod scratch;
 pub mod stats;
 pub mod sync;

@@ -28,7 +28,7 @@ use crate::sync::{self, AtomicPtr, AtomicUsize, Mutex, Ordering};
 /// Taking a buffer is one `fetch_add` on the current slab's cursor while the slab lasts (a
 /// mutex here measurably convoyed a hundred sessions that each allocate a page per insert);
 /// the mutex is taken only to add a slab, and to reach the buffers handed back.
-pub(crate) struct PageMemory {
+pub struct PageMemory {
     /// The slab buffers are carved from; null before the first.
     current: AtomicPtr<Slab>,
     /// Every slab (a leaked `Box`, so that `current` can point at one while the vector
@@ -57,9 +57,15 @@ unsafe impl Send for PageMemory {}
 // SAFETY: as above.
 unsafe impl Sync for PageMemory {}
 
+impl Default for PageMemory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl PageMemory {
     /// No slabs yet: the first [`PageMemory::take`] allocates one.
-    pub(crate) fn new() -> PageMemory {
+    pub fn new() -> PageMemory {
         PageMemory {
             current: AtomicPtr::new(std::ptr::null_mut()),
             slabs: Mutex::new(Vec::new()),
@@ -70,7 +76,7 @@ impl PageMemory {
 
     /// A zeroed page buffer, owned by the caller until it hands it back with
     /// [`PageMemory::give_back`] (or until this memory is dropped, which frees it).
-    pub(crate) fn take(&self) -> NonNull<PageBytes> {
+    pub fn take(&self) -> NonNull<PageBytes> {
         if self.free_count.load(Ordering::Relaxed) > 0 {
             let reused = {
                 let mut free = sync::lock(&self.free);
@@ -107,7 +113,7 @@ impl PageMemory {
     ///
     /// `buffer` came from [`PageMemory::take`] on this memory, and the caller neither uses it
     /// nor lets anyone else use it afterwards.
-    pub(crate) unsafe fn give_back(&self, buffer: NonNull<PageBytes>) {
+    pub unsafe fn give_back(&self, buffer: NonNull<PageBytes>) {
         let mut free = sync::lock(&self.free);
         free.push(buffer);
         self.free_count.store(free.len(), Ordering::Relaxed);
@@ -138,7 +144,7 @@ impl PageMemory {
     }
 
     /// Slabs allocated so far, and buffers in them.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn slab_count(&self) -> (usize, usize) {
         let slabs = sync::lock(&self.slabs);
         // SAFETY: the slabs live as long as `self`.
