@@ -405,6 +405,12 @@ impl Database {
         &self.inner.locks
     }
 
+    /// The row lock manager's counters since the database was opened: locks granted, requests
+    /// that waited, timeouts and deadlock victims.
+    pub fn lock_stats(&self) -> crate::locks::LockStats {
+        self.inner.locks.stats()
+    }
+
     pub(crate) fn lock_timeout(&self) -> Option<Duration> {
         self.inner.options.lock_timeout
     }

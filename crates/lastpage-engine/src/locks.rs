@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use lastpage_storage::limits::{LOCK_KEY_INLINE_BYTES, LOCK_MANAGER_MAX_SHARDS};
 use lastpage_storage::stats::{self, WaitType};
-use lastpage_storage::sync::{self, Arc, AtomicU8, AtomicU64, Condvar, Mutex, Ordering};
+use lastpage_storage::sync::{
+    self, Arc, AtomicU8, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering,
+};
 
 pub use lastpage_storage::wal::TxnId;
 
@@ -38,6 +40,9 @@ pub use lastpage_storage::wal::TxnId;
 #[derive(Clone)]
 pub struct LockKey {
     table_id: u32,
+    /// Whether this names a key range's lock (see [`LockManager::lock_range`]): then `bytes`
+    /// is the range's low end, and the key is only ever locked through the range API.
+    range: bool,
     bytes: KeyBytes,
 }
 
@@ -62,7 +67,11 @@ impl LockKey {
             }
             _ => KeyBytes::Shared(key.into()),
         };
-        LockKey { table_id, bytes }
+        LockKey {
+            table_id,
+            range: false,
+            bytes,
+        }
     }
 
     /// The table the row belongs to.
@@ -70,7 +79,13 @@ impl LockKey {
         self.table_id
     }
 
-    /// The row's clustered key, in its memcomparable encoding.
+    /// Whether this is a key range's lock rather than a row's.
+    pub fn is_range(&self) -> bool {
+        self.range
+    }
+
+    /// The row's clustered key, in its memcomparable encoding (a range's low end for a range's
+    /// lock).
     pub fn key(&self) -> &[u8] {
         match &self.bytes {
             KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -79,10 +94,11 @@ impl LockKey {
     }
 }
 
-// Equality, hashing and order are the table's and the key bytes', however they are stored.
+// Equality, hashing and order are the table's, the kind's and the key bytes', however they are
+// stored.
 impl PartialEq for LockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.table_id == other.table_id && self.key() == other.key()
+        self.table_id == other.table_id && self.range == other.range && self.key() == other.key()
     }
 }
 
@@ -91,6 +107,7 @@ impl Eq for LockKey {}
 impl std::hash::Hash for LockKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.table_id.hash(state);
+        self.range.hash(state);
         self.key().hash(state);
     }
 }
@@ -103,7 +120,7 @@ impl PartialOrd for LockKey {
 
 impl Ord for LockKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.table_id, self.key()).cmp(&(other.table_id, other.key()))
+        (self.table_id, self.range, self.key()).cmp(&(other.table_id, other.range, other.key()))
     }
 }
 
@@ -111,6 +128,7 @@ impl std::fmt::Debug for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockKey")
             .field("table_id", &self.table_id)
+            .field("range", &self.range)
             .field("key", &self.key())
             .finish()
     }
@@ -490,6 +508,25 @@ struct WaitingTxns {
     waiting_for: HashMap<TxnId, LockKey>,
 }
 
+/// A key range one transaction holds X on as a whole (see [`LockManager::lock_range`]).
+struct RangeLock {
+    txn: TxnId,
+    /// The range's own lock entry: its key is the low end, marked as a range.
+    entry: LockKey,
+    /// The high end (inclusive), a row key of the same table.
+    high: LockKey,
+}
+
+impl RangeLock {
+    /// Whether row key `key` lies in the range.
+    fn covers(&self, key: &LockKey) -> bool {
+        key.table_id == self.entry.table_id
+            && !key.range
+            && self.entry.key() <= key.key()
+            && key.key() <= self.high.key()
+    }
+}
+
 /// The row lock manager of one database. See the module documentation and `docs/locking.md`.
 ///
 /// A transaction makes one request at a time (it is driven by one thread at a time), and must
@@ -505,6 +542,15 @@ pub struct LockManager {
     /// FxHash, because SipHash costs more per lock than the whole rest of an uncontended
     /// acquire. A client that chose keys to collide would only slow its own shard's lookups.
     shard_hasher: FxBuildHasher,
+    /// The key ranges held now. Every row request looks here first, so the list is short (one
+    /// entry per transaction that inserted a batch of fresh keys and has not ended) and is only
+    /// read when `range_count` says it is not empty.
+    ranges: Mutex<Vec<RangeLock>>,
+    /// How many entries `ranges` has. Written under its mutex; a request that reads 0 skips the
+    /// mutex. A range is added before any row in it exists, and a request only ever asks about
+    /// a row it found (under the row's page latch, after the insert that made it), so it cannot
+    /// read a count older than the range that covers the row.
+    range_count: AtomicUsize,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -527,7 +573,131 @@ impl LockManager {
                 .collect(),
             waiting: Mutex::new(WaitingTxns::default()),
             shard_hasher: FxBuildHasher,
+            ranges: Mutex::new(Vec::new()),
+            range_count: AtomicUsize::new(0),
         }
+    }
+
+    /// The lock of the range covering row key `key`, if any, and whether `txn` holds it.
+    /// Ranges of one transaction never overlap another's, except around keys they did not
+    /// create (see [`LockManager::lock_range`]); the first covering range found is returned.
+    fn covering_range(&self, key: &LockKey) -> Option<(LockKey, TxnId)> {
+        if self.range_count.load(Ordering::Acquire) == 0 || key.range {
+            return None;
+        }
+        sync::lock(&self.ranges)
+            .iter()
+            .find(|range| range.covers(key))
+            .map(|range| (range.entry.clone(), range.txn))
+    }
+
+    /// Whether a range held by a transaction other than `txn` covers row key `key`; if so,
+    /// that range's lock.
+    fn range_of_other(&self, txn: Option<TxnId>, key: &LockKey) -> Option<LockKey> {
+        if self.range_count.load(Ordering::Acquire) == 0 || key.range {
+            return None;
+        }
+        sync::lock(&self.ranges)
+            .iter()
+            .find(|range| Some(range.txn) != txn && range.covers(key))
+            .map(|range| range.entry.clone())
+    }
+
+    /// Locks every row key from `low` to `high` (inclusive, one table's keys, `low ≤ high`)
+    /// exclusively for `txn` with one request: what a statement takes for the fresh identity
+    /// keys of a batch it inserts instead of one lock per row. Returns the range's own lock
+    /// key, which the transaction releases with its other locks in [`LockManager::release_all`].
+    ///
+    /// Until then every request for a row in the range by another transaction waits for it
+    /// (LCK_M_X for a lock, LCK_M_S for a READ COMMITTED read), and `is_locked_by_other` says
+    /// so. The range does not look at the row locks inside it: it is meant for keys that did
+    /// not exist before the statement made them, which nobody else can have locked (the engine
+    /// never hands an identity value out twice). A row that did exist inside it would keep its
+    /// own lock and also be waited for by others until `txn` ends: a false conflict, never a
+    /// missed one. Two transactions' ranges with the same low end conflict like rows.
+    pub fn lock_range(
+        &self,
+        txn: TxnId,
+        low: &LockKey,
+        high: &LockKey,
+        timeout: Option<Duration>,
+    ) -> Result<LockKey, LockError> {
+        self.lock_range_granted(txn, low, high, timeout)
+            .map(|(entry, _)| entry)
+    }
+
+    /// [`LockManager::lock_range`], and what the request changed.
+    fn lock_range_granted(
+        &self,
+        txn: TxnId,
+        low: &LockKey,
+        high: &LockKey,
+        timeout: Option<Duration>,
+    ) -> Result<(LockKey, Granted), LockError> {
+        debug_assert!(low.table_id == high.table_id && !low.range && !high.range);
+        debug_assert!(low.key() <= high.key());
+        let entry = LockKey {
+            range: true,
+            ..low.clone()
+        };
+        let granted = self.lock(txn, &entry, LockMode::Exclusive, timeout)?;
+        let mut ranges = sync::lock(&self.ranges);
+        match ranges
+            .iter_mut()
+            .find(|range| range.txn == txn && range.entry == entry)
+        {
+            // The transaction already holds a range from the same low end: it now reaches as
+            // far as the higher of the two ends.
+            Some(held) => {
+                if held.high.key() < high.key() {
+                    held.high = high.clone();
+                }
+            }
+            None => {
+                ranges.push(RangeLock {
+                    txn,
+                    entry: entry.clone(),
+                    high: high.clone(),
+                });
+                self.range_count.store(ranges.len(), Ordering::Release);
+            }
+        }
+        Ok((entry, granted))
+    }
+
+    /// Takes `key`'s range out of the list of held ranges (before its lock is released).
+    fn forget_range(&self, txn: TxnId, key: &LockKey) {
+        let mut ranges = sync::lock(&self.ranges);
+        if let Some(index) = ranges
+            .iter()
+            .position(|range| range.txn == txn && range.entry == *key)
+        {
+            ranges.swap_remove(index);
+            self.range_count.store(ranges.len(), Ordering::Release);
+        }
+    }
+
+    /// Waits until no transaction other than `txn` holds the range lock `range`, recording a
+    /// wait of `wait_type`, and takes nothing (as a READ COMMITTED reader waits for a row).
+    fn wait_out_range(
+        &self,
+        txn: Option<TxnId>,
+        range: &LockKey,
+        wait_type: WaitType,
+        timeout: Option<Duration>,
+    ) -> Result<(), LockError> {
+        let shard_mutex = self.shard(range);
+        let mut shard = sync::lock(shard_mutex);
+        let Shard { entries, stats } = &mut *shard;
+        let Some(entry) = entries
+            .get_mut(range)
+            .filter(|entry| entry.holders.exclusive_by_other(txn))
+        else {
+            return Ok(());
+        };
+        let slot = Self::enqueue(entry, stats, txn, Request::ReadThrough, timeout)?;
+        drop(shard);
+        self.park(shard_mutex, txn, range, wait_type, timeout, slot)
     }
 
     fn shard(&self, key: &LockKey) -> &Mutex<Shard> {
@@ -559,6 +729,14 @@ impl LockManager {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<Granted, LockError> {
+        // A row in another transaction's range is waited for first; one in the requester's own
+        // range is held already.
+        while let Some((range, holder)) = self.covering_range(key) {
+            if holder == txn {
+                return Ok(Granted::AlreadyHeld);
+            }
+            self.wait_out_range(Some(txn), &range, mode.wait_type(), timeout)?;
+        }
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
         let Shard { entries, stats } = &mut *shard;
@@ -604,7 +782,14 @@ impl LockManager {
         // The request is queued before the shard mutex is let go, so the release that grants
         // it cannot slip in unseen between the check above and the park below.
         drop(shard);
-        self.park(shard_mutex, Some(txn), key, request, timeout, slot)?;
+        self.park(
+            shard_mutex,
+            Some(txn),
+            key,
+            request.mode().wait_type(),
+            timeout,
+            slot,
+        )?;
         Ok(match request {
             Request::Upgrade => Granted::Upgraded,
             _ => Granted::New,
@@ -624,31 +809,19 @@ impl LockManager {
         key: &LockKey,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        let shard_mutex = self.shard(key);
-        let mut shard = sync::lock(shard_mutex);
-        let Shard { entries, stats } = &mut *shard;
-        let Some(entry) = entries
-            .get_mut(key)
-            .filter(|entry| entry.holders.exclusive_by_other(reader))
-        else {
-            return Ok(());
-        };
-        let slot = Self::enqueue(entry, stats, reader, Request::ReadThrough, timeout)?;
-        drop(shard);
-        self.park(
-            shard_mutex,
-            reader,
-            key,
-            Request::ReadThrough,
-            timeout,
-            slot,
-        )
+        while let Some(range) = self.range_of_other(reader, key) {
+            self.wait_out_range(reader, &range, WaitType::LckMS, timeout)?;
+        }
+        self.wait_out_range(reader, key, WaitType::LckMS, timeout)
     }
 
     /// Whether a transaction other than `txn` holds X on `key`: what a READ COMMITTED reader
     /// must not read past. S locks of others do not count (readers do not block readers). One
     /// shard mutex, no allocation.
     pub fn is_locked_by_other(&self, txn: Option<TxnId>, key: &LockKey) -> bool {
+        if self.range_of_other(txn, key).is_some() {
+            return true;
+        }
         let shard = sync::lock(self.shard(key));
         shard
             .entries
@@ -658,6 +831,12 @@ impl LockManager {
 
     /// The mode in which `txn` holds `key`, if it does.
     pub fn holds(&self, txn: TxnId, key: &LockKey) -> Option<LockMode> {
+        if self
+            .covering_range(key)
+            .is_some_and(|(_, holder)| holder == txn)
+        {
+            return Some(LockMode::Exclusive);
+        }
         let shard = sync::lock(self.shard(key));
         shard
             .entries
@@ -670,6 +849,11 @@ impl LockManager {
     /// commit costs O(locks held) when `keys` are the transaction's locks.
     pub fn release_all(&self, txn: TxnId, keys: &[LockKey]) {
         for key in keys {
+            if key.range {
+                // Out of the list first: a request that no longer finds the range goes straight
+                // to the row, and one that found it waits on the lock released below.
+                self.forget_range(txn, key);
+            }
             let mut shard = sync::lock(self.shard(key));
             let Shard { entries, stats } = &mut *shard;
             let Entry::Occupied(mut occupied) = entries.entry(key.clone()) else {
@@ -749,11 +933,11 @@ impl LockManager {
         shard_mutex: &Mutex<Shard>,
         txn: Option<TxnId>,
         key: &LockKey,
-        request: Request,
+        wait_type: WaitType,
         timeout: Option<Duration>,
         slot: Arc<WaitSlot>,
     ) -> Result<(), LockError> {
-        let wait = stats::begin_wait(request.mode().wait_type(), None);
+        let wait = stats::begin_wait(wait_type, None);
         // A timeout too large for the clock has no deadline: it waits as long as it takes.
         let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
 
@@ -883,6 +1067,21 @@ impl TxnLocks {
     /// The keys the transaction holds locks on, in the order it first locked them.
     pub fn keys(&self) -> &[LockKey] {
         &self.keys
+    }
+
+    /// [`LockManager::lock_range`] for this transaction; the range is remembered.
+    pub fn acquire_range(
+        &mut self,
+        manager: &LockManager,
+        low: &LockKey,
+        high: &LockKey,
+        timeout: Option<Duration>,
+    ) -> Result<(), LockError> {
+        let (entry, granted) = manager.lock_range_granted(self.txn, low, high, timeout)?;
+        if granted == Granted::New {
+            self.keys.push(entry);
+        }
+        Ok(())
     }
 
     /// [`LockManager::acquire`] for this transaction; a newly locked key is remembered (moved

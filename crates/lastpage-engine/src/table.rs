@@ -817,9 +817,7 @@ impl Table {
             records.push((self.partition_of_row(&values), key, value, entries));
         }
         if scope.needs_locks(self.key_has_identity()) {
-            for (_, key, _, entries) in &records {
-                self.lock_entries(scope, key, entries)?;
-            }
+            self.lock_batch(scope, &records)?;
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
         scope.logged(self, |changes| {
@@ -947,6 +945,40 @@ impl Table {
             .is_some_and(|identity| self.clustered.column_ids.contains(&identity.column))
     }
 
+    /// Whether the clustered key is the identity column alone: then a batch's rows, which take
+    /// one block of identity values, are every key between its lowest and its highest.
+    fn key_is_identity(&self) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|identity| self.clustered.column_ids == [identity.column])
+    }
+
+    /// Locks a batch's new rows. When the clustered key is the identity alone, the batch's keys
+    /// are fresh and contiguous, so one range lock from the lowest to the highest stands for a
+    /// row lock each (it costs as much as one; a lock per row cost a fifth of a durable batch's
+    /// time); unique nonclustered keys are locked row by row as always.
+    fn lock_batch(&self, scope: &mut WriteScope<'_>, records: &[PreparedRow]) -> Result<()> {
+        let (Some(first), true) = (records.first(), self.key_is_identity()) else {
+            for (_, key, _, entries) in records {
+                self.lock_entries(scope, key, entries)?;
+            }
+            return Ok(());
+        };
+        let (mut low, mut high) = (&first.1, &first.1);
+        for (_, key, _, _) in &records[1..] {
+            if key < low {
+                low = key;
+            } else if key > high {
+                high = key;
+            }
+        }
+        scope.lock_range(self, low, high)?;
+        for (_, _, _, entries) in records {
+            self.lock_unique_entries(scope, entries)?;
+        }
+        Ok(())
+    }
+
     /// Locks a new row's clustered key and its unique nonclustered keys (so that a key a
     /// transaction deleted cannot be taken by another before the first one commits).
     fn lock_entries(
@@ -956,6 +988,15 @@ impl Table {
         entries: &[(Vec<u8>, Vec<u8>)],
     ) -> Result<()> {
         scope.lock_row(self, 0, key)?;
+        self.lock_unique_entries(scope, entries)
+    }
+
+    /// Locks a new row's unique nonclustered keys.
+    fn lock_unique_entries(
+        &self,
+        scope: &mut WriteScope<'_>,
+        entries: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<()> {
         for (position, (index, (entry_key, _))) in self.nonclustered.iter().zip(entries).enumerate()
         {
             if index.def.uniqueness.is_unique() {

@@ -176,6 +176,21 @@ impl<'s> WriteScope<'s> {
         Ok(())
     }
 
+    /// Locks every clustered key from `low` to `high` (inclusive) exclusively until the
+    /// transaction ends, with one range lock (see [`crate::locks::LockManager::lock_range`]):
+    /// for the fresh keys of a batch insert. Must be called outside the checkpoint gate and
+    /// every latch, before any of the keys is inserted.
+    pub(crate) fn lock_range(&mut self, table: &Table, low: &[u8], high: &[u8]) -> Result<()> {
+        let db = self.session.db();
+        self.txn.locks.acquire_range(
+            db.locks(),
+            &lock_key(table.id(), 0, low),
+            &lock_key(table.id(), 0, high),
+            db.lock_timeout(),
+        )?;
+        Ok(())
+    }
+
     /// A locker for clustered keys made under a leaf latch (see [`FreshLocker`]).
     pub(crate) fn fresh_locker(&self, table: &Table) -> FreshLocker<'s> {
         let session: &'s Session = self.session;

@@ -534,6 +534,89 @@ fn writers_wait_on_row_locks_and_time_out_with_sql_servers_message() {
 }
 
 #[test]
+fn an_uncommitted_batch_is_hidden_by_one_range_lock_until_it_commits() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            lock_timeout: Some(Duration::from_millis(50)),
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let (writer, other) = (db.session(), db.session());
+    let before = insert_order(&db, &writer).unwrap();
+    let batch = |tag: &str| -> Vec<InsertRow> {
+        (0..40)
+            .map(|i| InsertRow::new().set(1, format!("{tag}{i}")))
+            .collect()
+    };
+    let acquired_before = db.lock_stats().acquired;
+    writer.begin().unwrap();
+    let ids: Vec<i64> = table
+        .insert_batch(&writer, batch("b"))
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    // Forty fresh keys, one lock.
+    assert_eq!(db.lock_stats().acquired - acquired_before, 1);
+    let timeout = "Lock request time out period exceeded.";
+    for id in [ids[0], ids[17], ids[39]] {
+        let error = table.get(&other, &[Value::BigInt(id)]).unwrap_err();
+        assert_eq!(error.to_string(), timeout, "read of {id}");
+        let error = table
+            .update(&other, &[Value::BigInt(id)], &[(1, Value::from("x"))])
+            .unwrap_err();
+        assert_eq!(error.to_string(), timeout, "update of {id}");
+        assert!(table.get(&writer, &[Value::BigInt(id)]).unwrap().is_some());
+    }
+    assert!(other.waits().wait(WaitType::LckMS).waiting_tasks_count >= 3);
+    assert!(other.waits().wait(WaitType::LckMX).waiting_tasks_count >= 3);
+    // Rows outside the batch are not held back.
+    assert!(
+        table
+            .get(&other, &[Value::BigInt(before)])
+            .unwrap()
+            .is_some()
+    );
+    // The writer's own later statements inside its range need no new lock.
+    table
+        .update(
+            &writer,
+            &[Value::BigInt(ids[3])],
+            &[(1, Value::from("own"))],
+        )
+        .unwrap();
+    assert_eq!(db.lock_stats().acquired - acquired_before, 1);
+    writer.commit().unwrap();
+    let row = table
+        .get(&other, &[Value::BigInt(ids[3])])
+        .unwrap()
+        .unwrap();
+    assert_eq!(row[1], Value::from("own"));
+    assert_eq!(orders_rows(&db).len(), 41);
+
+    // A rolled-back batch leaves nothing, and nothing held.
+    writer.begin().unwrap();
+    let ids: Vec<i64> = table
+        .insert_batch(&writer, batch("r"))
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    writer.rollback().unwrap();
+    for id in [ids[0], ids[39]] {
+        assert_eq!(table.get(&other, &[Value::BigInt(id)]).unwrap(), None);
+    }
+    assert_eq!(orders_rows(&db).len(), 41);
+    table.insert_batch(&other, batch("c")).unwrap();
+    assert_eq!(orders_rows(&db).len(), 81);
+    db.check_integrity().unwrap();
+}
+
+#[test]
 fn a_deadlock_picks_one_victim_and_names_it() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(2));
     let db = open(&fs);

@@ -165,3 +165,52 @@ fn a_two_transaction_cycle_has_exactly_one_victim() {
         assert_eq!(manager.waiting_txns(), 0);
     });
 }
+
+/// A batch's range lock against a reader and a writer of one of its rows: the inserter locks
+/// the range, publishes the row (behind a mutex, as a leaf latch publishes it), commits and
+/// releases; whoever finds the row must not get past it before the commit, and nobody may park
+/// for ever (a release that misses a waiter on the range).
+#[test]
+fn a_range_lock_holds_back_a_reader_and_a_writer_until_its_commit() {
+    check(2, || {
+        let manager = Arc::new(LockManager::new(2));
+        let published = Arc::new(loom::sync::Mutex::new(false));
+        let committed = Arc::new(AtomicUsize::new(0));
+        let others: Vec<_> = [(2u64, false), (3, true)]
+            .into_iter()
+            .map(|(txn, writer)| {
+                let (manager, published, committed) = (
+                    Arc::clone(&manager),
+                    Arc::clone(&published),
+                    Arc::clone(&committed),
+                );
+                thread::spawn(move || {
+                    if !*published.lock().unwrap() {
+                        return;
+                    }
+                    if writer {
+                        manager
+                            .acquire(TxnId(txn), &key(5), Exclusive, None)
+                            .unwrap();
+                    } else {
+                        manager
+                            .wait_for_shared(Some(TxnId(txn)), &key(5), None)
+                            .unwrap();
+                    }
+                    assert_eq!(committed.load(Ordering::SeqCst), 1, "got past the range");
+                    manager.release_all(TxnId(txn), &[key(5)]);
+                })
+            })
+            .collect();
+        let range = manager
+            .lock_range(TxnId(1), &key(4), &key(6), None)
+            .unwrap();
+        *published.lock().unwrap() = true;
+        committed.store(1, Ordering::SeqCst);
+        manager.release_all(TxnId(1), &[range]);
+        for other in others {
+            other.join().unwrap();
+        }
+        assert!(!manager.is_locked_by_other(None, &key(5)));
+    });
+}
