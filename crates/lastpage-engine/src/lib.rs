@@ -27,6 +27,7 @@ pub mod encoding;
 pub mod error;
 pub mod locks;
 pub mod recovery;
+mod row_bytes;
 pub mod schema;
 pub mod table;
 pub mod txn;

@@ -9,7 +9,7 @@
 
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;
-use std::ops::Bound;
+use std::ops::{Bound, Range};
 use std::sync::Arc;
 
 use lastpage_storage::btree::{
@@ -17,7 +17,8 @@ use lastpage_storage::btree::{
     TreeOptions,
 };
 use lastpage_storage::limits::{
-    INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
+    BATCH_BUFFER_KEPT_BYTES, INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT,
+    MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicI64, Ordering};
@@ -28,6 +29,7 @@ use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
+use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
 use crate::txn::WriteScope;
 use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
@@ -175,10 +177,34 @@ thread_local! {
     static ROW_SCRATCH: Cell<Row> = const { Cell::new(Vec::new()) };
     /// A single-row insert's encoded value, likewise (moved out when the change is kept).
     static VALUE_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The buffer of this thread's last multi-row insert (see [`take_batch_buffer`]).
+    static BATCH_BUFFER: Cell<Option<Arc<Vec<u8>>>> = const { Cell::new(None) };
 }
 
-/// A row ready to insert: its partition, clustered key and value, and nonclustered entries.
-type PreparedRow = (usize, Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+/// An empty buffer for a multi-row insert's encoded rows: the thread's last one if nothing
+/// holds it any more (the transaction that inserted those rows has ended), else a new one.
+/// Reusing it matters: a 1,000-row batch's buffer is about the size at which the allocator
+/// maps fresh memory for every request, and faulting it in cost more than its rows' own
+/// allocations did.
+fn take_batch_buffer() -> Vec<u8> {
+    let mut buffer = BATCH_BUFFER
+        .take()
+        .and_then(|shared| Arc::try_unwrap(shared).ok())
+        .unwrap_or_default();
+    buffer.clear();
+    buffer
+}
+
+/// Keeps `buffer` as the thread's batch buffer, unless it grew past `BATCH_BUFFER_KEPT_BYTES`.
+fn keep_batch_buffer(buffer: &Arc<Vec<u8>>) {
+    if buffer.capacity() <= BATCH_BUFFER_KEPT_BYTES {
+        BATCH_BUFFER.set(Some(Arc::clone(buffer)));
+    }
+}
+
+/// A row of a multi-row insert ready to go in: its partition, where its clustered key and
+/// value lie in the statement's buffer of encoded rows, and its nonclustered entries.
+type PreparedRow = (usize, Range<usize>, Range<usize>, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// One change to one row, as clustered records (the nonclustered entries follow from them):
 /// what the log records, what undo inverts and what recovery replays.
@@ -187,22 +213,22 @@ pub(crate) enum RowChange {
     /// A row was inserted.
     Insert {
         partition: usize,
-        key: Vec<u8>,
-        value: Vec<u8>,
+        key: RowBytes,
+        value: RowBytes,
     },
     /// A row was deleted.
     Delete {
         partition: usize,
-        key: Vec<u8>,
-        old_value: Vec<u8>,
+        key: RowBytes,
+        old_value: RowBytes,
     },
     /// A row's value changed (its clustered key did not; a key change is a delete and an
     /// insert).
     Update {
         partition: usize,
-        key: Vec<u8>,
-        old_value: Vec<u8>,
-        new_value: Vec<u8>,
+        key: RowBytes,
+        old_value: RowBytes,
+        new_value: RowBytes,
     },
 }
 
@@ -317,10 +343,7 @@ impl RowChange {
                 break;
             }
             payload_bytes += row_bytes;
-            rows.push((
-                Cow::Borrowed(key.as_slice()),
-                Cow::Borrowed(value.as_slice()),
-            ));
+            rows.push((Cow::Borrowed(&key[..]), Cow::Borrowed(&value[..])));
         }
         let covered = rows.len();
         if covered < 2 {
@@ -341,21 +364,21 @@ impl RowChange {
         Ok(match record {
             Record::Insert { key, value, .. } => vec![RowChange::Insert {
                 partition,
-                key: key.into_owned(),
-                value: value.into_owned(),
+                key: key.into_owned().into(),
+                value: value.into_owned().into(),
             }],
             Record::InsertRun { rows, .. } => rows
                 .into_iter()
                 .map(|(key, value)| RowChange::Insert {
                     partition,
-                    key: key.into_owned(),
-                    value: value.into_owned(),
+                    key: key.into_owned().into(),
+                    value: value.into_owned().into(),
                 })
                 .collect(),
             Record::Delete { key, old_value, .. } => vec![RowChange::Delete {
                 partition,
-                key: key.into_owned(),
-                old_value: old_value.into_owned(),
+                key: key.into_owned().into(),
+                old_value: old_value.into_owned().into(),
             }],
             Record::Update {
                 key,
@@ -364,9 +387,9 @@ impl RowChange {
                 ..
             } => vec![RowChange::Update {
                 partition,
-                key: key.into_owned(),
-                old_value: old_value.into_owned(),
-                new_value: new_value.into_owned(),
+                key: key.into_owned().into(),
+                old_value: old_value.into_owned().into(),
+                new_value: new_value.into_owned().into(),
             }],
             other => {
                 return Err(EngineError::Storage(format!(
@@ -799,10 +822,13 @@ impl Table {
                 .fetch_add(identity.increment.saturating_mul(count), Ordering::Relaxed)
         });
         // One buffer of values serves every row in turn: the records are what the batch keeps
-        // (a failed row's values are decoded from its record for the error message).
+        // (a failed row's values are decoded from its record for the error message). Every
+        // row's clustered key and value are encoded into one shared buffer (see `RowBytes`).
         let mut identities = Vec::with_capacity(rows.len());
-        let mut records = Vec::with_capacity(rows.len());
+        let mut records: Vec<PreparedRow> = Vec::with_capacity(rows.len());
         let mut values = Vec::with_capacity(self.columns.len());
+        let mut buffer = take_batch_buffer();
+        let row_count = rows.len();
         for row in rows {
             let preassigned = next_identity;
             if let (Some(next), Some(identity)) = (next_identity.as_mut(), self.identity.as_ref()) {
@@ -810,18 +836,32 @@ impl Table {
             }
             let identity = preassigned.map_or(IdentityFill::TakeNext, IdentityFill::Preassigned);
             identities.push(self.complete_row_into(row, identity, &mut values)?);
-            let key = self.clustered_key(&values)?;
-            let value = self.clustered_value(&values)?;
-            self.check_sizes(&self.clustered, &key, &value)?;
-            let entries = self.nonclustered_entries(&values, &key)?;
-            records.push((self.partition_of_row(&values), key, value, entries));
+            let key_start = buffer.len();
+            self.encode_clustered_key(&values, &mut buffer)?;
+            let key_end = buffer.len();
+            self.encode_clustered_value(&values, &mut buffer)?;
+            let (key, value) = buffer[key_start..].split_at(key_end - key_start);
+            self.check_sizes(&self.clustered, key, value)?;
+            let entries = self.nonclustered_entries(&values, key)?;
+            if key_start == 0 {
+                // Room for the other rows if they are the size of the first (more grows as usual).
+                buffer.reserve(buffer.len().saturating_mul(row_count - 1));
+            }
+            records.push((
+                self.partition_of_row(&values),
+                key_start..key_end,
+                key_end..buffer.len(),
+                entries,
+            ));
         }
+        let buffer = Arc::new(buffer);
+        keep_batch_buffer(&buffer);
         if scope.needs_locks(self.key_has_identity()) {
-            self.lock_batch(scope, &records)?;
+            self.lock_batch(scope, &buffer, &records)?;
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
         scope.logged(self, |changes| {
-            self.apply_batch(&records)?;
+            self.apply_batch(&buffer, &records)?;
             // Each partition's rows side by side, so the log writes one run per partition rather
             // than one record per row (inserts of distinct keys may be logged and undone in any
             // order). The sort is stable: rows keep their order within a partition.
@@ -831,8 +871,8 @@ impl Table {
             for (partition, key, value, _) in records {
                 changes.push(RowChange::Insert {
                     partition,
-                    key,
-                    value,
+                    key: RowBytes::shared(&buffer, key),
+                    value: RowBytes::shared(&buffer, value),
                 });
             }
             Ok(())
@@ -843,7 +883,7 @@ impl Table {
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered
     /// index, each as one batch per partition. If any entry is rejected, removes everything
     /// the batch inserted and returns the first error in row order.
-    fn apply_batch(&self, records: &[PreparedRow]) -> Result<()> {
+    fn apply_batch(&self, buffer: &[u8], records: &[PreparedRow]) -> Result<()> {
         // `done` remembers what went in (index position, partition, row), for the undo.
         let mut done: Vec<(usize, usize, usize)> = Vec::new();
         let mut failure: Option<(usize, EngineError)> = None;
@@ -853,7 +893,7 @@ impl Table {
         let entry_of = |position: usize, row: usize| -> (&[u8], &[u8]) {
             let (_, key, value, nonclustered) = &records[row];
             if position == 0 {
-                (key.as_slice(), value.as_slice())
+                (&buffer[key.clone()], &buffer[value.clone()])
             } else {
                 let (entry_key, entry_value) = &nonclustered[position - 1];
                 (entry_key.as_slice(), entry_value.as_slice())
@@ -878,7 +918,7 @@ impl Table {
                                 // not, that error says more than a key it cannot name.
                                 let (_, key, value, _) = &records[row];
                                 let error = self
-                                    .decode_record(key, value)
+                                    .decode_record(&buffer[key.clone()], &buffer[value.clone()])
                                     .map(|values| self.storage_error(index, error, &values));
                                 failure = Some((row, error.unwrap_or_else(|error| error)));
                             }
@@ -929,8 +969,8 @@ impl Table {
             self.insert_prepared(partition, &values, &key, &value, &entries)?;
             changes.push(RowChange::Insert {
                 partition,
-                key,
-                value,
+                key: key.into(),
+                value: value.into(),
             });
             Ok(())
         })?;
@@ -957,15 +997,21 @@ impl Table {
     /// are fresh and contiguous, so one range lock from the lowest to the highest stands for a
     /// row lock each (it costs as much as one; a lock per row cost a fifth of a durable batch's
     /// time); unique nonclustered keys are locked row by row as always.
-    fn lock_batch(&self, scope: &mut WriteScope<'_>, records: &[PreparedRow]) -> Result<()> {
+    fn lock_batch(
+        &self,
+        scope: &mut WriteScope<'_>,
+        buffer: &[u8],
+        records: &[PreparedRow],
+    ) -> Result<()> {
         let (Some(first), true) = (records.first(), self.key_is_identity()) else {
             for (_, key, _, entries) in records {
-                self.lock_entries(scope, key, entries)?;
+                self.lock_entries(scope, &buffer[key.clone()], entries)?;
             }
             return Ok(());
         };
-        let (mut low, mut high) = (&first.1, &first.1);
+        let (mut low, mut high) = (&buffer[first.1.clone()], &buffer[first.1.clone()]);
         for (_, key, _, _) in &records[1..] {
+            let key = &buffer[key.clone()];
             if key < low {
                 low = key;
             } else if key > high {
@@ -1147,11 +1193,17 @@ impl Table {
     /// one.
     fn clustered_key(&self, values: &[Value]) -> Result<Vec<u8>> {
         let mut key = Vec::with_capacity(32);
-        self.clustered.encode_columns(values, &mut key)?;
-        if self.clustered.uniquifier {
-            key.extend_from_slice(&next_uniquifier().to_be_bytes());
-        }
+        self.encode_clustered_key(values, &mut key)?;
         Ok(key)
+    }
+
+    /// [`Table::clustered_key`] appended to `out`.
+    fn encode_clustered_key(&self, values: &[Value], out: &mut Vec<u8>) -> Result<()> {
+        self.clustered.encode_columns(values, out)?;
+        if self.clustered.uniquifier {
+            out.extend_from_slice(&next_uniquifier().to_be_bytes());
+        }
+        Ok(())
     }
 
     /// Encodes the clustered record's value: the columns outside the clustered key.
@@ -1351,8 +1403,8 @@ impl Table {
             if keep_change {
                 changes.push(RowChange::Insert {
                     partition: 0,
-                    key,
-                    value: std::mem::take(value),
+                    key: key.into(),
+                    value: std::mem::take(value).into(),
                 });
             }
             Ok(id)
@@ -1721,16 +1773,16 @@ impl Table {
                 scope.logged(self, |changes| {
                     let delete = RowChange::Delete {
                         partition,
-                        key: record_key.clone(),
-                        old_value: old_value.clone(),
+                        key: record_key.clone().into(),
+                        old_value: old_value.clone().into(),
                     };
                     self.apply_change(&delete)?;
                     changes.push(delete);
                     self.insert_prepared(new_partition, &new_row, &key, &value, &entries)?;
                     changes.push(RowChange::Insert {
                         partition: new_partition,
-                        key,
-                        value,
+                        key: key.into(),
+                        value: value.into(),
                     });
                     Ok(())
                 })?;
@@ -1744,9 +1796,9 @@ impl Table {
             self.lock_entries(scope, &record_key, &new_entries)?;
             let update = RowChange::Update {
                 partition,
-                key: record_key,
-                old_value,
-                new_value,
+                key: record_key.into(),
+                old_value: old_value.into(),
+                new_value: new_value.into(),
             };
             scope.logged(self, |changes| {
                 self.apply_change(&update)?;
@@ -1940,8 +1992,8 @@ impl Table {
             };
             let delete = RowChange::Delete {
                 partition,
-                key: record_key,
-                old_value: value,
+                key: record_key.into(),
+                old_value: value.into(),
             };
             scope.logged(self, |changes| {
                 self.apply_change(&delete)?;

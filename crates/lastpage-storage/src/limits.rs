@@ -171,6 +171,11 @@ pub const WAL_PREPARE_CHUNK_BYTES: usize = 1 << 20;
 /// row's encoded value, and for the values of a row of a few hundred columns.
 pub const INSERT_SCRATCH_KEPT_BYTES: usize = 16 << 10;
 
+/// A thread keeps the buffer of its last multi-row insert's encoded rows for the next one
+/// unless it has grown past this many bytes: room for a 1,000-row batch of rows of up to about
+/// a kilobyte.
+pub const BATCH_BUFFER_KEPT_BYTES: usize = 1 << 20;
+
 /// How many bytes a log reader asks the file system for at a time.
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 
