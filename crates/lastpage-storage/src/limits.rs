@@ -163,6 +163,11 @@ pub const WAL_PREALLOCATE_BYTES: u64 = 1 << 20;
 /// file is ready at the switch, late enough that a short-lived log never prepares one.
 pub const WAL_PREPARE_AT_SEGMENT_PERCENT: u64 = 50;
 
+/// Log segments a checkpoint no longer needs that are kept as spares, to become later segments
+/// without being zero-filled (see `wal/prepare.rs`); more are removed. Four 64 MiB segments
+/// cover the log a checkpoint interval (`CHECKPOINT_LOG_BYTES`) writes.
+pub const WAL_SPARE_SEGMENTS_MAX: usize = 4;
+
 /// Bytes of zeros the segment preparer writes per call (it checks for shutdown between them).
 pub const WAL_PREPARE_CHUNK_BYTES: usize = 1 << 20;
 

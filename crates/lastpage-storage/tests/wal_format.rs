@@ -110,7 +110,7 @@ fn every_record_kind_round_trips() {
             Some(sample.kind())
         );
 
-        let image = record::encode(&sample, Lsn(4096));
+        let image = record::encode(&sample, Lsn(4096), 7);
         assert_eq!(image.len() % 8, 0);
         let header = RecordHeader::parse(image[..24].try_into().unwrap());
         assert_eq!(header.problem(Lsn(4096)), None);
@@ -157,7 +157,7 @@ fn decoding_garbage_fails_without_panicking() {
 
 #[test]
 fn header_checks_reject_impossible_headers() {
-    let image = record::encode(&Record::Commit { txn: TxnId(5) }, Lsn(64));
+    let image = record::encode(&Record::Commit { txn: TxnId(5) }, Lsn(64), 7);
     let header = |mutate: &dyn Fn(&mut [u8])| {
         let mut bytes: [u8; 24] = image[..24].try_into().unwrap();
         mutate(&mut bytes);
@@ -202,6 +202,12 @@ fn read_back(fs: &FaultyFileSystem) -> (Vec<Record<'static>>, LogReader) {
 
 fn segment0() -> std::path::PathBuf {
     Path::new(DIR).join("0000000000000000.wal")
+}
+
+/// The id of the log in `fs` (from segment 0's header).
+fn log_id(fs: &FaultyFileSystem) -> u64 {
+    let header = fs.contents(&segment0()).unwrap();
+    u64::from_le_bytes(header[40..48].try_into().unwrap())
 }
 
 /// Overwrites bytes of the log at `lsn` in segment 0.
@@ -270,8 +276,16 @@ fn reader_stops_at_each_kind_of_torn_tail() {
         ),
         (
             "stale record from another position",
-            Box::new(|fs| damage(fs, victim, &record::encode(&records[5], Lsn(8)))),
+            Box::new(|fs| damage(fs, victim, &record::encode(&records[5], Lsn(8), log_id(fs)))),
             |kind| matches!(kind, TailKind::InvalidHeader(reason) if reason.contains("LSN")),
+        ),
+        (
+            "a record of another log, at the right position",
+            Box::new(|fs| {
+                let other_log = log_id(fs) ^ 1;
+                damage(fs, victim, &record::encode(&records[5], victim, other_log))
+            }),
+            |kind| kind == TailKind::BadChecksum,
         ),
         (
             "file cut inside the record",
@@ -332,7 +346,7 @@ fn random_garbage_after_the_log_never_breaks_the_reader() {
         let mut garbage: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         if rng.random_bool(0.5) {
             // A plausible header: right LSN and lengths, so only the CRC can catch it.
-            let fake = record::encode(&Record::Commit { txn: TxnId(seed) }, end);
+            let fake = record::encode(&Record::Commit { txn: TxnId(seed) }, end, log_id(&fs));
             garbage[..fake.len().min(len)].copy_from_slice(&fake[..fake.len().min(len)]);
             garbage[0] ^= 1;
         }
@@ -349,7 +363,7 @@ fn a_record_that_passes_its_checksum_but_does_not_decode_is_corruption() {
     // A record of unknown type 99 with a valid CRC where the next record goes.
     let mut header = record::header_without_crc(RecordKind::Begin, ends[0], 8);
     header[20] = 99;
-    let crc = record::checksum(&header, [&[0u8; 8][..]]);
+    let crc = record::checksum(log_id(&fs), &header, [&[0u8; 8][..]]);
     header[0..4].copy_from_slice(&crc.to_le_bytes());
     let mut image = header.to_vec();
     image.extend_from_slice(&[0; 8]);
@@ -362,4 +376,24 @@ fn a_record_that_passes_its_checksum_but_does_not_decode_is_corruption() {
         error.to_string().contains("unknown record type 99"),
         "{error}"
     );
+}
+
+#[test]
+fn a_log_of_another_format_version_is_refused_not_read_as_empty() {
+    let (fs, _) = written_log(&samples(), 1 << 20);
+    // Version 1 (record checksums not seeded with the log id), with an intact header CRC.
+    let file = fs.open(&segment0(), OpenOptions::existing()).unwrap();
+    let mut header = fs.contents(&segment0()).unwrap()[..52].to_vec();
+    header[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..48]);
+    header[48..52].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(0, &header).unwrap();
+    let error = LogReader::open(Arc::new(fs.clone()), DIR, Lsn::ZERO)
+        .and_then(|mut reader| reader.next_record().map(|_| ()))
+        .unwrap_err();
+    assert!(error.to_string().contains("format version 1"), "{error}");
+    let error = LogWriter::open(Arc::new(fs.clone()), DIR, WalConfig::default()).unwrap_err();
+    assert!(error.to_string().contains("format version 1"), "{error}");
+    // Nothing was cut or removed.
+    assert_eq!(&fs.contents(&segment0()).unwrap()[..52], &header[..]);
 }

@@ -30,6 +30,20 @@
 //! removes one that was being created. A preparation that fails (a full disk, a failed sync)
 //! is counted and abandoned, and the writer falls back to creating segments inline, where a
 //! failure does fail the log.
+//!
+//! **Recycling.** Zero-filling writes every log byte twice, and on a disk whose bandwidth the
+//! log and the checkpoints already share, that second write is what limits a long ingest. So
+//! segments a checkpoint no longer needs are not removed but kept as *spares*
+//! ([`SegmentRecycler::offer`], up to `WAL_SPARE_SEGMENTS_MAX` of them), renamed to
+//! `<n>.spare`, and a wanted file is made from a spare (renamed to [`PREPARED_FILE_NAME`])
+//! before any zeros are written: its blocks are allocated and written already, so flushes into
+//! it commit no metadata either (PostgreSQL recycles its WAL segments the same way). A spare
+//! holds old log, which is harmless: every record carries its own LSN, and old records carry
+//! LSNs of an earlier segment, so a reader stops at the first of them exactly as at zeros (and
+//! the record checksum is seeded with the log's id, so no stale or forged bytes can pass for a
+//! record of this log). Spares survive a restart: the next preparer adopts those of the right
+//! size and removes the others. A rename lost in a crash only leaves an old segment, which
+//! recovery never reads and the next truncation removes, or a stray spare.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -40,12 +54,24 @@ use std::thread::JoinHandle;
 
 use lastpage_io::{File, FileSystem, OpenOptions};
 
-use crate::limits::WAL_PREPARE_CHUNK_BYTES;
+use crate::limits::{WAL_PREPARE_CHUNK_BYTES, WAL_SPARE_SEGMENTS_MAX};
 use crate::sync::{self, Condvar, Mutex};
 
 /// The name of the prepared file in the log directory (not a segment name, so the log's
 /// readers never see it).
 pub(crate) const PREPARED_FILE_NAME: &str = "next-segment.prepared";
+
+/// The extension of a spare (recycled) segment file, named `<16 hex digits>.spare`.
+const SPARE_EXTENSION: &str = "spare";
+
+/// Where a prepared file came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prepared {
+    /// Written with zeros.
+    Zeroed,
+    /// A recycled segment.
+    Recycled,
+}
 
 /// What the leader and the preparing thread share.
 struct Shared {
@@ -64,10 +90,14 @@ struct Shared {
 struct State {
     /// The leader wants a file ready for its next segment.
     wanted: bool,
-    /// A prepared file is in place, complete and synced.
-    ready: bool,
+    /// A prepared file is in place, complete and synced, and where it came from.
+    ready: Option<Prepared>,
     /// The writer is going away.
     stop: bool,
+    /// Spare segment files, each a complete segment's size.
+    spares: Vec<PathBuf>,
+    /// The number in the next spare's name.
+    next_spare: u64,
 }
 
 /// Prepares the next segment file in the background; owned by the log writer's flush state.
@@ -77,25 +107,34 @@ pub(crate) struct SegmentPreparer {
 }
 
 impl SegmentPreparer {
-    /// A preparer for segment files of `file_bytes` (header included) in `dir`. No thread runs
-    /// until the first [`SegmentPreparer::request`].
-    /// Failures are counted in `failures`.
+    /// A preparer for segment files of `file_bytes` (header included) in `dir`, which adopts
+    /// the spares a previous writer left there. No thread runs until the first
+    /// [`SegmentPreparer::request`]. Failures are counted in `failures`.
     pub(crate) fn new(
         fs: Arc<dyn FileSystem>,
         dir: Arc<Path>,
         file_bytes: u64,
         failures: Arc<Counter>,
     ) -> Self {
+        let shared = Shared {
+            fs,
+            dir,
+            file_bytes,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            failures,
+        };
+        shared.adopt_spares();
         SegmentPreparer {
-            shared: Arc::new(Shared {
-                fs,
-                dir,
-                file_bytes,
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
-                failures,
-            }),
+            shared: Arc::new(shared),
             thread: None,
+        }
+    }
+
+    /// A handle through which segments the log no longer needs become spares.
+    pub(crate) fn recycler(&self) -> SegmentRecycler {
+        SegmentRecycler {
+            shared: Arc::clone(&self.shared),
         }
     }
 
@@ -116,22 +155,52 @@ impl SegmentPreparer {
         }
     }
 
-    /// Renames the prepared file to `segment` if one is ready. Returns whether it did; on
-    /// `false` the caller creates the segment itself. The next file is not requested here but
+    /// Renames the prepared file to `segment` if one is ready, and says where it came from;
+    /// on `None` the caller creates the segment itself. The next file is not requested here but
     /// when the new segment is half written, so that a log that ends within it never makes one.
-    pub(crate) fn take(&mut self, segment: &Path) -> bool {
+    pub(crate) fn take(&mut self, segment: &Path) -> Option<Prepared> {
         let mut state = sync::lock(&self.shared.state);
-        let taken = state.ready
-            && self
-                .shared
-                .fs
-                .rename(&self.shared.prepared_path(), segment)
-                .inspect_err(|_| {
-                    self.shared.failures.fetch_add(1, Relaxed);
-                })
-                .is_ok();
-        state.ready = false;
-        taken
+        let ready = state.ready.take()?;
+        self.shared
+            .fs
+            .rename(&self.shared.prepared_path(), segment)
+            .inspect_err(|_| {
+                self.shared.failures.fetch_add(1, Relaxed);
+            })
+            .ok()
+            .map(|()| ready)
+    }
+}
+
+/// Turns segment files the log no longer needs into spares (see the module documentation).
+#[derive(Clone)]
+pub(crate) struct SegmentRecycler {
+    shared: Arc<Shared>,
+}
+
+impl SegmentRecycler {
+    /// Keeps the segment file at `segment` as a spare, if fewer than `WAL_SPARE_SEGMENTS_MAX`
+    /// are kept. Returns whether it did; on `false` the caller removes the file. The file must
+    /// be a whole segment that no reader of the log needs any more.
+    pub(crate) fn offer(&self, segment: &Path) -> bool {
+        let shared = &self.shared;
+        let mut state = sync::lock(&shared.state);
+        if state.stop || state.spares.len() >= WAL_SPARE_SEGMENTS_MAX {
+            return false;
+        }
+        let spare = shared.spare_path(state.next_spare);
+        state.next_spare += 1;
+        match shared.fs.rename(segment, &spare) {
+            Ok(()) => {
+                state.spares.push(spare);
+                shared.changed.notify_one();
+                true
+            }
+            Err(_) => {
+                shared.failures.fetch_add(1, Relaxed);
+                false
+            }
+        }
     }
 }
 
@@ -152,22 +221,71 @@ impl Shared {
         self.dir.join(PREPARED_FILE_NAME)
     }
 
+    fn spare_path(&self, number: u64) -> PathBuf {
+        self.dir.join(format!("{number:016x}.{SPARE_EXTENSION}"))
+    }
+
+    /// Whether the file at `path` is a whole segment's size.
+    fn is_whole_segment(&self, path: &Path) -> bool {
+        self.fs
+            .open(path, OpenOptions::existing())
+            .and_then(|file| file.len())
+            .is_ok_and(|len| len == self.file_bytes)
+    }
+
+    /// Takes over the spares in the directory (those of a whole segment's size, up to the
+    /// limit) and removes the others. Failures only leave files behind.
+    fn adopt_spares(&self) {
+        let Ok(names) = self.fs.list_dir(&self.dir) else {
+            return;
+        };
+        let mut state = sync::lock(&self.state);
+        for name in names {
+            let Some(number) = name
+                .to_str()
+                .and_then(|name| name.strip_suffix(SPARE_EXTENSION))
+                .and_then(|stem| stem.strip_suffix('.'))
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            else {
+                continue;
+            };
+            let path = self.dir.join(&name);
+            state.next_spare = state.next_spare.max(number.saturating_add(1));
+            if state.spares.len() < WAL_SPARE_SEGMENTS_MAX && self.is_whole_segment(&path) {
+                state.spares.push(path);
+            } else if self.fs.remove(&path).is_err() {
+                self.failures.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     /// The thread's loop: prepare whenever a file is wanted and none is ready.
     fn run(&self) {
         loop {
-            {
+            let spare = {
                 let mut state = sync::lock(&self.state);
                 // Idle until a file is wanted and none is ready (or the writer goes away).
-                while !state.stop && (!state.wanted || state.ready) {
+                while !state.stop && (!state.wanted || state.ready.is_some()) {
                     state = sync::wait(&self.changed, state);
                 }
                 if state.stop {
                     return;
                 }
                 state.wanted = false;
+                state.spares.pop()
+            };
+            if let Some(spare) = spare {
+                if self.reuse(&spare) {
+                    sync::lock(&self.state).ready = Some(Prepared::Recycled);
+                    continue;
+                }
+                // Not usable after all: remove it, and write zeros instead.
+                if self.fs.remove(&spare).is_err() {
+                    self.failures.fetch_add(1, Relaxed);
+                }
             }
             match self.prepare() {
-                Ok(true) => sync::lock(&self.state).ready = true,
+                Ok(true) => sync::lock(&self.state).ready = Some(Prepared::Zeroed),
                 // Stopped halfway: the file is incomplete and is never used.
                 Ok(false) => return,
                 Err(_) => {
@@ -175,6 +293,22 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Makes the spare at `spare` the prepared file. Its bytes are a synced segment's, so
+    /// nothing needs writing or syncing: the rename's durability does not matter either (see
+    /// the module documentation). Returns whether it did; a spare of the wrong size (which
+    /// adoption or a truncation could only leave after a bug) is not used.
+    fn reuse(&self, spare: &Path) -> bool {
+        if !self.is_whole_segment(spare) {
+            return false;
+        }
+        self.fs
+            .rename(spare, &self.prepared_path())
+            .inspect_err(|_| {
+                self.failures.fetch_add(1, Relaxed);
+            })
+            .is_ok()
     }
 
     /// Writes the prepared file: zeros over all of it, then syncs it and the directory.

@@ -174,7 +174,8 @@ impl LogReader {
         if got < payload.len() {
             return Ok(self.stop(TailKind::Truncated));
         }
-        let crc = super::record::checksum(&header_bytes, [payload.as_slice()]);
+        let log_id = self.geometry.map_or(0, |(_, log_id)| log_id);
+        let crc = super::record::checksum(log_id, &header_bytes, [payload.as_slice()]);
         if crc != header.crc {
             return Ok(self.stop(TailKind::BadChecksum));
         }

@@ -684,24 +684,35 @@ pub fn header_without_crc(
     header
 }
 
-/// The CRC32C a record's header (bytes 4..24) and payload pieces must carry.
+/// Where every record checksum of the log with id `log_id` starts: the CRC32C of the id's
+/// eight little-endian bytes. Seeding the checksum with the log's id means that bytes of
+/// another log, or bytes a user chose (a row's payload inside an old record of a recycled
+/// segment), cannot pass for a record of this log without knowing its random id.
+pub fn checksum_seed(log_id: u64) -> u32 {
+    crc32c::crc32c(&log_id.to_le_bytes())
+}
+
+/// The CRC32C a record's header (bytes 4..24) and payload pieces must carry in the log with
+/// id `log_id`.
 pub fn checksum<'p>(
+    log_id: u64,
     header: &[u8; WAL_RECORD_HEADER_BYTES],
     payload: impl IntoIterator<Item = &'p [u8]>,
 ) -> u32 {
-    let mut crc = crc32c::crc32c(&header[4..]);
+    let mut crc = crc32c::crc32c_append(checksum_seed(log_id), &header[4..]);
     for piece in payload {
         crc = crc32c::crc32c_append(crc, piece);
     }
     crc
 }
 
-/// The complete on-disk image of `record` at `lsn`: header, payload and zero padding. The
-/// writer never builds this (it copies pieces straight into its buffer); tests and tools do.
-pub fn encode(record: &Record<'_>, lsn: Lsn) -> Vec<u8> {
+/// The complete on-disk image of `record` at `lsn` in the log with id `log_id`: header,
+/// payload and zero padding. The writer never builds this (it copies pieces straight into its
+/// buffer); tests and tools do.
+pub fn encode(record: &Record<'_>, lsn: Lsn, log_id: u64) -> Vec<u8> {
     let payload = record.encode_payload();
     let mut header = header_without_crc(record.kind(), lsn, payload.len());
-    let crc = checksum(&header, [payload.as_slice()]);
+    let crc = checksum(log_id, &header, [payload.as_slice()]);
     header[0..4].copy_from_slice(&crc.to_le_bytes());
     let mut image = Vec::with_capacity(align_up(header.len() + payload.len()));
     image.extend_from_slice(&header);

@@ -10,7 +10,7 @@
 //! | offset | size | field              | meaning                                                 |
 //! |--------|------|--------------------|---------------------------------------------------------|
 //! | 0      | 8    | magic              | `LPWALSEG`                                              |
-//! | 8      | 4    | version            | 1                                                       |
+//! | 8      | 4    | version            | 2 (1: record checksums not seeded with the log id)      |
 //! | 12     | 4    | header bytes       | `WAL_SEGMENT_HEADER_BYTES`                              |
 //! | 16     | 8    | segment bytes      | logical log bytes per segment (the same in every file)  |
 //! | 24     | 8    | start LSN          | first LSN of this segment (`k * segment_bytes`)         |
@@ -32,7 +32,9 @@ use super::WalError;
 use crate::limits::WAL_SEGMENT_HEADER_BYTES;
 
 const MAGIC: &[u8; 8] = b"LPWALSEG";
-const VERSION: u32 = 1;
+/// The format version this build writes and reads. Version 1 logs (whose record checksums
+/// were not seeded with the log id) are refused with an error, never read as empty.
+const VERSION: u32 = 2;
 const HEADER_FIELDS_BYTES: usize = 48;
 
 /// The file offset of the segment's first log byte.
@@ -60,6 +62,18 @@ impl SegmentHeader {
         let crc = crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]);
         bytes[48..52].copy_from_slice(&crc.to_le_bytes());
         bytes
+    }
+
+    /// The version of a header that is intact (magic and CRC) but of another format version
+    /// than this build's, if `bytes` is one.
+    pub fn other_version(bytes: &[u8]) -> Option<u32> {
+        if bytes.len() < HEADER_FIELDS_BYTES + 4 || &bytes[0..8] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let version = u32_at(8);
+        (u32_at(48) == crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]) && version != VERSION)
+            .then_some(version)
     }
 
     /// Parses and checks a header; `None` if it is not a valid one.
@@ -122,7 +136,8 @@ pub(crate) fn list(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)
     Ok(segments)
 }
 
-/// Reads a segment's header; `None` if the file is too short or the header is invalid.
+/// Reads a segment's header; `None` if the file is too short or the header is invalid. An intact
+/// header of another format version is an error: such a log must not be read as empty and cut.
 pub(crate) fn read_header(
     fs: &dyn FileSystem,
     path: &Path,
@@ -136,6 +151,17 @@ pub(crate) fn read_header(
         .map_err(|error| WalError::io(format!("reading {}", path.display()), error))?;
     if read < bytes.len() {
         return Ok(None);
+    }
+    if let Some(version) = SegmentHeader::other_version(&bytes) {
+        return Err(WalError::Corrupt {
+            lsn: super::Lsn(
+                parse_file_name(Path::new(path.file_name().unwrap_or_default())).unwrap_or(0),
+            ),
+            reason: format!(
+                "log segment {} has format version {version}; this build reads version {VERSION}",
+                path.display()
+            ),
+        });
     }
     Ok(SegmentHeader::decode(&bytes))
 }

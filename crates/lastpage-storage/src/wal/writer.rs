@@ -62,7 +62,7 @@ use crossbeam_utils::CachePadded;
 use lastpage_io::{File, FileSystem, OpenOptions};
 
 use super::buffer::LogBuffer;
-use super::prepare::SegmentPreparer;
+use super::prepare::{Prepared, SegmentPreparer, SegmentRecycler};
 use super::reader::{LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
@@ -102,8 +102,13 @@ pub struct WalStats {
     pub flushed_bytes: u64,
     /// `wait_durable` calls that returned `Ok`: commits made durable.
     pub commits: u64,
-    /// Segments that began as a file prepared in the background (no zero-fill on any flush).
+    /// Segments that began as a file prepared in the background (no zero-fill on any flush),
+    /// recycled ones included.
     pub prepared_segments: u64,
+    /// Of those, segments that began as a recycled one (a spare: no zeros written at all).
+    pub recycled_segments: u64,
+    /// Segment files a truncation kept as spares instead of removing them.
+    pub spared_segments: u64,
     /// Background preparations of a segment file that failed (each only means that a segment
     /// was created inline instead).
     pub segment_preparation_failures: u64,
@@ -196,6 +201,8 @@ struct Counters {
     /// Records the last flush wrote.
     last_flush_records: Counter,
     prepared_segments: Counter,
+    recycled_segments: Counter,
+    spared_segments: Counter,
     /// Shared with the segment preparer, which counts its failures here.
     preparation_failures: StdArc<Counter>,
 }
@@ -217,6 +224,10 @@ pub struct LogWriter {
     /// Where the log ended when the writer was opened.
     start: u64,
     counters: Counters,
+    /// Keeps segments a truncation no longer needs as spares (with a segment preparer).
+    recycler: Option<SegmentRecycler>,
+    /// Where every record checksum of this log starts ([`record::checksum_seed`]).
+    checksum_seed: u32,
 }
 
 impl fmt::Debug for LogWriter {
@@ -264,6 +275,7 @@ impl LogWriter {
                 StdArc::clone(&counters.preparation_failures),
             )
         });
+        let recycler = preparer.as_ref().map(SegmentPreparer::recycler);
         Ok(LogWriter {
             buffer: LogBuffer::new(config.buffer_bytes, recovered.end),
             durable: CachePadded::new(AtomicU64::new(recovered.end)),
@@ -290,6 +302,8 @@ impl LogWriter {
             max_record: config.max_record_bytes(),
             start: recovered.end,
             counters,
+            recycler,
+            checksum_seed: record::checksum_seed(recovered.log_id),
         })
     }
 
@@ -341,6 +355,8 @@ impl LogWriter {
             flushed_bytes: self.counters.flushed_bytes.load(Relaxed),
             commits: self.counters.commits.load(Relaxed),
             prepared_segments: self.counters.prepared_segments.load(Relaxed),
+            recycled_segments: self.counters.recycled_segments.load(Relaxed),
+            spared_segments: self.counters.spared_segments.load(Relaxed),
             segment_preparation_failures: self.counters.preparation_failures.load(Relaxed),
             durable_lsn: self.durable_lsn(),
         }
@@ -387,7 +403,7 @@ impl LogWriter {
                 total,
                 "payload_len disagrees with write_payload"
             );
-            let crc = crc32c::crc32c(&image[4..]);
+            let crc = crc32c::crc32c_append(self.checksum_seed, &image[4..]);
             image[0..4].copy_from_slice(&crc.to_le_bytes());
             let first_word = u64::from_le_bytes(image[0..8].try_into().expect("8 bytes"));
             let mut writer = self.buffer.writer(reservation, first_word);
@@ -421,7 +437,8 @@ impl LogWriter {
     }
 
     /// Removes segment files that only hold log before `lsn` (what a checkpoint no longer
-    /// needs: recovery starts at or after it). Returns how many were removed.
+    /// needs: recovery starts at or after it), keeping some as spares to become later segments
+    /// (see `wal/prepare.rs`). Returns how many segments it removed or kept as spares.
     ///
     /// The segment just before the one holding `lsn` is kept too: a record that starts there
     /// may cross into the next segment, whose header then names a first record in it, and
@@ -448,8 +465,16 @@ impl LogWriter {
             if *after_next > lsn.0 || current.is_some_and(|current| *start >= current) {
                 break;
             }
-            fs.remove(path)
-                .map_err(|error| WalError::io(format!("removing {}", path.display()), error))?;
+            if self
+                .recycler
+                .as_ref()
+                .is_some_and(|recycler| recycler.offer(path))
+            {
+                self.counters.spared_segments.fetch_add(1, Relaxed);
+            } else {
+                fs.remove(path)
+                    .map_err(|error| WalError::io(format!("removing {}", path.display()), error))?;
+            }
             removed += 1;
         }
         Ok(removed)
@@ -772,8 +797,8 @@ impl FlushIo {
             let prepared = self
                 .preparer
                 .as_mut()
-                .is_some_and(|preparer| preparer.take(&path));
-            let file = if prepared {
+                .and_then(|preparer| preparer.take(&path));
+            let file = if prepared.is_some() {
                 self.fs
                     .open(&path, OpenOptions::existing())
                     .map_err(|error| fail("opening the prepared file of", error))?
@@ -794,11 +819,15 @@ impl FlushIo {
                     error,
                 )
             })?;
-            if prepared {
-                // Written with zeros and synced all the way: no flush into it extends the file.
+            if let Some(prepared) = prepared {
+                // Written (with zeros, or with old log) and synced all the way: no flush into it
+                // extends the file.
                 self.zeroed_to = HEADER_BYTES + self.segment_bytes;
                 self.zeroed_to_segment = start;
                 counters.prepared_segments.fetch_add(1, Relaxed);
+                if prepared == Prepared::Recycled {
+                    counters.recycled_segments.fetch_add(1, Relaxed);
+                }
             }
             self.current = Some((start, file));
         }
