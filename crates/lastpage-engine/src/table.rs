@@ -165,6 +165,9 @@ fn next_uniquifier() -> u64 {
     })
 }
 
+/// At most how many rows an `InsertRun` record's row list is allocated for up front.
+const RUN_ROWS_RESERVED_MAX: usize = 4096;
+
 /// Bytes of the hidden uniquifier at the end of a non-unique clustered key.
 const UNIQUIFIER_BYTES: usize = 8;
 
@@ -333,7 +336,8 @@ impl RowChange {
             return (first.to_record(txn, table), 1);
         }
         let mut payload_bytes = record::INSERT_RUN_FIXED_BYTES;
-        let mut rows = Vec::new();
+        // Room for every change left (a run stops at `max_payload_bytes`, so only a bound).
+        let mut rows = Vec::with_capacity((changes.size_hint().0 + 1).min(RUN_ROWS_RESERVED_MAX));
         for change in std::iter::once(first).chain(changes) {
             let RowChange::Insert { key, value, .. } = change else {
                 break;
@@ -884,8 +888,13 @@ impl Table {
     /// index, each as one batch per partition. If any entry is rejected, removes everything
     /// the batch inserted and returns the first error in row order.
     fn apply_batch(&self, buffer: &[u8], records: &[PreparedRow]) -> Result<()> {
-        // `done` remembers what went in (index position, partition, row), for the undo.
-        let mut done: Vec<(usize, usize, usize)> = Vec::new();
+        // `done` remembers what went in (index position, partition, row), for the undo. The
+        // vectors are sized up front: grown row by row, their reallocations cost as much as a
+        // row's insert.
+        let mut done: Vec<(usize, usize, usize)> =
+            Vec::with_capacity(records.len() * (1 + self.nonclustered.len()));
+        let mut members: Vec<usize> = Vec::with_capacity(records.len());
+        let mut entries: Vec<(&[u8], &[u8])> = Vec::with_capacity(records.len());
         let mut failure: Option<(usize, EngineError)> = None;
         let indexes: Vec<&Index> = std::iter::once(&self.clustered)
             .chain(&self.nonclustered)
@@ -901,11 +910,10 @@ impl Table {
         };
         for (position, index) in indexes.iter().enumerate() {
             for partition in 0..self.partition_count() {
-                let members: Vec<usize> = (0..records.len())
-                    .filter(|&row| records[row].0 == partition)
-                    .collect();
-                let entries: Vec<(&[u8], &[u8])> =
-                    members.iter().map(|&row| entry_of(position, row)).collect();
+                members.clear();
+                members.extend((0..records.len()).filter(|&row| records[row].0 == partition));
+                entries.clear();
+                entries.extend(members.iter().map(|&row| entry_of(position, row)));
                 for (&row, result) in members
                     .iter()
                     .zip(index.tree(partition).insert_batch(&entries))
