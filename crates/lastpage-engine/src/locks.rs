@@ -578,17 +578,14 @@ impl LockManager {
         }
     }
 
-    /// The lock of the range covering row key `key`, if any, and whether `txn` holds it.
-    /// Ranges of one transaction never overlap another's, except around keys they did not
-    /// create (see [`LockManager::lock_range`]); the first covering range found is returned.
-    fn covering_range(&self, key: &LockKey) -> Option<(LockKey, TxnId)> {
+    /// Whether a range held by `txn` covers row key `key`.
+    fn in_own_range(&self, txn: TxnId, key: &LockKey) -> bool {
         if self.range_count.load(Ordering::Acquire) == 0 || key.range {
-            return None;
+            return false;
         }
         sync::lock(&self.ranges)
             .iter()
-            .find(|range| range.covers(key))
-            .map(|range| (range.entry.clone(), range.txn))
+            .any(|range| range.txn == txn && range.covers(key))
     }
 
     /// Whether a range held by a transaction other than `txn` covers row key `key`; if so,
@@ -731,11 +728,11 @@ impl LockManager {
     ) -> Result<Granted, LockError> {
         // A row in another transaction's range is waited for first; one in the requester's own
         // range is held already.
-        while let Some((range, holder)) = self.covering_range(key) {
-            if holder == txn {
-                return Ok(Granted::AlreadyHeld);
-            }
+        while let Some(range) = self.range_of_other(Some(txn), key) {
             self.wait_out_range(Some(txn), &range, mode.wait_type(), timeout)?;
+        }
+        if self.in_own_range(txn, key) {
+            return Ok(Granted::AlreadyHeld);
         }
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
@@ -831,10 +828,7 @@ impl LockManager {
 
     /// The mode in which `txn` holds `key`, if it does.
     pub fn holds(&self, txn: TxnId, key: &LockKey) -> Option<LockMode> {
-        if self
-            .covering_range(key)
-            .is_some_and(|(_, holder)| holder == txn)
-        {
+        if self.in_own_range(txn, key) {
             return Some(LockMode::Exclusive);
         }
         let shard = sync::lock(self.shard(key));
