@@ -180,6 +180,8 @@ thread_local! {
     static ROW_SCRATCH: Cell<Row> = const { Cell::new(Vec::new()) };
     /// A single-row insert's encoded value, likewise (moved out when the change is kept).
     static VALUE_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The key the tree makes for a single-row insert of an identity key, likewise.
+    static KEY_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
     /// The buffer of this thread's last multi-row insert (see [`take_batch_buffer`]).
     static BATCH_BUFFER: Cell<Option<Arc<Vec<u8>>>> = const { Cell::new(None) };
 }
@@ -1359,63 +1361,66 @@ impl Table {
         let keep_change = scope.keeps_changes();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let id = scope.logged(self, |changes| {
-            let make_key = |id: i64, key: &mut Vec<u8>| {
-                encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
-                if let Some(locker) = &locker {
-                    locker.lock(key)?;
-                }
-                Ok::<(), EngineError>(())
-            };
-            // INT and BIGINT identities take their values in blocks, one per sequence lane
-            // (see the storage crate's `btree/lanes.rs`): ascending per session, spread over
-            // several leaves. Narrower types, and increments so large that a few blocks would
-            // use up the type's range, take one value at a time (SQL Server's IDENTITY cache
-            // is small for narrow types for the same reason).
-            let lanes = matches!(data_type, DataType::Int | DataType::BigInt)
-                && identity.increment <= LANE_IDENTITY_MAX_INCREMENT;
-            let step = if lanes { identity.increment } else { 0 };
-            let (key, id) = self
-                .clustered
-                .tree(0)
-                .insert_with_sequence_key(
-                    value,
-                    step,
-                    |rows| {
-                        let span = i64::try_from(rows)
-                            .ok()
-                            .and_then(|rows| rows.checked_mul(identity.increment))
-                            .ok_or_else(|| EngineError::IdentityOverflow {
-                                data_type: data_type.name(),
-                            })?;
-                        Ok(identity.next.fetch_add(span, Ordering::Relaxed))
-                    },
-                    make_key,
-                )
-                .map_err(|error| match error {
-                    GeneratedKeyError::Key(error) => error,
-                    GeneratedKeyError::Tree(error) => {
-                        self.storage_error(&self.clustered, error, values)
+            with_scratch(&KEY_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |key| {
+                let make_key = |id: i64, key: &mut Vec<u8>| {
+                    encode_key_value(&data_type, &identity_as_value(id, data_type)?, key)?;
+                    if let Some(locker) = &locker {
+                        locker.lock(key)?;
                     }
-                })?;
-            values[identity.column] = identity_as_value(id, data_type)?;
-            let entries = match self.nonclustered_entries(values, &key) {
-                Ok(entries) => entries,
-                Err(error) => {
-                    // Undo is best effort: a page that cannot be read leaves the entry behind,
-                    // and the statement's error says why.
-                    let _ = self.clustered.tree(0).delete(&key);
-                    return Err(error);
+                    Ok::<(), EngineError>(())
+                };
+                // INT and BIGINT identities take their values in blocks, one per sequence lane
+                // (see the storage crate's `btree/lanes.rs`): ascending per session, spread over
+                // several leaves. Narrower types, and increments so large that a few blocks would
+                // use up the type's range, take one value at a time (SQL Server's IDENTITY cache
+                // is small for narrow types for the same reason).
+                let lanes = matches!(data_type, DataType::Int | DataType::BigInt)
+                    && identity.increment <= LANE_IDENTITY_MAX_INCREMENT;
+                let step = if lanes { identity.increment } else { 0 };
+                let id = self
+                    .clustered
+                    .tree(0)
+                    .insert_with_sequence_key(
+                        value,
+                        step,
+                        |rows| {
+                            let span = i64::try_from(rows)
+                                .ok()
+                                .and_then(|rows| rows.checked_mul(identity.increment))
+                                .ok_or_else(|| EngineError::IdentityOverflow {
+                                    data_type: data_type.name(),
+                                })?;
+                            Ok(identity.next.fetch_add(span, Ordering::Relaxed))
+                        },
+                        make_key,
+                        key,
+                    )
+                    .map_err(|error| match error {
+                        GeneratedKeyError::Key(error) => error,
+                        GeneratedKeyError::Tree(error) => {
+                            self.storage_error(&self.clustered, error, values)
+                        }
+                    })?;
+                values[identity.column] = identity_as_value(id, data_type)?;
+                let entries = match self.nonclustered_entries(values, key) {
+                    Ok(entries) => entries,
+                    Err(error) => {
+                        // Undo is best effort: a page that cannot be read leaves the entry behind,
+                        // and the statement's error says why.
+                        let _ = self.clustered.tree(0).delete(key);
+                        return Err(error);
+                    }
+                };
+                self.insert_nonclustered(0, values, key, &entries)?;
+                if keep_change {
+                    changes.push(RowChange::Insert {
+                        partition: 0,
+                        key: std::mem::take(key).into(),
+                        value: std::mem::take(value).into(),
+                    });
                 }
-            };
-            self.insert_nonclustered(0, values, &key, &entries)?;
-            if keep_change {
-                changes.push(RowChange::Insert {
-                    partition: 0,
-                    key: key.into(),
-                    value: std::mem::take(value).into(),
-                });
-            }
-            Ok(id)
+                Ok(id)
+            })
         });
         if let Some(locker) = locker {
             scope.adopt_locks(locker);

@@ -131,17 +131,21 @@ fn two_sequence_lanes_fill_their_own_leaves() {
             let tree = Arc::new(empty_tree(policy));
             let counter = Arc::new(AtomicU64::new(0));
             let insert = |tree: &BTree, counter: &AtomicU64, lane: usize, byte: u8| {
-                tree.insert_with_sequence_key_on_lane(
-                    lane,
-                    &[byte; ROW],
-                    1,
-                    |rows| Ok::<i64, ()>(counter.fetch_add(rows, Ordering::Relaxed) as i64),
-                    |number, key| {
-                        key.extend_from_slice(&(number as u64).to_be_bytes());
-                        Ok(())
-                    },
-                )
-                .unwrap()
+                let mut key = Vec::new();
+                let number = tree
+                    .insert_with_sequence_key_on_lane(
+                        lane,
+                        &[byte; ROW],
+                        1,
+                        |rows| Ok::<i64, ()>(counter.fetch_add(rows, Ordering::Relaxed) as i64),
+                        |number, key| {
+                            key.extend_from_slice(&(number as u64).to_be_bytes());
+                            Ok(())
+                        },
+                        &mut key,
+                    )
+                    .unwrap();
+                (key, number)
             };
             // Lane 0 fills the root leaf and splits it, then goes on with its second block on
             // the new last leaf.

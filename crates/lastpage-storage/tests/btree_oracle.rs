@@ -507,7 +507,10 @@ fn sequence_lanes_keep_every_row_in_order() {
                                 rng.random_range(1..2000)
                             };
                             let value: Vec<u8> = vec![thread; len];
-                            let (key, number) = tree
+                            // A key buffer that already holds something: the tree must
+                            // empty it first.
+                            let mut key = vec![0xEE; 3];
+                            let number = tree
                                 .insert_with_sequence_key(
                                     &value,
                                     1,
@@ -521,8 +524,10 @@ fn sequence_lanes_keep_every_row_in_order() {
                                         key.extend_from_slice(&number.to_be_bytes());
                                         Ok(())
                                     },
+                                    &mut key,
                                 )
                                 .unwrap();
+                            assert_eq!(key, number.to_be_bytes(), "the key left in the buffer");
                             assert!(number > last, "a thread's numbers ascend");
                             last = number;
                             if rng.random_bool(0.02) {

@@ -145,7 +145,8 @@ impl BTree {
     /// the module documentation). `reserve(n)` reserves `n` consecutive numbers of the sequence
     /// (`first`, `first + step`, ...) and returns the first; `make_key(number, key)` encodes a
     /// number as the key (and may take the row's lock: it runs while the row's leaf is
-    /// latched). Returns the key and its number.
+    /// latched). The key is left in `key` (emptied first: a buffer the caller reuses, so that
+    /// an insert allocates no key), and its number is returned.
     ///
     /// The caller promises what makes lanes correct: `step` is positive, keys ascend with the
     /// numbers, and no other writer inserts keys between numbers of this sequence (the keys of
@@ -159,8 +160,9 @@ impl BTree {
         step: i64,
         reserve: impl FnMut(u64) -> Result<i64, E>,
         make_key: impl FnMut(i64, &mut Vec<u8>) -> Result<(), E>,
-    ) -> Result<(Vec<u8>, i64), GeneratedKeyError<E>> {
-        self.insert_with_sequence_key_on_lane(home_lane(), value, step, reserve, make_key)
+        key: &mut Vec<u8>,
+    ) -> Result<i64, GeneratedKeyError<E>> {
+        self.insert_with_sequence_key_on_lane(home_lane(), value, step, reserve, make_key, key)
     }
 
     /// [`BTree::insert_with_sequence_key`] on lane `lane` (modulo the number of lanes). For
@@ -173,15 +175,17 @@ impl BTree {
         step: i64,
         mut reserve: impl FnMut(u64) -> Result<i64, E>,
         mut make_key: impl FnMut(i64, &mut Vec<u8>) -> Result<(), E>,
-    ) -> Result<(Vec<u8>, i64), GeneratedKeyError<E>> {
+        key: &mut Vec<u8>,
+    ) -> Result<i64, GeneratedKeyError<E>> {
+        key.clear();
         if self.insert_path() != InsertPath::Default || step <= 0 || needs_own_page(value.len()) {
             let mut number = None;
-            let key = self.insert_with_generated_key(value, |key| {
+            *key = self.insert_with_generated_key(value, |key| {
                 let first = reserve(1)?;
                 number = Some(first);
                 make_key(first, key)
             })?;
-            return Ok((key, number.expect("the key maker ran")));
+            return Ok(number.expect("the key maker ran"));
         }
         let _admission = self.enter_insert_path();
         let lane = &self.lanes.lanes[lane % self.lanes.lanes.len()];
@@ -197,23 +201,26 @@ impl BTree {
         };
         if state.remaining > 0
             && state.page != NO_PAGE
-            && let Some(inserted) = self.append_in_lane(&mut state, value, step, &mut make_key)?
+            && let Some(number) =
+                self.append_in_lane(&mut state, value, step, &mut make_key, key)?
         {
-            return Ok(inserted);
+            return Ok(number);
         }
-        self.start_lane_block(&mut state, value, step, &mut reserve, &mut make_key)
+        key.clear();
+        self.start_lane_block(&mut state, value, step, &mut reserve, &mut make_key, key)
     }
 
     /// Inserts the lane's next number on the lane's leaf, if that leaf still covers it (holds
-    /// the lane's last key, or has not split since the lane's last insert) and has room. `None`
-    /// means it did not, and nothing was changed.
+    /// the lane's last key, or has not split since the lane's last insert) and has room, with
+    /// its key in the empty `key`. `None` means it did not, and nothing was changed.
     fn append_in_lane<E>(
         &self,
         state: &mut LaneState,
         value: &[u8],
         step: i64,
         make_key: &mut impl FnMut(i64, &mut Vec<u8>) -> Result<(), E>,
-    ) -> Result<Option<(Vec<u8>, i64)>, GeneratedKeyError<E>> {
+        key: &mut Vec<u8>,
+    ) -> Result<Option<i64>, GeneratedKeyError<E>> {
         // Only the lane's mutex is held, never a latch, so waiting for the leaf cannot close a
         // cycle: nobody waits for a lane while holding a latch.
         let mut leaf = self
@@ -238,39 +245,38 @@ impl BTree {
             return Ok(None);
         }
         let number = state.next;
-        let mut key = Vec::with_capacity(state.last_key.len());
-        make_key(number, &mut key).map_err(GeneratedKeyError::Key)?;
+        make_key(number, key).map_err(GeneratedKeyError::Key)?;
         // The number is used up whatever happens to the row.
         state.take_number(step);
-        check_record_size(&key, value)?;
+        check_record_size(key, value)?;
         if key.as_slice() <= state.last_key.as_slice() {
             // Keys that do not ascend break the promise lanes rely on: put the row in the
             // classic way and start a new block next time.
             drop(leaf);
             state.remaining = 0;
-            self.insert_classic(&key, value)?;
-            return Ok(Some((key, number)));
+            self.insert_classic(key, value)?;
+            return Ok(Some(number));
         }
         let position = if count == 0 || key.as_slice() > page.key(count - 1) {
             count
         } else {
-            match page.search(&key) {
+            match page.search(key) {
                 Ok(_) => return Err(BTreeError::DuplicateKey.into()),
                 Err(position) => position,
             }
         };
-        if leaf.page_mut().insert_leaf(position, &key, value).is_err() {
+        if leaf.page_mut().insert_leaf(position, key, value).is_err() {
             // A key longer than the lane's last one did not fit after all.
             drop(leaf);
             state.remaining = 0;
-            self.insert_classic(&key, value)?;
-            return Ok(Some((key, number)));
+            self.insert_classic(key, value)?;
+            return Ok(Some(number));
         }
         self.rows.add(1);
         state.note_row(leaf_entry_bytes(key.len(), value.len()));
         state.page_next = leaf.page().next();
-        state.last_key.clone_from(&key);
-        Ok(Some((key, number)))
+        state.last_key.clone_from(key);
+        Ok(Some(number))
     }
 
     /// Inserts the lane's next row under the tail gate. If the last leaf is the lane's own
@@ -286,7 +292,8 @@ impl BTree {
         step: i64,
         reserve: &mut impl FnMut(u64) -> Result<i64, E>,
         make_key: &mut impl FnMut(i64, &mut Vec<u8>) -> Result<(), E>,
-    ) -> Result<(Vec<u8>, i64), GeneratedKeyError<E>> {
+        key: &mut Vec<u8>,
+    ) -> Result<i64, GeneratedKeyError<E>> {
         state.page = NO_PAGE;
         // A new leaf, if one is needed, is allocated here, outside the gate.
         self.prepare_spare_leaf()?;
@@ -315,34 +322,34 @@ impl BTree {
             state.remaining = rows;
         }
         let number = state.next;
-        let mut key = Vec::with_capacity(key_len);
-        make_key(number, &mut key).map_err(GeneratedKeyError::Key)?;
+        key.reserve(key_len);
+        make_key(number, key).map_err(GeneratedKeyError::Key)?;
         state.take_number(step);
-        state.last_key.clone_from(&key);
-        check_record_size(&key, value)?;
+        state.last_key.clone_from(key);
+        check_record_size(key, value)?;
         state.note_row(leaf_entry_bytes(key.len(), value.len()));
         self.note_generated_key_len(key.len());
         if is_last && (count == 0 || key.as_slice() > leaf.page().key(count - 1)) {
             if !own_tail
                 && count > 0
-                && let Some(inserted) = self.append_on_new_tail(&mut leaf, &key, value)
+                && let Some(inserted) = self.append_on_new_tail(&mut leaf, key, value)
             {
                 inserted?;
                 self.rows.add(1);
                 state.page = self.tail_hint.load(Ordering::Relaxed);
                 state.page_next = NO_PAGE;
-                return Ok((key, number));
+                return Ok(number);
             }
-            if self.append_on_last_leaf(leaf, &key, value)? {
+            if self.append_on_last_leaf(leaf, key, value)? {
                 // The key is the largest, so it is on the last leaf.
                 state.page = self.tail_hint.load(Ordering::Relaxed);
                 state.page_next = NO_PAGE;
             }
-            return Ok((key, number));
+            return Ok(number);
         }
         drop(leaf);
-        self.insert_classic(&key, value)?;
-        Ok((key, number))
+        self.insert_classic(key, value)?;
+        Ok(number)
     }
 
     /// Starts a new last leaf holding only `key` (which sorts after every key of the latched
