@@ -796,3 +796,59 @@ fn recycled_segments_never_bring_old_log_back() {
     let recycled: u64 = seeds.into_iter().map(recycle_round).sum();
     assert!(recycled > 0, "no segment was ever recycled");
 }
+
+/// The spare (recycled) files in `DIR`.
+fn spare_files(fs: &FaultyFileSystem) -> Vec<std::path::PathBuf> {
+    let mut files = fs.list_dir(Path::new(DIR)).unwrap();
+    files.retain(|name| {
+        name.extension()
+            .is_some_and(|extension| extension == "spare")
+    });
+    files
+}
+
+#[test]
+fn spares_are_kept_up_to_the_limit_adopted_by_the_next_writer_and_used() {
+    let fs = faulty(FaultyConfig::new(31));
+    let writer = open(&fs, config(4096, 4096));
+    // Fill about twenty segments, then truncate all but the last few.
+    commit_until(&writer, |stats| stats.durable_lsn.0 > 20 * 4096);
+    let durable = writer.durable_lsn();
+    let removed = writer.remove_segments_before(durable).unwrap();
+    let stats = writer.stats();
+    assert!(removed >= 10, "{removed} removed");
+    assert_eq!(
+        stats.spared_segments, 4,
+        "WAL_SPARE_SEGMENTS_MAX spares, the rest removed: {stats:?}"
+    );
+    let spares = spare_files(&fs);
+    assert_eq!(spares.len(), 4, "{spares:?}");
+    writer.flush_now().unwrap();
+    drop(writer);
+    // A spare of the wrong size (it cannot be a whole segment) is removed by the next writer.
+    let odd = Path::new(DIR).join("00000000000000ff.spare");
+    fs.open(&odd, lastpage_io::OpenOptions::create())
+        .unwrap()
+        .write_all_at(0, &[7; 100])
+        .unwrap();
+    let writer = open(&fs, config(4096, 4096));
+    assert!(!fs.exists(&odd).unwrap(), "the odd spare was not removed");
+    assert_eq!(spare_files(&fs).len(), 4);
+    // The adopted spares become the next segments: no zeros written for them.
+    let more = commit_until(&writer, |stats| stats.recycled_segments >= 4);
+    let stats = writer.stats();
+    println!("{stats:?}");
+    assert!(stats.recycled_segments >= 4, "{stats:?}");
+    drop(writer);
+    // From the truncation point on, the log holds exactly the new writer's commits, each once:
+    // no record of the old log in the recycled files comes back.
+    let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, durable).unwrap();
+    let mut committed = Vec::new();
+    while let Some(entry) = reader.next_record().unwrap() {
+        if let Record::Commit { txn } = entry.record {
+            committed.push(txn.0);
+        }
+    }
+    committed.sort_unstable();
+    assert_eq!(committed, more.into_iter().collect::<Vec<_>>());
+}
