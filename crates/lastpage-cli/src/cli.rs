@@ -6,7 +6,7 @@ use lastpage_engine::{InsertPath, LatchPolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lastpage_storage::limits::CHECKPOINT_LOG_BYTES;
+use lastpage_storage::limits::{CHECKPOINT_LOG_BYTES, WAL_SEGMENT_BYTES};
 
 use crate::bench::checkpoint::{CheckpointConfig, MAX_CHECKPOINT_LOG_MB};
 use crate::bench::durable::DurableConfig;
@@ -415,6 +415,35 @@ pub struct CrashTestArgs {
     /// printed either way, so a run can be repeated).
     #[arg(long, value_name = "X")]
     pub seed: Option<u64>,
+    #[command(flatten)]
+    pub log: CrashLogArgs,
+}
+
+/// The log settings of a crash test's database. Small segments and frequent checkpoints make
+/// checkpoints, log truncation and segment recycling run many times in a short test, each
+/// liable to be cut short by the kill.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct CrashLogArgs {
+    /// Log segment size of a new database, KiB (an existing log keeps its own).
+    #[arg(long, default_value_t = WAL_SEGMENT_BYTES >> 10, value_name = "KIB",
+          value_parser = clap::value_parser!(u64).range(64..=(1 << 20)))]
+    pub log_segment_kib: u64,
+    /// MiB of log after which a checkpoint starts by itself.
+    #[arg(long, default_value_t = CHECKPOINT_LOG_BYTES >> 20, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 20)))]
+    pub checkpoint_mib: u64,
+}
+
+impl CrashLogArgs {
+    /// The arguments that pass these settings on to a child process.
+    pub fn to_args(self) -> [String; 4] {
+        [
+            "--log-segment-kib".into(),
+            self.log_segment_kib.to_string(),
+            "--checkpoint-mib".into(),
+            self.checkpoint_mib.to_string(),
+        ]
+    }
 }
 
 /// `lastpage crash-child` (internal)
@@ -435,6 +464,8 @@ pub struct CrashChildArgs {
     /// The cycle, stored in every row.
     #[arg(long, value_name = "C")]
     pub cycle: i32,
+    #[command(flatten)]
+    pub log: CrashLogArgs,
 }
 
 /// `lastpage bench insert-compare`

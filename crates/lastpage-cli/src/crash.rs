@@ -38,7 +38,7 @@ use lastpage_engine::{
     Uniqueness, Value,
 };
 
-use crate::cli::{CrashChildArgs, CrashTestArgs};
+use crate::cli::{CrashChildArgs, CrashLogArgs, CrashTestArgs};
 use crate::durable::{self, Durability};
 
 /// The table the crash test inserts into.
@@ -168,11 +168,23 @@ fn rollback_line(id: i64, provenance: &Provenance) -> String {
     format!("r {id} {} {}\n", provenance.thread, provenance.seq)
 }
 
+/// Opens (creating or recovering) the crash test's database with the test's log settings.
+fn open(dir: &Path, log: CrashLogArgs) -> Result<lastpage_engine::Database, String> {
+    durable::open_with(
+        dir,
+        durable::OpenSettings {
+            checkpoint_log_bytes: Some(log.checkpoint_mib << 20),
+            log_segment_bytes: Some(log.log_segment_kib << 10),
+            ..durable::OpenSettings::new(Durability::Full)
+        },
+    )
+}
+
 /// `lastpage crash-child`: inserts until killed (or until the parent goes away and a write to
 /// the pipe fails).
 pub fn run_child(args: &CrashChildArgs) -> ExitCode {
     let (run, cycle) = (args.run, args.cycle);
-    let db = match durable::open(&args.db, Durability::Full) {
+    let db = match open(&args.db, args.log) {
         Ok(db) => db,
         Err(error) => {
             eprintln!("lastpage crash-child: {error}");
@@ -379,11 +391,14 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
     // The run tags every row, so that rows of earlier runs on the same database are told apart.
     let run = (mix(seed ^ clock_seed()) >> 1) as i64;
     println!(
-        "crash-test: db={} threads={} seconds={} cycles={} seed={seed} (repeat with --seed {seed})",
+        "crash-test: db={} threads={} seconds={} cycles={} log-segment-kib={} checkpoint-mib={} \
+         seed={seed} (repeat with --seed {seed})",
         args.db.display(),
         args.threads,
         args.seconds,
-        args.cycles
+        args.cycles,
+        args.log.log_segment_kib,
+        args.log.checkpoint_mib
     );
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -402,7 +417,7 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
     };
     // What is there before the first child runs: an existing database's rows set the high-water
     // mark, and a damaged one is reported before anything is blamed on a kill.
-    match verify(&args.db, &mut ledger) {
+    match verify(&args.db, args.log, &mut ledger) {
         Ok(report) if report.failed() => {
             eprintln!(
                 "lastpage: the database in {} fails the check before the first cycle: \
@@ -509,6 +524,7 @@ fn one_cycle(
         .arg(ledger.run.to_string())
         .arg("--cycle")
         .arg(cycle.to_string())
+        .args(args.log.to_args())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -626,7 +642,7 @@ fn one_cycle(
         ledger.rolled_back.push((id, tag(thread_seq)));
         ledger.high_water = ledger.high_water.max(id);
     }
-    let mut report = verify(&args.db, ledger)?;
+    let mut report = verify(&args.db, args.log, ledger)?;
     report.acked = acks.len() as u64;
     report.reused = reused;
     Ok(report)
@@ -741,9 +757,9 @@ fn parse_line(line: &str) -> Event {
 
 /// Reopens the database (timing the recovery), scans the whole table and checks it against
 /// the ledger. Raises the ledger's high-water mark to the largest identity value in the table.
-fn verify(dir: &Path, ledger: &mut Ledger) -> Result<CycleReport, String> {
+fn verify(dir: &Path, log: CrashLogArgs, ledger: &mut Ledger) -> Result<CycleReport, String> {
     let started = Instant::now();
-    let db = durable::open(dir, Durability::Full)?;
+    let db = open(dir, log)?;
     let recovery_ms = started.elapsed().as_secs_f64() * 1000.0;
     let recovery = durable::recovery(&db);
     let mut report = CycleReport {

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lastpage_engine::{Database, DatabaseOptions, Durability as EngineDurability};
+use lastpage_storage::wal::WalConfig;
 
 /// When a commit counts as done, as `--durability` names it (the doc comments are its help).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, clap::ValueEnum)]
@@ -102,6 +103,10 @@ pub struct OpenSettings {
     /// Whether a checkpoint starts by itself once enough log was written. `bench recovery`
     /// turns it off so that the whole log it wrote is still there to replay.
     pub automatic_checkpoints: bool,
+    /// How much log starts an automatic checkpoint, bytes; `None` keeps the engine's default.
+    pub checkpoint_log_bytes: Option<u64>,
+    /// The log segment size of a new log, bytes; `None` keeps the engine's default.
+    pub log_segment_bytes: Option<u64>,
 }
 
 impl OpenSettings {
@@ -111,6 +116,8 @@ impl OpenSettings {
             durability,
             memory_budget_bytes: None,
             automatic_checkpoints: true,
+            checkpoint_log_bytes: None,
+            log_segment_bytes: None,
         }
     }
 }
@@ -135,9 +142,17 @@ pub fn open_with(dir: &Path, settings: OpenSettings) -> Result<Database, String>
         // The background thread starts a checkpoint once this much log was written since the
         // last one; no log ever reaches u64::MAX bytes, so it never does.
         checkpoint_log_bytes: if settings.automatic_checkpoints {
-            defaults.checkpoint_log_bytes
+            settings
+                .checkpoint_log_bytes
+                .unwrap_or(defaults.checkpoint_log_bytes)
         } else {
             u64::MAX
+        },
+        wal: WalConfig {
+            segment_bytes: settings
+                .log_segment_bytes
+                .unwrap_or(defaults.wal.segment_bytes),
+            ..defaults.wal
         },
         ..defaults
     };

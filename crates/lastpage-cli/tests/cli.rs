@@ -738,6 +738,8 @@ fn recovery_bench_replays_the_whole_log() {
 fn crash_test_loses_nothing() {
     let scratch = Scratch::new("crash");
     let db = scratch.path("db");
+    // Small segments and frequent checkpoints, so that truncation and segment recycling run
+    // while the child is killed (the defaults are exercised by CI's own crash test).
     let output = lastpage(&[
         "crash-test",
         "--db",
@@ -748,6 +750,10 @@ fn crash_test_loses_nothing() {
         "1",
         "--cycles",
         "2",
+        "--log-segment-kib",
+        "128",
+        "--checkpoint-mib",
+        "1",
     ]);
     let stdout = text(&output.stdout);
     assert!(
@@ -823,6 +829,8 @@ fn bad_durability_flags_fail_cleanly() {
         (&["crash-test", "--db", "x", "--cycles", "0"], "--cycles"),
         (&["crash-test", "--db", "x", "--seconds=-1"], "--seconds"),
         (&["crash-test", "--db", "x", "--seed", "minus"], "--seed"),
+        (&["crash-test", "--db", "x", "--log-segment-kib", "8"], "--log-segment-kib"),
+        (&["crash-test", "--db", "x", "--checkpoint-mib", "0"], "--checkpoint-mib"),
     ];
     for (args, expected) in cases {
         let output = lastpage(args);

@@ -117,9 +117,9 @@ pub fn run_checkpoint(config: &CheckpointConfig) -> Result<CheckpointReport, Ben
         )));
     }
     let settings = OpenSettings {
-        durability: Durability::Full,
         memory_budget_bytes: Some(memory_budget_bytes(config.memory_mb)?),
         automatic_checkpoints: false,
+        ..OpenSettings::new(Durability::Full)
     };
     let dir = run_directory(config.db.as_deref(), "checkpoint")?;
     let started = Instant::now();

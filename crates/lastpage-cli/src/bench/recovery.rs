@@ -168,9 +168,9 @@ pub fn run_recovery(config: &RecoveryConfig) -> Result<RecoveryReport, BenchErro
     }
     let memory_budget_bytes = memory_budget_bytes(config.memory_mb)?;
     let settings = OpenSettings {
-        durability: Durability::Full,
         memory_budget_bytes: Some(memory_budget_bytes),
         automatic_checkpoints: false,
+        ..OpenSettings::new(Durability::Full)
     };
     let dir = run_directory(config.db.as_deref(), "recovery")?;
     let started = Instant::now();
