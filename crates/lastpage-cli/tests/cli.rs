@@ -829,8 +829,14 @@ fn bad_durability_flags_fail_cleanly() {
         (&["crash-test", "--db", "x", "--cycles", "0"], "--cycles"),
         (&["crash-test", "--db", "x", "--seconds=-1"], "--seconds"),
         (&["crash-test", "--db", "x", "--seed", "minus"], "--seed"),
-        (&["crash-test", "--db", "x", "--log-segment-kib", "8"], "--log-segment-kib"),
-        (&["crash-test", "--db", "x", "--checkpoint-mib", "0"], "--checkpoint-mib"),
+        (
+            &["crash-test", "--db", "x", "--log-segment-kib", "8"],
+            "--log-segment-kib",
+        ),
+        (
+            &["crash-test", "--db", "x", "--checkpoint-mib", "0"],
+            "--checkpoint-mib",
+        ),
     ];
     for (args, expected) in cases {
         let output = lastpage(args);
