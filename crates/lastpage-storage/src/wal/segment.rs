@@ -64,29 +64,30 @@ impl SegmentHeader {
         bytes
     }
 
-    /// The version of a header that is intact (magic and CRC) but of another format version
-    /// than this build's, if `bytes` is one.
-    pub fn other_version(bytes: &[u8]) -> Option<u32> {
+    /// The format version a header says it has, if it is intact: long enough, with the magic
+    /// and a matching CRC. Whatever the version, those three are where every one starts.
+    fn intact_version(bytes: &[u8]) -> Option<u32> {
         if bytes.len() < HEADER_FIELDS_BYTES + 4 || &bytes[0..8] != MAGIC {
             return None;
         }
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
-        let version = u32_at(8);
-        (u32_at(48) == crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]) && version != VERSION)
-            .then_some(version)
+        (u32_at(48) == crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES])).then(|| u32_at(8))
+    }
+
+    /// The version of a header that is intact (magic and CRC) but of another format version
+    /// than this build's, if `bytes` is one.
+    pub fn other_version(bytes: &[u8]) -> Option<u32> {
+        Self::intact_version(bytes).filter(|&version| version != VERSION)
     }
 
     /// Parses and checks a header; `None` if it is not a valid one.
     pub fn decode(bytes: &[u8]) -> Option<SegmentHeader> {
-        if bytes.len() < HEADER_FIELDS_BYTES + 4 || &bytes[0..8] != MAGIC {
+        if Self::intact_version(bytes) != Some(VERSION) {
             return None;
         }
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
-        if u32_at(48) != crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES])
-            || u32_at(8) != VERSION
-            || u32_at(12) as usize != WAL_SEGMENT_HEADER_BYTES
-        {
+        if u32_at(12) as usize != WAL_SEGMENT_HEADER_BYTES {
             return None;
         }
         let header = SegmentHeader {
