@@ -674,27 +674,28 @@ impl LockManager {
         }
     }
 
-    /// Waits until no transaction other than `txn` holds the range lock `range`, recording a
-    /// wait of `wait_type`, and takes nothing (as a READ COMMITTED reader waits for a row).
-    fn wait_out_range(
+    /// Waits until no transaction other than `txn` holds X on `key` (a row, or a range's own
+    /// entry), recording a wait of `wait_type`, and takes nothing: how a READ COMMITTED reader
+    /// waits for a row, and how any request waits for a range that covers its row.
+    fn wait_out_exclusive(
         &self,
         txn: Option<TxnId>,
-        range: &LockKey,
+        key: &LockKey,
         wait_type: WaitType,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        let shard_mutex = self.shard(range);
+        let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
         let Shard { entries, stats } = &mut *shard;
         let Some(entry) = entries
-            .get_mut(range)
+            .get_mut(key)
             .filter(|entry| entry.holders.exclusive_by_other(txn))
         else {
             return Ok(());
         };
         let slot = Self::enqueue(entry, stats, txn, Request::ReadThrough, timeout)?;
         drop(shard);
-        self.park(shard_mutex, txn, range, wait_type, timeout, slot)
+        self.park(shard_mutex, txn, key, wait_type, timeout, slot)
     }
 
     fn shard(&self, key: &LockKey) -> &Mutex<Shard> {
@@ -729,7 +730,7 @@ impl LockManager {
         // A row in another transaction's range is waited for first; one in the requester's own
         // range is held already.
         while let Some(range) = self.range_of_other(Some(txn), key) {
-            self.wait_out_range(Some(txn), &range, mode.wait_type(), timeout)?;
+            self.wait_out_exclusive(Some(txn), &range, mode.wait_type(), timeout)?;
         }
         if self.in_own_range(txn, key) {
             return Ok(Granted::AlreadyHeld);
@@ -807,9 +808,9 @@ impl LockManager {
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
         while let Some(range) = self.range_of_other(reader, key) {
-            self.wait_out_range(reader, &range, WaitType::LckMS, timeout)?;
+            self.wait_out_exclusive(reader, &range, WaitType::LckMS, timeout)?;
         }
-        self.wait_out_range(reader, key, WaitType::LckMS, timeout)
+        self.wait_out_exclusive(reader, key, WaitType::LckMS, timeout)
     }
 
     /// Whether a transaction other than `txn` holds X on `key`: what a READ COMMITTED reader
