@@ -104,6 +104,8 @@ pub struct LogReader {
     segments: Vec<(u64, PathBuf)>,
     /// Segment size and log id, from the first segment header read.
     geometry: Option<(u64, u64)>,
+    /// The log's record checksum seed ([`super::record::checksum_seed`]), set with `geometry`.
+    checksum_seed: u32,
     current: Option<OpenSegment>,
     position: u64,
     end: Option<LogEnd>,
@@ -126,6 +128,7 @@ impl LogReader {
             dir,
             segments,
             geometry: None,
+            checksum_seed: 0,
             current: None,
             position: from.0,
             end: None,
@@ -174,8 +177,8 @@ impl LogReader {
         if got < payload.len() {
             return Ok(self.stop(TailKind::Truncated));
         }
-        let log_id = self.geometry.map_or(0, |(_, log_id)| log_id);
-        let crc = super::record::checksum(log_id, &header_bytes, [payload.as_slice()]);
+        let crc =
+            super::record::seeded_checksum(self.checksum_seed, &header_bytes, [payload.as_slice()]);
         if crc != header.crc {
             return Ok(self.stop(TailKind::BadChecksum));
         }
@@ -275,6 +278,9 @@ impl LogReader {
             self.short = TailKind::BadSegment;
             return Ok(false);
         };
+        if self.geometry.is_none() {
+            self.checksum_seed = super::record::checksum_seed(header.log_id);
+        }
         let (segment_bytes, log_id) = *self
             .geometry
             .get_or_insert((header.segment_bytes, header.log_id));

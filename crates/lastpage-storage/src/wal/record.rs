@@ -699,7 +699,17 @@ pub fn checksum<'p>(
     header: &[u8; WAL_RECORD_HEADER_BYTES],
     payload: impl IntoIterator<Item = &'p [u8]>,
 ) -> u32 {
-    let mut crc = crc32c::crc32c_append(checksum_seed(log_id), &header[4..]);
+    seeded_checksum(checksum_seed(log_id), header, payload)
+}
+
+/// [`checksum`] from a seed computed once per log ([`checksum_seed`]), for readers and writers
+/// that check or make many records.
+pub fn seeded_checksum<'p>(
+    seed: u32,
+    header: &[u8; WAL_RECORD_HEADER_BYTES],
+    payload: impl IntoIterator<Item = &'p [u8]>,
+) -> u32 {
+    let mut crc = crc32c::crc32c_append(seed, &header[4..]);
     for piece in payload {
         crc = crc32c::crc32c_append(crc, piece);
     }
