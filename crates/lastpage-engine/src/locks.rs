@@ -578,26 +578,30 @@ impl LockManager {
         }
     }
 
-    /// Whether a range held by `txn` covers row key `key`.
-    fn in_own_range(&self, txn: TxnId, key: &LockKey) -> bool {
-        if self.range_count.load(Ordering::Acquire) == 0 || key.range {
-            return false;
-        }
-        sync::lock(&self.ranges)
-            .iter()
-            .any(|range| range.txn == txn && range.covers(key))
-    }
-
-    /// Whether a range held by a transaction other than `txn` covers row key `key`; if so,
-    /// that range's lock.
-    fn range_of_other(&self, txn: Option<TxnId>, key: &LockKey) -> Option<LockKey> {
+    /// The first range covering row key `key` for which `pick` gives something. Reads only the
+    /// count while no range is held, which is the usual case of every row request.
+    fn find_range<T>(&self, key: &LockKey, pick: impl FnMut(&RangeLock) -> Option<T>) -> Option<T> {
         if self.range_count.load(Ordering::Acquire) == 0 || key.range {
             return None;
         }
         sync::lock(&self.ranges)
             .iter()
-            .find(|range| Some(range.txn) != txn && range.covers(key))
-            .map(|range| range.entry.clone())
+            .filter(|range| range.covers(key))
+            .find_map(pick)
+    }
+
+    /// Whether a range held by `txn` covers row key `key`.
+    fn in_own_range(&self, txn: TxnId, key: &LockKey) -> bool {
+        self.find_range(key, |range| (range.txn == txn).then_some(()))
+            .is_some()
+    }
+
+    /// Whether a range held by a transaction other than `txn` covers row key `key`; if so,
+    /// that range's lock.
+    fn range_of_other(&self, txn: Option<TxnId>, key: &LockKey) -> Option<LockKey> {
+        self.find_range(key, |range| {
+            (Some(range.txn) != txn).then(|| range.entry.clone())
+        })
     }
 
     /// Locks every row key from `low` to `high` (inclusive, one table's keys, `low ≤ high`)
