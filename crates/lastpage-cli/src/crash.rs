@@ -2,11 +2,12 @@
 //!
 //! The parent re-executes its own binary as `lastpage crash-child`, which opens the database
 //! with `Durability::Full` and inserts from many threads: single rows, multi-row batches and
-//! (once the engine has explicit transactions) transactions it rolls back. Right after an
-//! insert returns `Ok`, the child writes the row's identity value to stdout, one line per row:
-//! that line is the acknowledgement a client would have received. The parent reads the lines
-//! through a pipe, kills the child with SIGKILL at a random moment, reopens the database
-//! in-process (which recovers it from the log) and checks:
+//! explicit transactions, some rolled back and some committed with a pipelined commit (whose
+//! rows are acknowledged once its ticket's wait returns, after the thread's next statement).
+//! Right after a row's commit returns `Ok`, the child writes the row's identity value to
+//! stdout, one line per row: that line is the acknowledgement a client would have received.
+//! The parent reads the lines through a pipe, kills the child with SIGKILL at a random moment,
+//! reopens the database in-process (which recovers it from the log) and checks:
 //!
 //! - **lost**: every row ever acknowledged (in this cycle or any earlier one) is there;
 //! - **duplicates**: no identity value and no logical row (run, cycle, thread, sequence number)
@@ -34,8 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, Direction, IndexDef, InsertRow, KeyRange, Table, TableDef,
-    Uniqueness, Value,
+    ColumnDef, CommitTicket, DataType, Database, Direction, IndexDef, InsertRow, KeyRange, Table,
+    TableDef, Uniqueness, Value,
 };
 
 use crate::cli::{CrashChildArgs, CrashLogArgs, CrashTestArgs};
@@ -249,7 +250,10 @@ fn write_lines(out: &Mutex<std::io::Stdout>, text: &str) -> Result<(), String> {
 }
 
 /// One inserting thread of the child: mostly single-row autocommit inserts, some multi-row
-/// batches (one transaction each), acknowledging every row once its statement returned `Ok`.
+/// batches (one transaction each), acknowledging every row once its statement returned `Ok`,
+/// and some explicit transactions. Half of those that commit use a pipelined commit: their
+/// rows are acknowledged only once its ticket's wait returns, after the thread's next
+/// statement, as a pipelining application would.
 fn child_thread(
     db: &Database,
     table: &Arc<Table>,
@@ -273,7 +277,11 @@ fn child_thread(
         provenance
     };
     let id_of = |id: Option<i64>| id.ok_or_else(|| "the table has no identity column".to_owned());
+    // A pipelined commit and the acknowledgements it holds back until it is durable.
+    let mut in_flight: Option<(CommitTicket, String)> = None;
     loop {
+        // The previous statement's pipelined commit is waited for after this statement.
+        let previous = in_flight.take();
         let choice = rng.below(100);
         if choice < 75 {
             let provenance = next(&mut seq);
@@ -314,15 +322,28 @@ fn child_thread(
                 };
                 lines.push_str(&line);
             }
-            if commit {
-                session
-                    .commit()
-                    .map_err(|error| format!("COMMIT failed: {error}"))?;
+            if commit && rng.below(2) == 0 {
+                let ticket = session
+                    .commit_pipelined()
+                    .map_err(|error| format!("a pipelined COMMIT failed: {error}"))?;
+                in_flight = Some((ticket, lines));
             } else {
-                session
-                    .rollback()
-                    .map_err(|error| format!("ROLLBACK failed: {error}"))?;
+                if commit {
+                    session
+                        .commit()
+                        .map_err(|error| format!("COMMIT failed: {error}"))?;
+                } else {
+                    session
+                        .rollback()
+                        .map_err(|error| format!("ROLLBACK failed: {error}"))?;
+                }
+                write_lines(out, &lines)?;
             }
+        }
+        if let Some((ticket, lines)) = previous {
+            ticket
+                .wait()
+                .map_err(|error| format!("a pipelined COMMIT failed: {error}"))?;
             write_lines(out, &lines)?;
         }
     }

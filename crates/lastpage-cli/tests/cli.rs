@@ -651,8 +651,26 @@ fn durable_bench_runs_both_engines() {
     let scratch = Scratch::new("durable");
     let (_, report) = quick_bench("durable", &scratch);
     let cells = report["cells"].as_array().expect("cells");
-    // --quick: autocommit at 1 and 4 threads, then the batch, each on both engines.
-    assert_eq!(cells.len(), 6, "{report}");
+    // --quick: autocommit at 1 and 4 threads, then the batch, each on both engines, and
+    // lastpage's pipelined batch.
+    assert_eq!(cells.len(), 7, "{report}");
+    let workloads: Vec<(&str, &str)> = cells
+        .iter()
+        .map(|cell| {
+            (
+                cell["engine"].as_str().unwrap_or("?"),
+                cell["workload"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    assert!(
+        workloads.contains(&("lastpage", "pipelined batch")),
+        "{workloads:?}"
+    );
+    assert!(
+        report["judged"]["pipelined_batch_rows_per_sec"].is_number(),
+        "{report}"
+    );
     for cell in cells {
         assert_eq!(cell["verified"], "ok", "{cell}");
         assert!(cell["rows"].as_u64().is_some_and(|rows| rows > 0), "{cell}");
@@ -669,7 +687,7 @@ fn durable_bench_runs_both_engines() {
     }
     assert_eq!(
         report["ratios"].as_array().map(Vec::len),
-        Some(3),
+        Some(4),
         "{report}"
     );
     // The run's directory is removed at the end.

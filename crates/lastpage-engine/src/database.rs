@@ -124,6 +124,8 @@ pub(crate) struct Durable {
     checkpoint: Mutex<u64>,
     /// What recovery did, set once it is done.
     recovery: std::sync::OnceLock<RecoveryStats>,
+    /// The background log flusher's thread, which [`Database::request_log_flush`] wakes.
+    flusher: std::sync::OnceLock<std::thread::Thread>,
 }
 
 struct Inner {
@@ -267,6 +269,7 @@ impl Database {
                     failure: std::sync::OnceLock::new(),
                     checkpoint: Mutex::new(checkpoint_lsn),
                     recovery: std::sync::OnceLock::new(),
+                    flusher: std::sync::OnceLock::new(),
                 }),
                 ..inner
             }),
@@ -322,15 +325,18 @@ impl Database {
     /// that a long checkpoint never holds up the flushes that bound DELAYED commits.
     fn start_background(&self) {
         let interval = self.inner.options.delayed_flush_interval;
-        self.spawn_background("lastpage-log-flusher", interval, |db, durable| {
+        let flusher = self.spawn_background("lastpage-log-flusher", interval, |db, durable| {
             if durable.wal.durable_lsn() < durable.wal.end_lsn()
-                && let Err(error) = durable.wal.flush_now()
+                && let Err(error) = durable.wal.flush_in_background()
             {
                 db.fail(error);
                 return false;
             }
             true
         });
+        if let (Some(durable), Some(flusher)) = (self.durable(), flusher) {
+            let _ = durable.flusher.set(flusher);
+        }
         let poll = Duration::from_millis(CHECKPOINT_POLL_INTERVAL_MS);
         self.spawn_background("lastpage-checkpointer", poll, |db, durable| {
             let since = durable
@@ -347,20 +353,22 @@ impl Database {
         });
     }
 
-    /// Runs `tick` every `interval` on a thread of its own until it returns false or the
-    /// database is gone.
+    /// Runs `tick` every `interval`, and whenever the thread is unparked, on a thread of its
+    /// own until it returns false or the database is gone. Returns the thread, if it started.
     fn spawn_background(
         &self,
         name: &str,
         interval: Duration,
         tick: impl Fn(&Database, &Durable) -> bool + Send + 'static,
-    ) {
+    ) -> Option<std::thread::Thread> {
         let weak = Arc::downgrade(&self.inner);
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 loop {
-                    std::thread::sleep(interval);
+                    // An unpark cuts the pause short; so may a spurious wake-up, which only
+                    // costs one tick with nothing to do.
+                    std::thread::park_timeout(interval);
                     // Once every handle is gone the upgrade fails and the thread ends.
                     let Some(inner) = weak.upgrade() else { return };
                     let db = Database { inner };
@@ -370,6 +378,15 @@ impl Database {
                     }
                 }
             });
+        spawned.ok().map(|handle| handle.thread().clone())
+    }
+
+    /// Wakes the background log flusher to flush what has been appended so far, without
+    /// waiting for it (see [`Session::commit_pipelined`]).
+    pub(crate) fn request_log_flush(&self) {
+        if let Some(flusher) = self.durable().and_then(|durable| durable.flusher.get()) {
+            flusher.unpark();
+        }
     }
 
     /// How many statements and transactions were rolled back so far. A reader that sees it

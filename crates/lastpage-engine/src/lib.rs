@@ -43,5 +43,5 @@ pub use schema::{
     ColumnDef, DefaultValue, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
 };
 pub use table::{InsertRow, KeyRange, Row, Table, TableCheck};
-pub use txn::Durability;
+pub use txn::{CommitTicket, Durability};
 pub use types::{DataType, Value};

@@ -12,7 +12,9 @@
 //!    in reverse order, and logs them too (compensation), so the log replays a rolled-back
 //!    statement inside a transaction that later commits to its net effect.
 //! 4. Commit appends a commit record, waits for it to be durable when the durability is FULL,
-//!    and only then releases the locks: nobody reads a row before its commit is on disk.
+//!    and only then releases the locks: nobody reads a row before its commit is on disk. A
+//!    pipelined commit ([`Session::commit_pipelined`]) releases them at once, as a DELAYED one
+//!    does, and leaves the wait to its [`CommitTicket`].
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -46,6 +48,45 @@ impl Durability {
         match self {
             Durability::Full => "full",
             Durability::Delayed => "delayed",
+        }
+    }
+}
+
+/// A transaction committed by [`Session::commit_pipelined`], whose commit record may not be on
+/// disk yet.
+#[must_use = "a pipelined commit is acknowledged only by waiting for its ticket"]
+pub struct CommitTicket {
+    db: Database,
+    /// End LSN of the commit record, or `None` if the transaction logged nothing (or the
+    /// database is in memory): then there is nothing to wait for.
+    end: Option<Lsn>,
+}
+
+impl std::fmt::Debug for CommitTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitTicket")
+            .field("end", &self.end)
+            .field("durable", &self.is_durable())
+            .finish()
+    }
+}
+
+impl CommitTicket {
+    /// Waits until the commit is durable (WRITELOG, if it has to wait). Fails if the log could
+    /// not be made durable up to the commit: the commit then must not be acknowledged, and the
+    /// database refuses further work until it is reopened.
+    pub fn wait(self) -> Result<()> {
+        match (self.end, self.db.wal()) {
+            (Some(end), Some(wal)) => wal.wait_durable(end).map_err(|error| self.db.fail(error)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the commit is durable already (a wait would return at once).
+    pub fn is_durable(&self) -> bool {
+        match (self.end, self.db.wal()) {
+            (Some(end), Some(wal)) => wal.durable_lsn() >= end,
+            _ => true,
         }
     }
 }
@@ -320,6 +361,38 @@ impl Session {
         self.finish_commit(txn)
     }
 
+    /// Commits the explicit transaction without waiting for its commit record to reach the
+    /// disk, and asks the background log flusher to flush now. The returned ticket's
+    /// [`CommitTicket::wait`] returns once the commit is durable (or fails if the log cannot be
+    /// made durable).
+    ///
+    /// This is for one thread that ingests many transactions: it builds the next transaction
+    /// while the log flusher writes and syncs the previous one, and acknowledges each
+    /// transaction to whoever asked for it only when its ticket's wait returns. Every
+    /// acknowledged transaction is as durable as a FULL commit; what the caller gives up is the
+    /// FULL commit's visibility rule. Until the flush, the commit is a DELAYED one: its locks are
+    /// released now, so other sessions can read its rows before they are on disk, and a crash
+    /// before the flush loses it (the ticket's wait would not have returned). A ticket dropped
+    /// without waiting leaves exactly a DELAYED commit behind.
+    pub fn commit_pipelined(&self) -> Result<CommitTicket> {
+        let txn = self.txn_slot().take().ok_or_else(|| {
+            EngineError::Transaction(
+                "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
+            )
+        })?;
+        let _attribution = self.attribute();
+        let appended = self.append_end(&txn, Record::Commit { txn: txn.id });
+        self.end_transaction(txn);
+        let end = appended?;
+        if end.is_some() {
+            self.db().request_log_flush();
+        }
+        Ok(CommitTicket {
+            db: self.db().clone(),
+            end,
+        })
+    }
+
     /// Rolls the explicit transaction back.
     pub fn rollback(&self) -> Result<()> {
         let txn = self.txn_slot().take().ok_or_else(|| {
@@ -447,14 +520,23 @@ impl Session {
     /// to be durable if its durability is FULL.
     fn log_end(&self, txn: &Transaction, record: Record<'_>) -> Result<()> {
         let db = self.db();
+        match (self.append_end(txn, record)?, db.wal(), txn.durability) {
+            (Some(end), Some(wal), Durability::Full) => {
+                wal.wait_durable(end).map_err(|error| db.fail(error))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends a transaction's commit or abort record if it logged anything, and returns the
+    /// record's end LSN.
+    fn append_end(&self, txn: &Transaction, record: Record<'_>) -> Result<Option<Lsn>> {
+        let db = self.db();
         let (Some(wal), Some(_)) = (db.wal(), txn.last_lsn) else {
-            return Ok(());
+            return Ok(None);
         };
         wal.append(&record)
-            .and_then(|end| match txn.durability {
-                Durability::Full => wal.wait_durable(end),
-                Durability::Delayed => Ok(()),
-            })
+            .map(Some)
             .map_err(|error| db.fail(error))
     }
 

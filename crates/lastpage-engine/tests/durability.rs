@@ -10,11 +10,13 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, Durability, EngineError, IndexDef,
-    InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
+    ColumnDef, CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability,
+    EngineError, IndexDef, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem};
 use lastpage_storage::wal::WalConfig;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const DIR: &str = "/db";
 
@@ -770,6 +772,132 @@ fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
     let rows = orders_rows(&db);
     for id in ids {
         assert!(rows.contains_key(&id));
+    }
+}
+
+#[test]
+fn pipelined_commits_are_durable_once_their_ticket_returns() {
+    // One session pipelines batches: it commits batch n with `commit_pipelined` and waits for
+    // batch n-1's ticket only after building batch n, as an ingesting application would. Only
+    // batches whose ticket returned are acknowledged; some tickets are dropped unwaited (a
+    // DELAYED commit). After a crash every acknowledged batch is there, every batch is there
+    // whole or not at all, and the open transaction is gone. The flusher wakes for a pipelined
+    // commit by itself: the interval flush is an hour away, and fsyncs take a millisecond, so
+    // the next batch is built while the previous one is being flushed.
+    let seed = seed();
+    for round in 0..12u64 {
+        let round_seed = seed.wrapping_add(round);
+        let mut rng = StdRng::seed_from_u64(round_seed);
+        let fs = FaultyFileSystem::new(
+            FaultyConfig::new(round_seed).sync_delay(Duration::from_millis(1)),
+        );
+        let db = Database::open(
+            DIR,
+            DatabaseOptions {
+                delayed_flush_interval: Duration::from_secs(3600),
+                ..options(&fs)
+            },
+        )
+        .unwrap();
+        let table = db.create_table(orders()).unwrap();
+        let session = db.session();
+        let mut batches: Vec<Vec<i64>> = Vec::new();
+        let mut acked: BTreeSet<usize> = BTreeSet::new();
+        let mut in_flight: Option<(usize, CommitTicket)> = None;
+        for batch in 0..30usize {
+            session.begin().unwrap();
+            let rows = (0..rng.random_range(1..40))
+                .map(|i| InsertRow::new().set(1, format!("b{batch}-{i}")))
+                .collect();
+            let ids: Vec<i64> = table
+                .insert_batch(&session, rows)
+                .unwrap()
+                .into_iter()
+                .map(Option::unwrap)
+                .collect();
+            batches.push(ids);
+            let ticket = session.commit_pipelined().unwrap();
+            if batch == 0 {
+                // Nobody waits and the interval flush is an hour away: the commit becomes
+                // durable only because the flusher was asked to flush at once.
+                let asked = std::time::Instant::now();
+                while !ticket.is_durable() {
+                    assert!(
+                        asked.elapsed() < Duration::from_secs(60),
+                        "round {round}: a pipelined commit was never flushed"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if let Some((previous, ticket)) = in_flight.replace((batch, ticket)) {
+                if rng.random_range(0..5) == 0 {
+                    drop(ticket);
+                } else {
+                    ticket.wait().unwrap();
+                    acked.insert(previous);
+                }
+            }
+        }
+        // A transaction still open at the crash.
+        let open_session = db.session();
+        open_session.begin().unwrap();
+        let uncommitted = insert_order(&db, &open_session).unwrap();
+        let mode = [
+            CrashMode::Random,
+            CrashMode::LoseUnsynced,
+            CrashMode::KeepUnsynced,
+        ][(round % 3) as usize];
+        let after = crash(&fs, mode, db, (session, table, in_flight), open_session);
+        let db = open(&after);
+        let rows = orders_rows(&db);
+        for (batch, ids) in batches.iter().enumerate() {
+            let present = ids.iter().filter(|id| rows.contains_key(id)).count();
+            assert!(
+                present == 0 || present == ids.len(),
+                "round {round}: batch {batch} is torn: {present} of {} rows",
+                ids.len()
+            );
+            assert!(
+                present > 0 || !acked.contains(&batch),
+                "round {round}: acknowledged batch {batch} lost"
+            );
+        }
+        assert!(!rows.contains_key(&uncommitted), "round {round}");
+        db.check_integrity().unwrap();
+    }
+}
+
+#[test]
+fn a_pipelined_commit_whose_flush_fails_is_not_acknowledged() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(8));
+    let db = open(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let before: Vec<i64> = (0..10)
+        .map(|_| insert_order(&db, &session).unwrap())
+        .collect();
+    fs.inject(FaultRule::syncs_fail_from(1));
+    session.begin().unwrap();
+    table
+        .insert_batch(&session, vec![InsertRow::new().set(1, "doomed"); 5])
+        .unwrap();
+    let ticket = session.commit_pipelined().unwrap();
+    let error = ticket.wait().unwrap_err();
+    assert!(
+        matches!(error, EngineError::LogFailed(_)),
+        "a failed fsync must fail the pipelined commit: {error}"
+    );
+    assert!(matches!(
+        session
+            .begin()
+            .and_then(|()| session.commit_pipelined().map(drop)),
+        Err(EngineError::DatabaseFailed(_))
+    ));
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    let db = open(&after);
+    let rows = orders_rows(&db);
+    for id in before {
+        assert!(rows.contains_key(&id), "acknowledged {id} lost");
     }
 }
 

@@ -195,6 +195,36 @@ fn single_thread_appends_read_back_in_order() {
 }
 
 #[test]
+fn a_background_flush_makes_the_log_durable_without_recording_a_wait() {
+    // The background flusher is the log writer's own work: a task's WRITELOG wait is the time
+    // it waits for a flush, so only `flush_now` (a task asking for the flush) records one.
+    let fs = faulty(FaultyConfig::new(9));
+    let writer = open(&fs, WalConfig::default());
+    let accumulator = Arc::new(WaitAccumulator::new());
+    let _guard = stats::attribute_waits_to(Arc::clone(&accumulator));
+    let append = |txn: u64| writer.append(&Record::Commit { txn: TxnId(txn) }).unwrap();
+    let end = append(1);
+    assert_eq!(writer.flush_in_background().unwrap(), end);
+    assert_eq!(writer.durable_lsn(), end);
+    assert_eq!(
+        accumulator
+            .snapshot()
+            .wait(WaitType::WriteLog)
+            .waiting_tasks_count,
+        0
+    );
+    let end = append(2);
+    assert_eq!(writer.flush_now().unwrap(), end);
+    assert_eq!(
+        accumulator
+            .snapshot()
+            .wait(WaitType::WriteLog)
+            .waiting_tasks_count,
+        1
+    );
+}
+
+#[test]
 fn group_commit_shares_fsyncs_among_many_committers() {
     let fs = faulty(FaultyConfig::new(2).sync_delay(Duration::from_micros(300)));
     let writer = open(&fs, WalConfig::default());

@@ -385,7 +385,7 @@ impl LogWriter {
         if !self.buffer.has_space(&reservation) {
             self.wait_for(
                 Target::Space(self.buffer.space_needed(&reservation)),
-                WaitType::LogBuffer,
+                Some(WaitType::LogBuffer),
             )?;
         }
         // The LSN is part of the header and so of the CRC: both are known only now. The record
@@ -430,7 +430,7 @@ impl LogWriter {
             if lsn.0 > end {
                 return Err(WalError::BeyondEnd { lsn, end: Lsn(end) });
             }
-            self.wait_for(Target::Durable(lsn.0), WaitType::WriteLog)?;
+            self.wait_for(Target::Durable(lsn.0), Some(WaitType::WriteLog))?;
         }
         self.counters.commits.fetch_add(1, Relaxed);
         Ok(())
@@ -480,14 +480,27 @@ impl LogWriter {
         Ok(removed)
     }
 
-    /// Makes everything appended so far durable and returns the durable LSN.
+    /// Makes everything appended so far durable and returns the durable LSN. The caller's
+    /// time waiting for the flush is a WRITELOG wait.
     pub fn flush_now(&self) -> Result<Lsn, WalError> {
+        self.flush_everything(Some(WaitType::WriteLog))
+    }
+
+    /// [`LogWriter::flush_now`] for a background log flusher: the same, except that its time
+    /// is not recorded as a wait. It is the log writer's own work, not a task waiting for the
+    /// log (SQL Server's log writer does not count WRITELOG either), and counting it would
+    /// make the committers' WRITELOG figures include time nobody waited.
+    pub fn flush_in_background(&self) -> Result<Lsn, WalError> {
+        self.flush_everything(None)
+    }
+
+    fn flush_everything(&self, wait_type: Option<WaitType>) -> Result<Lsn, WalError> {
         let target = self.buffer.reserved();
         if target > self.durable.load(Ordering::Acquire) {
             if self.failed.load(Ordering::Acquire) {
                 return Err(self.error());
             }
-            self.wait_for(Target::Durable(target), WaitType::WriteLog)?;
+            self.wait_for(Target::Durable(target), wait_type)?;
         }
         Ok(self.durable_lsn())
     }
@@ -500,9 +513,9 @@ impl LogWriter {
     }
 
     /// Blocks until `target` is met, leading flushes when nobody else does. The caller has
-    /// checked that it is not met yet, so this records a wait of `wait_type`.
-    fn wait_for(&self, target: Target, wait_type: WaitType) -> Result<(), WalError> {
-        let wait = stats::begin_wait(wait_type, None);
+    /// checked that it is not met yet, so this records a wait of `wait_type` (if it is given).
+    fn wait_for(&self, target: Target, wait_type: Option<WaitType>) -> Result<(), WalError> {
+        let wait = wait_type.map(|wait_type| stats::begin_wait(wait_type, None));
         let waiter = current_waiter();
         let mut signalled_ns = None;
         let result = loop {
@@ -527,7 +540,9 @@ impl LogWriter {
             drop(group);
             signalled_ns = Some(waiter.wait());
         };
-        wait.end(signalled_ns);
+        if let Some(wait) = wait {
+            wait.end(signalled_ns);
+        }
         result
     }
 
