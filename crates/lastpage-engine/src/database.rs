@@ -21,7 +21,7 @@ use lastpage_storage::limits::{
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
-use lastpage_storage::wal::{LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
+use lastpage_storage::wal::{ExpectedEnd, LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
 
 use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
@@ -254,10 +254,21 @@ impl Database {
         }
         let wal_dir = dir.join(WAL_DIR_NAME);
         let mut recovery = replay_writing_back(&db, &pool, Arc::clone(&fs), &wal_dir, &catalog)?;
-        let wal = LogWriter::open(Arc::clone(&fs), wal_dir.clone(), options.wal)
-            .map_err(|error| EngineError::Storage(error.to_string()))?;
-        recovery.log_end = wal.start_lsn().0;
         let checkpoint_lsn = catalog.as_ref().map_or(0, |catalog| catalog.checkpoint_lsn);
+        // The writer must find the log ending where replay stopped, and not before the
+        // checkpoint; otherwise part of the log is missing or damaged, and both appending to
+        // it and the checkpoint below would make the loss permanent.
+        let wal = LogWriter::open_expecting(
+            Arc::clone(&fs),
+            wal_dir.clone(),
+            options.wal,
+            Some(ExpectedEnd {
+                replayed_to: Lsn(recovery.log_end),
+                at_least: Lsn(checkpoint_lsn),
+            }),
+        )
+        .map_err(|error| EngineError::Storage(error.to_string()))?;
+        recovery.log_end = wal.start_lsn().0;
         let inner = Arc::into_inner(db.inner).expect("nobody else holds the database yet");
         let db = Database {
             inner: Arc::new(Inner {

@@ -144,6 +144,29 @@ struct IdentityState {
     increment: i64,
 }
 
+impl IdentityState {
+    /// Takes `count` consecutive values and returns the first. Fails, taking none, if the
+    /// values would run past the end of BIGINT's range (SQL Server's error 8115): the counter
+    /// stays where it is, so every later insert fails the same way rather than wrapping around
+    /// to negative values. (The counter holds the next value to hand out, so the range's very
+    /// last value is never handed out.) Narrower types are checked where a value is converted
+    /// to the column's type.
+    fn take(&self, count: u64, data_type: DataType) -> Result<i64> {
+        let overflow = || EngineError::IdentityOverflow {
+            data_type: data_type.name(),
+        };
+        let span = i64::try_from(count)
+            .ok()
+            .and_then(|count| count.checked_mul(self.increment))
+            .ok_or_else(overflow)?;
+        self.next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                next.checked_add(span)
+            })
+            .map_err(|_| overflow())
+    }
+}
+
 /// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
 /// once, so concurrent inserts into a non-unique clustered index never touch a common cache
 /// line for it.
@@ -821,12 +844,13 @@ impl Table {
         scope: &mut WriteScope<'_>,
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
-        let mut next_identity = self.identity.as_ref().map(|identity| {
-            let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-            identity
-                .next
-                .fetch_add(identity.increment.saturating_mul(count), Ordering::Relaxed)
-        });
+        let mut next_identity = self
+            .identity
+            .as_ref()
+            .map(|identity| {
+                identity.take(rows.len() as u64, self.columns[identity.column].data_type)
+            })
+            .transpose()?;
         // One buffer of values serves every row in turn: the records are what the batch keeps
         // (a failed row's values are decoded from its record for the error message). Every
         // row's clustered key and value are encoded into one shared buffer (see `RowBytes`).
@@ -1123,9 +1147,7 @@ impl Table {
                         let value = match identity {
                             IdentityFill::LeaveToTree => None,
                             IdentityFill::Preassigned(value) => Some(value),
-                            IdentityFill::TakeNext => {
-                                Some(state.next.fetch_add(state.increment, Ordering::Relaxed))
-                            }
+                            IdentityFill::TakeNext => Some(state.take(1, definition.data_type)?),
                         };
                         identity_value = value;
                         match value {
@@ -1383,15 +1405,7 @@ impl Table {
                     .insert_with_sequence_key(
                         value,
                         step,
-                        |rows| {
-                            let span = i64::try_from(rows)
-                                .ok()
-                                .and_then(|rows| rows.checked_mul(identity.increment))
-                                .ok_or_else(|| EngineError::IdentityOverflow {
-                                    data_type: data_type.name(),
-                                })?;
-                            Ok(identity.next.fetch_add(span, Ordering::Relaxed))
-                        },
+                        |rows| identity.take(rows, data_type),
                         make_key,
                         key,
                     )

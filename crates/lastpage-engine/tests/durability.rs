@@ -13,7 +13,7 @@ use lastpage_engine::{
     ColumnDef, CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability,
     EngineError, IndexDef, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
-use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem};
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
 use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -899,6 +899,82 @@ fn a_pipelined_commit_whose_flush_fails_is_not_acknowledged() {
     for id in before {
         assert!(rows.contains_key(&id), "acknowledged {id} lost");
     }
+}
+
+#[test]
+fn a_log_missing_or_damaged_before_its_end_is_refused_not_silently_replaced() {
+    // Damage that a crash cannot cause must stop the open, before the writer cuts anything
+    // off and before the open's checkpoint: appending to such a log would bury acknowledged
+    // commits, or write new ones below the checkpoint where the next recovery skips them.
+    let fs = FaultyFileSystem::new(FaultyConfig::new(12));
+    let db = open(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let batch = |tag: &str| {
+        (0..100)
+            .map(|i| InsertRow::new().set(1, format!("{tag}-{i}-{}", "x".repeat(60))))
+            .collect::<Vec<_>>()
+    };
+    // About 1.5 MB of log in 256 KiB segments, with a checkpoint about 850 KB in: it removes
+    // the segments before the one before its own (0 and 1), and replay starts in segment 3.
+    for round in 0..120 {
+        table.insert_batch(&session, batch("a")).unwrap();
+        if round == 70 {
+            db.checkpoint().unwrap();
+        }
+    }
+    let expected = orders_rows(&db);
+    let crashed = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    let wal_dir = Path::new(DIR).join("wal");
+    let segments = |fs: &FaultyFileSystem| {
+        let mut names: Vec<_> = fs
+            .list_dir(&wal_dir)
+            .unwrap()
+            .into_iter()
+            .filter(|name| name.extension().is_some_and(|extension| extension == "wal"))
+            .map(|name| wal_dir.join(name))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(
+        segments(&crashed).len() >= 3 && !segments(&crashed)[0].ends_with("0000000000000000.wal"),
+        "{:?}",
+        segments(&crashed)
+    );
+    let refused = |fs: &FaultyFileSystem, case: &str| match Database::open(DIR, options(fs)) {
+        Err(error) => assert!(
+            error.to_string().contains("missing or damaged"),
+            "{case}: {error}"
+        ),
+        Ok(db) => panic!("{case}: opened with {} rows", orders_rows(&db).len()),
+    };
+    // The log's segments are all gone: the data file's checkpoint needs log it cannot have.
+    let copy = crashed.crash_with(CrashMode::LoseUnsynced);
+    for segment in segments(&copy) {
+        copy.remove(&segment).unwrap();
+    }
+    refused(&copy, "no log");
+    // A record in the middle of a segment that has valid segments after it is damaged:
+    // replay stops there, but the log goes on.
+    let copy = crashed.crash_with(CrashMode::LoseUnsynced);
+    let middle = &segments(&copy)[segments(&copy).len() - 2];
+    let file = copy.open(middle, OpenOptions::existing()).unwrap();
+    let at = file.len().unwrap() / 2;
+    let mut byte = [0u8; 1];
+    file.read_exact_at(at, &mut byte).unwrap();
+    file.write_all_at(at, &[byte[0] ^ 0x10]).unwrap();
+    file.sync_data().unwrap();
+    refused(&copy, "a damaged record with valid log after it");
+    // The data file is gone and the log no longer starts at its beginning (the checkpoint
+    // truncated it): replaying what is left would make a database without its tables.
+    let copy = crashed.crash_with(CrashMode::LoseUnsynced);
+    copy.remove(&Path::new(DIR).join("data.lp")).unwrap();
+    refused(&copy, "no data file and a truncated log");
+    // Untouched, the database opens with every row.
+    let db = open(&crashed.crash_with(CrashMode::LoseUnsynced));
+    assert_eq!(orders_rows(&db), expected);
+    db.check_integrity().unwrap();
 }
 
 #[test]

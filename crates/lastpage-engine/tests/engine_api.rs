@@ -508,6 +508,72 @@ fn identity_overflow_is_an_error_not_a_wraparound() {
 }
 
 #[test]
+fn a_bigint_identity_at_the_end_of_its_range_fails_instead_of_wrapping_to_negative_values() {
+    let db = database();
+    let session = db.session();
+    // Clustered on another column: values are taken one at a time (and a batch's at once).
+    let table = db
+        .create_table(
+            TableDef::new("BigEdge")
+                .column(ColumnDef::new("Id", DataType::BigInt).identity(i64::MAX - 3, 1))
+                .column(ColumnDef::new("Code", DataType::Int).not_null())
+                .clustered(IndexDef::new(
+                    "PK_BigEdge",
+                    &["Code"],
+                    Uniqueness::PrimaryKey,
+                )),
+        )
+        .unwrap();
+    let id = table.insert(&session, InsertRow::new().set(1, 1)).unwrap();
+    assert_eq!(id, Some(i64::MAX - 3));
+    // A batch that would run past the end fails whole and takes nothing.
+    let batch = (2..6).map(|code| InsertRow::new().set(1, code)).collect();
+    assert!(matches!(
+        table.insert_batch(&session, batch),
+        Err(EngineError::IdentityOverflow { .. })
+    ));
+    let id = table.insert(&session, InsertRow::new().set(1, 2)).unwrap();
+    assert_eq!(id, Some(i64::MAX - 2));
+    let id = table.insert(&session, InsertRow::new().set(1, 3)).unwrap();
+    assert_eq!(id, Some(i64::MAX - 1));
+    // The counter holds the next value, so i64::MAX itself is never handed out.
+    for code in 4..7 {
+        assert!(matches!(
+            table.insert(&session, InsertRow::new().set(1, code)),
+            Err(EngineError::IdentityOverflow { .. })
+        ));
+    }
+    assert_eq!(table.row_count(), 3);
+    // Clustered on the identity: values are taken in lane blocks, so the range's last block
+    // may be given up, but no value wraps around.
+    let keyed = db
+        .create_table(
+            TableDef::new("BigKeyed")
+                .column(ColumnDef::new("Id", DataType::BigInt).identity(i64::MAX - 5000, 1))
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .clustered(IndexDef::new(
+                    "PK_BigKeyed",
+                    &["Id"],
+                    Uniqueness::PrimaryKey,
+                )),
+        )
+        .unwrap();
+    let mut failed = false;
+    for _ in 0..6000 {
+        match keyed.insert(&session, InsertRow::new().set(1, "x")) {
+            Ok(id) => {
+                assert!(!failed, "an insert succeeded after an overflow");
+                assert!(id.unwrap() >= i64::MAX - 5000, "{id:?} wrapped around");
+            }
+            Err(EngineError::IdentityOverflow { .. }) => failed = true,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(failed, "5,000 values cannot serve 6,000 rows");
+    assert_eq!(keyed.check_integrity().unwrap().rows, keyed.row_count());
+}
+
+#[test]
 fn variable_length_keys_read_back_as_stored_but_compare_without_trailing_spaces() {
     let db = database();
     let table = db

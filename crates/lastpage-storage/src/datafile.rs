@@ -268,10 +268,22 @@ impl DataFile {
             ));
         }
         let map_bytes = meta.page_count as u64 * MAP_ENTRY_BYTES as u64;
-        if meta.stream_len != map_bytes + meta.blob_len {
+        if map_bytes.checked_add(meta.blob_len) != Some(meta.stream_len) {
             return Err(corrupt(
                 0,
                 "the meta slot's stream length does not match its map and blob",
+            ));
+        }
+        // The stream lives in the file's slots, one payload per slot: a length beyond what the
+        // file can hold is damage, and must not become an allocation of that size.
+        let stream_capacity = u64::from(end - FIRST_DATA_SLOT) * STREAM_PAYLOAD_BYTES as u64;
+        if meta.stream_len > stream_capacity {
+            return Err(corrupt(
+                0,
+                format!(
+                    "the meta slot's stream of {} bytes cannot fit in a file of {len} bytes",
+                    meta.stream_len
+                ),
             ));
         }
         let mut state = SlotState {
@@ -563,5 +575,51 @@ mod tests {
         torn[20] ^= 1;
         assert_eq!(Meta::decode(torn.as_slice()), None);
         assert_eq!(Meta::decode(&[0u8; 64]), None);
+    }
+
+    /// A data file of `slots` zeroed slots whose meta slot holds `meta` (checksum and all).
+    fn file_with_meta(meta: Meta, slots: u32) -> Box<dyn File> {
+        use lastpage_io::{FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
+        let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+        fs.create_dir_all(std::path::Path::new("/db")).unwrap();
+        let file = fs
+            .open(std::path::Path::new("/db/data.lp"), OpenOptions::create())
+            .unwrap();
+        file.set_len(u64::from(slots) * PAGE_SIZE_BYTES as u64)
+            .unwrap();
+        let slot = (meta.generation % 2) as u32;
+        file.write_all_at(slot_offset(slot), meta.encode().as_slice())
+            .unwrap();
+        file
+    }
+
+    #[test]
+    fn a_meta_slot_with_impossible_lengths_is_refused_not_trusted() {
+        // Checksummed meta slots whose lengths a bit flip could not produce but a hostile file
+        // can: each must be an error, never a panic or an allocation of the length it claims.
+        let wrapping = Meta {
+            generation: 3,
+            page_count: 2,
+            stream_head: FIRST_DATA_SLOT,
+            // 16 map bytes plus this wrap around to exactly 8.
+            blob_len: 8u64.wrapping_sub(16),
+            stream_len: 8,
+            stream_crc: crc32c::crc32c(&[0u8; 8]),
+        };
+        let huge = Meta {
+            generation: 3,
+            page_count: 1,
+            stream_head: FIRST_DATA_SLOT,
+            blob_len: 1 << 41,
+            stream_len: 8 + (1 << 41),
+            stream_crc: 0,
+        };
+        for meta in [wrapping, huge] {
+            match DataFile::open(file_with_meta(meta, 4)) {
+                Err(PageError::Corrupt { .. }) => {}
+                Err(other) => panic!("{meta:?}: not reported as corrupt: {other}"),
+                Ok(_) => panic!("{meta:?}: opened"),
+            }
+        }
     }
 }

@@ -125,6 +125,11 @@ pub const WAL_RECORD_HEADER_BYTES: usize = 24;
 /// plain word stores and publish a record by storing its first word last.
 pub const WAL_RECORD_ALIGN_BYTES: usize = 8;
 
+/// The largest LSN a log may start at. A log grows at most a few GB/s, so it would take a
+/// century to get here; a segment file named beyond it was not made by the writer, and sums of
+/// LSNs and record lengths below it cannot overflow.
+pub const WAL_MAX_START_LSN: u64 = 1 << 62;
+
 /// Largest log record, header and payload, that the log accepts or a reader believes: a length
 /// field above it marks garbage (a torn tail). One megabyte holds any row change (key plus old
 /// and new values, each limited by a page) with room for large checkpoint records.

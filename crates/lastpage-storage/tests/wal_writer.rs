@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, Tear};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
 use lastpage_storage::wal::{
-    LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError, WalStats,
+    ExpectedEnd, LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
+    WalStats,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -222,6 +223,139 @@ fn a_background_flush_makes_the_log_durable_without_recording_a_wait() {
             .waiting_tasks_count,
         1
     );
+}
+
+/// Each segment file's name and length: what a refused open must leave untouched.
+fn segment_lengths(fs: &FaultyFileSystem) -> Vec<(std::path::PathBuf, u64)> {
+    let mut files: Vec<_> = segment_files(fs)
+        .into_iter()
+        .map(|name| {
+            let file = fs
+                .open(
+                    &Path::new(DIR).join(&name),
+                    lastpage_io::OpenOptions::existing(),
+                )
+                .unwrap();
+            let len = file.len().unwrap();
+            (name, len)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_log_that_disagrees_with_recovery_is_refused_before_anything_is_cut() {
+    let fs = faulty(FaultyConfig::new(10));
+    let writer = open(&fs, config(1 << 20, 64 << 10));
+    for txn in 0..2_000 {
+        commit(&writer, txn).unwrap();
+    }
+    let end = writer.durable_lsn();
+    drop(writer);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    let before = segment_lengths(&fs);
+    assert!(before.len() > 2, "{before:?}");
+    let open_expecting = |replayed_to: u64, at_least: u64| {
+        LogWriter::open_expecting(
+            Arc::new(fs.clone()),
+            DIR,
+            config(1 << 20, 64 << 10),
+            Some(ExpectedEnd {
+                replayed_to: Lsn(replayed_to),
+                at_least: Lsn(at_least),
+            }),
+        )
+        .map(drop)
+    };
+    // Recovery stopped short of the end (a damaged record with valid log after it), the log
+    // ends before the checkpoint (lost segments), or recovery read beyond where the writer
+    // finds the end: each is refused, and nothing is cut off or truncated.
+    for (replayed_to, at_least) in [(end.0 / 2, 0), (end.0, end.0 + 8), (end.0 + 64, 0), (0, 0)] {
+        match open_expecting(replayed_to, at_least) {
+            Err(WalError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("missing or damaged"), "{reason}")
+            }
+            other => panic!("replayed to {replayed_to}, checkpoint {at_least}: {other:?}"),
+        }
+        assert_eq!(segment_lengths(&fs), before);
+    }
+    // Agreement opens, and appends go on from the end.
+    open_expecting(end.0, end.0 / 2).unwrap();
+}
+
+#[test]
+fn a_damaged_segment_header_over_written_log_is_refused_not_taken_for_a_new_log() {
+    // A log whose only segment has a damaged header looked like a log whose first segment a
+    // crash cut short, and was removed: every commit in it lost. It is refused now, as is a log
+    // with several segments and no valid header; a first segment cut short (a zeroed header,
+    // nothing written after it) still opens as a new log.
+    let flip = |fs: &FaultyFileSystem, name: &Path, at: u64| {
+        let file = fs
+            .open(
+                &Path::new(DIR).join(name),
+                lastpage_io::OpenOptions::existing(),
+            )
+            .unwrap();
+        let mut byte = [0u8; 1];
+        file.read_exact_at(at, &mut byte).unwrap();
+        file.write_all_at(at, &[byte[0] ^ 0x80]).unwrap();
+    };
+    for segments_wanted in [1, 3] {
+        let fs = faulty(FaultyConfig::new(12));
+        let writer = open(&fs, config(1 << 20, 64 << 10));
+        let mut txn = 0;
+        while segment_files(&fs).len() < segments_wanted {
+            commit(&writer, txn).unwrap();
+            txn += 1;
+        }
+        drop(writer);
+        let fs = fs.crash_with(CrashMode::LoseUnsynced);
+        for name in segment_files(&fs) {
+            flip(&fs, &name, 4);
+        }
+        let before = segment_lengths(&fs);
+        match LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, 64 << 10)) {
+            Err(WalError::Corrupt { reason, .. }) => println!("refused: {reason}"),
+            other => panic!("{segments_wanted} segment(s): {:?}", other.map(drop)),
+        }
+        assert_eq!(segment_lengths(&fs), before);
+    }
+    let fs = faulty(FaultyConfig::new(13));
+    fs.create_dir_all(Path::new(DIR)).unwrap();
+    fs.open(
+        &Path::new(DIR).join("0000000000000000.wal"),
+        lastpage_io::OpenOptions::create(),
+    )
+    .unwrap()
+    .set_len(8192)
+    .unwrap();
+    let writer = open(&fs, WalConfig::default());
+    assert_eq!(writer.start_lsn(), Lsn::ZERO);
+}
+
+#[test]
+fn a_segment_name_that_is_no_lsn_is_refused() {
+    // With no valid segment header, the first segment's name is taken as the log's end: it
+    // must be an LSN the writer could have made (aligned, and not near the top of the range).
+    for name in [
+        "0000000000000007.wal",
+        "ffffffffffffffff.wal",
+        "fffffffffffffff8.wal",
+    ] {
+        let fs = faulty(FaultyConfig::new(11));
+        fs.create_dir_all(Path::new(DIR)).unwrap();
+        let path = Path::new(DIR).join(name);
+        fs.open(&path, lastpage_io::OpenOptions::create())
+            .unwrap()
+            .write_all_at(0, b"not a log segment")
+            .unwrap();
+        match LogWriter::open(Arc::new(fs.clone()), DIR, WalConfig::default()) {
+            Err(WalError::Corrupt { .. }) => {}
+            other => panic!("{name}: {:?}", other.map(drop)),
+        }
+        assert!(fs.exists(&path).unwrap(), "{name} was removed");
+    }
 }
 
 #[test]

@@ -33,7 +33,7 @@ use crate::limits::{
 
 pub use reader::{LogEnd, LogEntry, LogReader, RawRecord, TailKind};
 pub use record::{ActiveTxn, DirtyPage, Record, RecordKind, TxnId};
-pub use writer::{LogWriter, WalStats};
+pub use writer::{ExpectedEnd, LogWriter, WalStats};
 
 /// A log sequence number: a byte offset in the logical log. Records start at multiples of 8.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -69,7 +69,8 @@ use super::segment::{self, HEADER_BYTES, SegmentHeader};
 use super::{Lsn, WalConfig, WalError, align_up};
 use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
-    WAL_KEPT_RECORD_IMAGE_BYTES, WAL_PREALLOCATE_BYTES, WAL_PREPARE_AT_SEGMENT_PERCENT,
+    WAL_KEPT_RECORD_IMAGE_BYTES, WAL_MAX_START_LSN, WAL_PREALLOCATE_BYTES,
+    WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_RECORD_ALIGN_BYTES,
 };
 use crate::scratch::with_scratch;
 use crate::stats::{self, WaitType};
@@ -254,6 +255,22 @@ impl LogWriter {
         dir: impl Into<PathBuf>,
         config: WalConfig,
     ) -> Result<LogWriter, WalError> {
+        LogWriter::open_expecting(fs, dir, config, None)
+    }
+
+    /// [`LogWriter::open`] for a log that recovery has just read: the end the writer finds must
+    /// be the one recovery found, and at least the checkpoint's LSN, or the open fails with
+    /// [`WalError::Corrupt`] before anything is cut off. A log that a crash left behind always
+    /// agrees; one that disagrees lost a segment, or has damage that is not a torn tail (a bad
+    /// header or record with valid log after it), and appending to it would bury acknowledged
+    /// commits behind new records, or write new ones below the checkpoint where the next
+    /// recovery would skip them.
+    pub fn open_expecting(
+        fs: StdArc<dyn FileSystem>,
+        dir: impl Into<PathBuf>,
+        config: WalConfig,
+        expected: Option<ExpectedEnd>,
+    ) -> Result<LogWriter, WalError> {
         config.validate()?;
         let dir = dir.into();
         fs.create_dir_all(&dir)
@@ -264,7 +281,7 @@ impl LogWriter {
             fs.sync_dir(parent)
                 .map_err(|error| WalError::io(format!("fsync of {}", parent.display()), error))?;
         }
-        let recovered = recover_end(&fs, &dir, &config)?;
+        let recovered = recover_end(&fs, &dir, &config, expected)?;
         let dir: StdArc<Path> = StdArc::from(dir);
         let counters = Counters::default();
         let preparer = config.prepare_segments.then(|| {
@@ -858,6 +875,37 @@ fn failed(operation: String, durable_lsn: Lsn, error: io::Error) -> WalError {
     }
 }
 
+/// What recovery read of a log, which the writer's end must agree with (see
+/// [`LogWriter::open_expecting`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpectedEnd {
+    /// Where recovery's reader stopped: the end of the valid log it replayed.
+    pub replayed_to: Lsn,
+    /// The LSN of the checkpoint recovery started from: the log must reach it.
+    pub at_least: Lsn,
+}
+
+impl ExpectedEnd {
+    /// Fails unless `end` (where the writer found the log to end) agrees.
+    fn check(&self, end: u64, dir: &Path) -> Result<(), WalError> {
+        if end == self.replayed_to.0 && end >= self.at_least.0 {
+            return Ok(());
+        }
+        Err(WalError::Corrupt {
+            lsn: Lsn(end.min(self.replayed_to.0)),
+            reason: format!(
+                "the log in {} ends at LSN {end}, but recovery read it to LSN {} and the \
+                 checkpoint it started from is at LSN {}: a log segment is missing or damaged \
+                 (not a torn tail). Nothing was changed; restore the log or the database from a \
+                 backup",
+                dir.display(),
+                self.replayed_to.0,
+                self.at_least.0
+            ),
+        })
+    }
+}
+
 /// Where an existing log ends, and the state to append from there.
 struct Recovered {
     end: u64,
@@ -875,6 +923,7 @@ fn recover_end(
     fs: &StdArc<dyn FileSystem>,
     dir: &Path,
     config: &WalConfig,
+    expected: Option<ExpectedEnd>,
 ) -> Result<Recovered, WalError> {
     let segments = segment::list(fs.as_ref(), dir)?;
     // Trailing segments whose header is invalid were being created when the process stopped;
@@ -890,7 +939,46 @@ fn recover_end(
     }
     let Some((last_index, header)) = last_valid else {
         // No valid segment: a new log, or one whose first segment never got a durable header.
+        // Its name is then the log's end, and must be one the writer could have made.
         let end = segments.first().map_or(0, |(start, _)| *start);
+        if !end.is_multiple_of(WAL_RECORD_ALIGN_BYTES as u64) || end > WAL_MAX_START_LSN {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(end),
+                reason: format!(
+                    "no segment of the log in {} has a valid header, and the first one's name, \
+                     {}, is not an LSN the log could start at",
+                    dir.display(),
+                    segments[0].1.display()
+                ),
+            });
+        }
+        // The writer makes a segment's header durable before it writes any log into it, or
+        // creates the next segment: only the first segment of a log can lack a header, and
+        // then nothing was written into it. Anything else is damage, and removing the files
+        // (below) would throw the log away.
+        let damage = match segments.as_slice() {
+            [] => None,
+            [(start, path)] => segment::holds_records_from(fs.as_ref(), path, *start)?.then(|| {
+                format!(
+                    "the header of log segment {} is damaged, but the segment holds log records",
+                    path.display()
+                )
+            }),
+            more => Some(format!(
+                "none of the {} log segments in {} has a valid header",
+                more.len(),
+                dir.display()
+            )),
+        };
+        if let Some(reason) = damage {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(end),
+                reason,
+            });
+        }
+        if let Some(expected) = &expected {
+            expected.check(end, dir)?;
+        }
         cut_after(fs.as_ref(), dir, &segments, None)?;
         return Ok(Recovered {
             end,
@@ -925,6 +1013,9 @@ fn recover_end(
                 ),
             });
         }
+    }
+    if let Some(expected) = &expected {
+        expected.check(end, dir)?;
     }
     // Segments after the one that holds the end go. The end may also be exactly at the start
     // of a segment that was never created, or whose header never became durable: the next flush
