@@ -104,6 +104,14 @@ fn orders_rows(db: &Database) -> BTreeMap<i64, String> {
     rows
 }
 
+/// Opens the crashed copy `after` and checks that every id in `acknowledged` is in `Orders`.
+fn assert_orders_survived(after: &FaultyFileSystem, acknowledged: &[i64]) {
+    let rows = orders_rows(&open(after));
+    for id in acknowledged {
+        assert!(rows.contains_key(id), "acknowledged {id} lost");
+    }
+}
+
 fn insert_order(db: &Database, session: &lastpage_engine::Session) -> Result<i64, EngineError> {
     let table = db.table("Orders").unwrap();
     let id = table.insert(session, InsertRow::new().set(1, "pending"))?;
@@ -278,11 +286,7 @@ fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
             .is_err()
     );
     let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
-    let db = open(&after);
-    let rows = orders_rows(&db);
-    for id in before {
-        assert!(rows.contains_key(&id), "acknowledged {id} lost");
-    }
+    assert_orders_survived(&after, &before);
 }
 
 #[test]
@@ -894,11 +898,7 @@ fn a_pipelined_commit_whose_flush_fails_is_not_acknowledged() {
         Err(EngineError::DatabaseFailed(_))
     ));
     let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
-    let db = open(&after);
-    let rows = orders_rows(&db);
-    for id in before {
-        assert!(rows.contains_key(&id), "acknowledged {id} lost");
-    }
+    assert_orders_survived(&after, &before);
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! `synchronous=FULL` it syncs the WAL at every commit, so it is one commit per fsync by
 //! construction (the report says so rather than pretending to have measured it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +34,13 @@ use crate::sys;
 /// The most rows one cell inserts in a time-limited run. It bounds the disk (and memory) a
 /// fast cell can use: batched inserts at 2M rows/s would otherwise write gigabytes of log.
 pub const MAX_CELL_ROWS: u64 = 5_000_000;
+
+/// How many pipelined batches one thread keeps committed but not yet known to be durable:
+/// the batch it waits for is this many batches old, so that one flush can carry the commits
+/// of several (on this project's 2-core VM, 4 in flight gave 0.90–0.92M rows/s against
+/// 0.80–0.87M with 1, and the same thread's FULL commits 0.61–0.73M). A batch's
+/// acknowledgement comes this many batches after its commit.
+const PIPELINED_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Payload bytes per row: the seeds' VARCHAR(100) table.
 pub(super) const ROW_BYTES: u16 = 100;
@@ -364,8 +371,9 @@ enum Commit {
     /// `insert_batch` per transaction.
     Full,
     /// Explicit transactions of one batch each, committed with `commit_pipelined`: the thread
-    /// builds the next batch while the log flusher syncs the previous one, and a batch counts
-    /// (its statement completes) only once its commit is durable.
+    /// builds the next batches while the log flusher syncs earlier ones, and a batch counts
+    /// (a statement completes) only once its commit is durable
+    /// ([`PIPELINED_BATCHES_IN_FLIGHT`] batches later).
     Pipelined,
 }
 
@@ -412,8 +420,9 @@ fn lastpage_cell(
         let session = db.session();
         let payload = workload.payload(thread, ROW_BYTES);
         let (table, column) = (&table, workload.payload_column);
-        // The pipelined batch whose commit is not yet known to be durable.
-        let mut in_flight: Option<CommitTicket> = None;
+        // The pipelined batches whose commits are not yet known to be durable, oldest first.
+        let mut in_flight: VecDeque<CommitTicket> =
+            VecDeque::with_capacity(PIPELINED_BATCHES_IN_FLIGHT + 1);
         move || {
             let batch = || {
                 (0..rows_per_commit)
@@ -432,17 +441,21 @@ fn lastpage_cell(
                         let _ = session.rollback();
                         return Err(error);
                     }
-                    // This statement completes when the previous batch is durable; the last
-                    // batch of the cell is waited for below, before the verification.
-                    let previous = in_flight.replace(session.commit_pipelined()?);
-                    previous.map_or(Ok(()), CommitTicket::wait)
+                    // This statement completes when the oldest batch in flight is durable; the
+                    // cell's last batches are flushed below, before the verification.
+                    in_flight.push_back(session.commit_pipelined()?);
+                    if in_flight.len() > PIPELINED_BATCHES_IN_FLIGHT {
+                        in_flight.pop_front().map_or(Ok(()), CommitTicket::wait)
+                    } else {
+                        Ok(())
+                    }
                 })(),
             }
             .map_err(|error| format!("lastpage: insert failed: {error}"))
         }
     })?;
-    // The cell's last pipelined batch went out of scope with its thread's closure, unwaited:
-    // flush it, so that every row the verification counts is durable.
+    // The cell's last pipelined batches went out of scope with its thread's closure, unwaited:
+    // flush them, so that every row the verification counts is durable.
     db.flush_log()
         .map_err(|error| failed("cannot flush the log", &error))?;
     let waits = db.wait_stats();
@@ -450,6 +463,14 @@ fn lastpage_cell(
         .zip(wal_before)
         .map(|(after, before)| after.since(&before));
     let rows = driven.statements * rows_per_commit;
+    // A pipelined cell's statements acknowledge the batch committed the given number of
+    // statements earlier: the last batches of the measured ones were not acknowledged in time.
+    let acknowledged = match commit {
+        Commit::Full => driven.measured_statements,
+        Commit::Pipelined => driven
+            .measured_statements
+            .saturating_sub(PIPELINED_BATCHES_IN_FLIGHT as u64),
+    };
     let verified = verify_lastpage(&db, &table, rows);
     let writelog = waits.wait(WaitType::WriteLog);
     let cell = DurableCell {
@@ -460,9 +481,7 @@ fn lastpage_cell(
         rows,
         commits: driven.statements,
         elapsed_sec: round6(driven.elapsed_sec),
-        rows_per_sec: (driven.measured_statements as f64 * rows_per_commit as f64
-            / driven.elapsed_sec)
-            .round(),
+        rows_per_sec: (acknowledged as f64 * rows_per_commit as f64 / driven.elapsed_sec).round(),
         latency_us: latency_report(&driven.latency_ns),
         commits_per_fsync: wal
             .and_then(|wal| wal.transactions_per_fsync(driven.statements))
@@ -795,7 +814,8 @@ pub fn render(report: &DurableReport) -> String {
     }
     out.push_str(&format!(
         "durable batched inserts on one thread: {} rows/s with FULL commits, {} rows/s \
-         pipelined (each batch counted once durable) (goal ≥ 2,000,000)\n",
+         pipelined ({PIPELINED_BATCHES_IN_FLIGHT} batches in flight, each counted once durable) \
+         (goal ≥ 2,000,000)\n",
         figure(judged.batch_rows_per_sec),
         figure(judged.pipelined_batch_rows_per_sec),
     ));
