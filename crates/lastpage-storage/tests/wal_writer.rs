@@ -335,6 +335,49 @@ fn a_damaged_segment_header_over_written_log_is_refused_not_taken_for_a_new_log(
 }
 
 #[test]
+fn swapped_or_renamed_segments_are_refused() {
+    // The last segment's file under another name: the log seems to end at the segment before
+    // it, a clean-looking tail, but the file holds log beyond that end.
+    let fs = faulty(FaultyConfig::new(14));
+    let writer = open(&fs, config(1 << 20, 64 << 10));
+    let mut txn = 0;
+    while segment_files(&fs).len() < 4 {
+        commit(&writer, txn).unwrap();
+        txn += 1;
+    }
+    drop(writer);
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    let names = segment_files(&crashed);
+    let (first, last) = (names[0].clone(), names[names.len() - 1].clone());
+    let path = |name: &Path| Path::new(DIR).join(name);
+    let swapped = crashed.crash_with(CrashMode::LoseUnsynced);
+    swapped
+        .rename(&path(&first), &path(Path::new("swap")))
+        .unwrap();
+    swapped.rename(&path(&last), &path(&first)).unwrap();
+    swapped
+        .rename(&path(Path::new("swap")), &path(&last))
+        .unwrap();
+    let renamed = crashed.crash_with(CrashMode::LoseUnsynced);
+    renamed
+        .rename(&path(&last), &path(Path::new("0000000000000007.wal")))
+        .unwrap();
+    for (case, fs) in [("swapped", &swapped), ("renamed", &renamed)] {
+        let before = segment_lengths(fs);
+        match LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, 64 << 10)) {
+            Err(WalError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("renamed or swapped"), "{case}: {reason}")
+            }
+            other => panic!("{case}: {:?}", other.map(drop)),
+        }
+        assert_eq!(segment_lengths(fs), before, "{case}");
+    }
+    // The untouched copy opens.
+    let untouched = crashed.crash_with(CrashMode::LoseUnsynced);
+    LogWriter::open(Arc::new(untouched), DIR, config(1 << 20, 64 << 10)).unwrap();
+}
+
+#[test]
 fn a_segment_name_that_is_no_lsn_is_refused() {
     // With no valid segment header, the first segment's name is taken as the log's end: it
     // must be an LSN the writer could have made (aligned, and not near the top of the range).

@@ -1014,6 +1014,27 @@ fn recover_end(
             });
         }
     }
+    // A file that holds this log's segment for another LSN than its name says, at or beyond
+    // the end, holds log the end leaves out: segments were swapped or renamed. (A spare
+    // recycled into place whose new header never became durable also has another segment's
+    // header, but of a segment from before the last checkpoint, below the end.)
+    for (start, path) in &segments {
+        if let Some(other) = segment::read_header(fs.as_ref(), path)?
+            && other.start_lsn != *start
+            && other.log_id == header.log_id
+            && other.start_lsn >= end_segment
+        {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(other.start_lsn),
+                reason: format!(
+                    "log segment {} holds the segment starting at LSN {}, at or beyond the end \
+                     of the log (LSN {end}): segment files were renamed or swapped",
+                    path.display(),
+                    other.start_lsn
+                ),
+            });
+        }
+    }
     if let Some(expected) = &expected {
         expected.check(end, dir)?;
     }
