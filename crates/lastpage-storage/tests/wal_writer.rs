@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, Tear};
+use lastpage_io::{
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, Tear,
+};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
 use lastpage_storage::wal::{
     ExpectedEnd, LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
@@ -335,9 +337,10 @@ fn a_damaged_segment_header_over_written_log_is_refused_not_taken_for_a_new_log(
 }
 
 #[test]
-fn swapped_or_renamed_segments_are_refused() {
-    // The last segment's file under another name: the log seems to end at the segment before
-    // it, a clean-looking tail, but the file holds log beyond that end.
+fn swapped_renamed_or_copied_segments_are_refused() {
+    // The last segment's file under another name, or overwritten by a copy of an earlier
+    // one: the log seems to end at the segment before it, a clean-looking tail, but a file
+    // holds log beyond that end, or a segment is there twice.
     let fs = faulty(FaultyConfig::new(14));
     let writer = open(&fs, config(1 << 20, 64 << 10));
     let mut txn = 0;
@@ -362,11 +365,28 @@ fn swapped_or_renamed_segments_are_refused() {
     renamed
         .rename(&path(&last), &path(Path::new("0000000000000007.wal")))
         .unwrap();
-    for (case, fs) in [("swapped", &swapped), ("renamed", &renamed)] {
+    let copied = crashed.crash_with(CrashMode::LoseUnsynced);
+    let source = copied
+        .open(&path(&names[1]), OpenOptions::existing())
+        .unwrap();
+    let mut bytes = vec![0u8; source.len().unwrap() as usize];
+    source.read_exact_at(0, &mut bytes).unwrap();
+    let target = copied.open(&path(&last), OpenOptions::existing()).unwrap();
+    target.set_len(0).unwrap();
+    target.write_all_at(0, &bytes).unwrap();
+    target.sync_data().unwrap();
+    for (case, fs) in [
+        ("swapped", &swapped),
+        ("renamed", &renamed),
+        ("copied", &copied),
+    ] {
         let before = segment_lengths(fs);
         match LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, 64 << 10)) {
             Err(WalError::Corrupt { reason, .. }) => {
-                assert!(reason.contains("renamed or swapped"), "{case}: {reason}")
+                assert!(
+                    reason.contains("renamed, swapped or copied"),
+                    "{case}: {reason}"
+                )
             }
             other => panic!("{case}: {:?}", other.map(drop)),
         }

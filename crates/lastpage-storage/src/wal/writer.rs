@@ -1014,21 +1014,24 @@ fn recover_end(
             });
         }
     }
-    // A file that holds this log's segment for another LSN than its name says, at or beyond
-    // the end, holds log the end leaves out: segments were swapped or renamed. (A spare
+    // A file that holds this log's segment for another LSN than its name says holds log the
+    // end leaves out if that LSN is at or beyond the end, and is a copy if the segment of that
+    // LSN is there under its own name: segments were swapped, renamed or copied. A spare
     // recycled into place whose new header never became durable also has another segment's
-    // header, but of a segment from before the last checkpoint, below the end.)
+    // header, but of a segment from before the last checkpoint (below the end), whose own file
+    // it was: renamed away, not copied.
     for (start, path) in &segments {
         if let Some(other) = segment::read_header(fs.as_ref(), path)?
             && other.start_lsn != *start
             && other.log_id == header.log_id
-            && other.start_lsn >= end_segment
+            && (other.start_lsn >= end_segment
+                || segments.iter().any(|(start, _)| *start == other.start_lsn))
         {
             return Err(WalError::Corrupt {
                 lsn: Lsn(other.start_lsn),
                 reason: format!(
-                    "log segment {} holds the segment starting at LSN {}, at or beyond the end \
-                     of the log (LSN {end}): segment files were renamed or swapped",
+                    "log segment {} holds the segment starting at LSN {} (the log ends at LSN \
+                     {end}): segment files were renamed, swapped or copied",
                     path.display(),
                     other.start_lsn
                 ),
