@@ -352,11 +352,7 @@ impl Session {
 
     /// Commits the explicit transaction.
     pub fn commit(&self) -> Result<()> {
-        let txn = self.txn_slot().take().ok_or_else(|| {
-            EngineError::Transaction(
-                "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
-            )
-        })?;
+        let txn = self.take_to_commit()?;
         let _attribution = self.attribute();
         self.finish_commit(txn)
     }
@@ -375,11 +371,7 @@ impl Session {
     /// before the flush loses it (the ticket's wait would not have returned). A ticket dropped
     /// without waiting leaves exactly a DELAYED commit behind.
     pub fn commit_pipelined(&self) -> Result<CommitTicket> {
-        let txn = self.txn_slot().take().ok_or_else(|| {
-            EngineError::Transaction(
-                "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
-            )
-        })?;
+        let txn = self.take_to_commit()?;
         let _attribution = self.attribute();
         let appended = self.append_end(&txn, Record::Commit { txn: txn.id });
         self.end_transaction(txn);
@@ -390,6 +382,15 @@ impl Session {
         Ok(CommitTicket {
             db: self.db().clone(),
             end,
+        })
+    }
+
+    /// Takes the explicit transaction out of the session to commit it.
+    fn take_to_commit(&self) -> Result<Transaction> {
+        self.txn_slot().take().ok_or_else(|| {
+            EngineError::Transaction(
+                "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION.".into(),
+            )
         })
     }
 

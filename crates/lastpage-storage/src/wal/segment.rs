@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 use lastpage_io::FileSystem;
 
 use super::WalError;
-use crate::limits::{MAX_WAL_RECORD_BYTES, WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES};
+use super::record::RecordHeader;
+use crate::limits::{WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES};
 
 const MAGIC: &[u8; 8] = b"LPWALSEG";
 /// The format version this build writes and reads. Version 1 logs (whose record checksums
@@ -141,10 +142,10 @@ pub(crate) fn list(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)
 /// header of another format version is an error: such a log must not be read as empty and cut.
 /// Whether the segment at `path`, named for LSN `start`, begins its body with a record of
 /// that LSN: what a segment the writer wrote log into looks like, whatever its header says.
-/// Only the record header's own fields are checked (a length that matches the payload's, and
-/// the LSN); the CRC needs the log's id, which is in the segment header. A segment whose
-/// creation a crash cut short holds zeros there, or the records of the old segment it was
-/// recycled from, whose LSNs are older.
+/// Only what the reader checks before the payload is checked ([`RecordHeader::problem`]); the
+/// CRC needs the log's id, which is in the segment header. A segment whose creation a crash
+/// cut short holds zeros there, or the records of the old segment it was recycled from, whose
+/// LSNs are older.
 pub(crate) fn holds_records_from(
     fs: &dyn FileSystem,
     path: &Path,
@@ -157,19 +158,10 @@ pub(crate) fn holds_records_from(
     let read = file
         .read_at(HEADER_BYTES, &mut bytes)
         .map_err(|error| WalError::io(format!("reading {}", path.display()), error))?;
-    if read < bytes.len() {
-        return Ok(false);
-    }
-    let u32_at =
-        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-    let total_len = u32_at(4) as usize;
-    let mut lsn = [0u8; 8];
-    lsn.copy_from_slice(&bytes[8..16]);
-    Ok(
-        (WAL_RECORD_HEADER_BYTES..=MAX_WAL_RECORD_BYTES).contains(&total_len)
-            && total_len == WAL_RECORD_HEADER_BYTES + u32_at(16) as usize
-            && u64::from_le_bytes(lsn) == start,
-    )
+    Ok(read == bytes.len()
+        && RecordHeader::parse(&bytes)
+            .problem(super::Lsn(start))
+            .is_none())
 }
 
 pub(crate) fn read_header(

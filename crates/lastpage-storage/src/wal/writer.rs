@@ -926,17 +926,21 @@ fn recover_end(
     expected: Option<ExpectedEnd>,
 ) -> Result<Recovered, WalError> {
     let segments = segment::list(fs.as_ref(), dir)?;
+    // Every file's header, read once: the search for the last valid segment and the check for
+    // misplaced segments below both look at them.
+    let headers = segments
+        .iter()
+        .map(|(_, path)| segment::read_header(fs.as_ref(), path))
+        .collect::<Result<Vec<_>, _>>()?;
     // Trailing segments whose header is invalid were being created when the process stopped;
     // the writer syncs a header before it writes log bytes, so they hold no durable log bytes.
-    let mut last_valid = None;
-    for (index, (start, path)) in segments.iter().enumerate().rev() {
-        if let Some(header) = segment::read_header(fs.as_ref(), path)?
-            && header.start_lsn == *start
-        {
-            last_valid = Some((index, header));
-            break;
-        }
-    }
+    let last_valid = segments.iter().zip(&headers).enumerate().rev().find_map(
+        |(index, ((start, _), header))| {
+            header
+                .filter(|header| header.start_lsn == *start)
+                .map(|header| (index, header))
+        },
+    );
     let Some((last_index, header)) = last_valid else {
         // No valid segment: a new log, or one whose first segment never got a durable header.
         // Its name is then the log's end, and must be one the writer could have made.
@@ -1020,8 +1024,8 @@ fn recover_end(
     // recycled into place whose new header never became durable also has another segment's
     // header, but of a segment from before the last checkpoint (below the end), whose own file
     // it was: renamed away, not copied.
-    for (start, path) in &segments {
-        if let Some(other) = segment::read_header(fs.as_ref(), path)?
+    for ((start, path), other) in segments.iter().zip(&headers) {
+        if let Some(other) = other
             && other.start_lsn != *start
             && other.log_id == header.log_id
             && (other.start_lsn >= end_segment
