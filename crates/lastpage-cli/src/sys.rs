@@ -1,6 +1,6 @@
 //! Operating-system counters the benchmarks report: context switches and CPU time from
 //! `getrusage(2)`, available memory from `/proc/meminfo`, the processor model from
-//! `/proc/cpuinfo`.
+//! `/proc/cpuinfo`, the bytes a block device wrote from `/sys/dev/block`.
 
 use std::mem::MaybeUninit;
 
@@ -78,6 +78,48 @@ pub fn thread_usage() -> Option<Usage> {
     #[cfg(not(target_os = "linux"))]
     {
         None
+    }
+}
+
+/// The block device a directory lies on, whose kernel counters say how many bytes it wrote:
+/// the truth of what a workload cost the disk (the log, the zeros of new log segments, data
+/// pages, the file system's journal), as the device saw it. The counters are the whole
+/// device's, so whatever else writes there meanwhile counts too. (Not `/proc/self/io`: its
+/// `write_bytes` counts a whole page-cache folio each time one is dirtied, and with large
+/// folios a 200-byte log append counted as 20 KiB.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockDevice {
+    /// `/sys/dev/block/MAJOR:MINOR/stat`.
+    stat_path: std::path::PathBuf,
+}
+
+impl BlockDevice {
+    /// The device `dir` lies on; `None` on a file system without one (tmpfs), or where the
+    /// kernel does not say (not Linux).
+    pub fn of(dir: &std::path::Path) -> Option<BlockDevice> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let device = std::fs::metadata(dir).ok()?.dev();
+            let (major, minor) = (libc::major(device), libc::minor(device));
+            let stat_path =
+                std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}/stat"));
+            let device = BlockDevice { stat_path };
+            device.written_bytes().map(|_| device)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = dir;
+            None
+        }
+    }
+
+    /// Bytes the device has written since it appeared: the seventh field of its `stat` file
+    /// (sectors written, always in 512-byte units).
+    pub fn written_bytes(&self) -> Option<u64> {
+        let stat = std::fs::read_to_string(&self.stat_path).ok()?;
+        let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
+        Some(sectors * 512)
     }
 }
 
@@ -230,5 +272,40 @@ mod tests {
         if let Some(thread) = thread_usage() {
             assert!(thread.context_switches() <= after.context_switches());
         }
+    }
+
+    #[test]
+    fn a_synced_write_is_counted_by_its_device() {
+        let dir = std::env::current_dir().expect("the current directory");
+        let Some(device) = BlockDevice::of(&dir) else {
+            eprintln!(
+                "{} lies on no block device here: nothing to check",
+                dir.display()
+            );
+            return;
+        };
+        let before = device.written_bytes().expect("readable");
+        let path = dir.join(format!("lastpage-device-count-{}", std::process::id()));
+        let bytes = vec![7_u8; 256 << 10];
+        {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&path).expect("create");
+            file.write_all(&bytes).expect("write");
+            file.sync_data().expect("sync");
+        }
+        let after = device.written_bytes().expect("still readable");
+        std::fs::remove_file(&path).expect("remove");
+        // Whatever else writes to the device meanwhile only adds.
+        assert!(
+            after >= before + bytes.len() as u64,
+            "the device counted {} bytes for a synced write of {}",
+            after - before,
+            bytes.len()
+        );
+    }
+
+    #[test]
+    fn memory_has_no_block_device() {
+        assert_eq!(BlockDevice::of(std::path::Path::new("/proc")), None);
     }
 }

@@ -671,13 +671,46 @@ fn durable_bench_runs_both_engines() {
         report["judged"]["pipelined_batch_rows_per_sec"].is_number(),
         "{report}"
     );
+    // The disk is measured before the cells.
+    assert!(
+        report["disk"]["large_append_mb_per_sec"]
+            .as_f64()
+            .is_some_and(|rate| rate > 0.0),
+        "{report}"
+    );
+    assert!(
+        report["disk"]["small_append_fsync_p50_us"]
+            .as_f64()
+            .is_some_and(|micros| micros > 0.0),
+        "{report}"
+    );
     for cell in cells {
         assert_eq!(cell["verified"], "ok", "{cell}");
         assert!(cell["rows"].as_u64().is_some_and(|rows| rows > 0), "{cell}");
         assert!(cell["latency_us"]["p99"].is_number(), "{cell}");
+        assert!(
+            cell["cpu_us_per_row"].as_f64().is_some_and(|us| us > 0.0),
+            "{cell}"
+        );
+        assert!(cell["context_switches_per_commit"].is_number(), "{cell}");
+        // A number where the databases lie on a block device, null on tmpfs.
+        assert!(
+            cell["disk_bytes_per_row"].is_number() || cell["disk_bytes_per_row"].is_null(),
+            "{cell}"
+        );
         match cell["engine"].as_str() {
-            Some("sqlite") => assert_eq!(cell["commits_per_fsync"], 1.0, "{cell}"),
+            Some("sqlite") => {
+                assert_eq!(cell["commits_per_fsync"], 1.0, "{cell}");
+                assert!(cell["log_bytes_per_row"].is_null(), "{cell}");
+            }
             Some("lastpage") => {
+                // Every row is logged: at least its 100-byte payload.
+                assert!(
+                    cell["log_bytes_per_row"]
+                        .as_f64()
+                        .is_some_and(|bytes| bytes >= 100.0),
+                    "{cell}"
+                );
                 assert!(cell["commits_per_fsync"].is_number(), "{cell}");
                 assert!(cell["writelog_wait_us_per_commit"].is_number(), "{cell}");
                 assert_wait_fields(cell, "WRITELOG");
@@ -688,6 +721,18 @@ fn durable_bench_runs_both_engines() {
     assert_eq!(
         report["ratios"].as_array().map(Vec::len),
         Some(4),
+        "{report}"
+    );
+    // The disk's ceiling for the pipelined cell is given exactly when its disk bytes are.
+    let pipelined = cells
+        .iter()
+        .find(|cell| cell["workload"] == "pipelined batch")
+        .expect("the pipelined cell");
+    assert_eq!(
+        report["judged"]["pipelined_batch_disk_ceiling_rows_per_sec"].is_number(),
+        pipelined["disk_bytes_per_row"]
+            .as_f64()
+            .is_some_and(|bytes| bytes > 0.0),
         "{report}"
     );
     // The run's directory is removed at the end.

@@ -13,6 +13,13 @@
 //! SQLite's fsync count is not observable from outside, but in WAL mode with
 //! `synchronous=FULL` it syncs the WAL at every commit, so it is one commit per fsync by
 //! construction (the report says so rather than pretending to have measured it).
+//!
+//! Every cell also reports what a row cost the machine: the bytes the disk holding the
+//! databases wrote (log, new log segments' zeros, data pages, the file system's journal;
+//! SQLite's files) and the process's CPU time, per row, and context switches per commit. The
+//! run starts by measuring the disk itself ([`super::disk`]); the report divides its bandwidth
+//! by the pipelined cell's bytes per row, the most rows per second that disk could make
+//! durable at that cost.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -23,6 +30,7 @@ use hdrhistogram::Histogram;
 use lastpage_engine::{CommitTicket, InsertRow, WaitType};
 use serde::Serialize;
 
+use super::disk::{self, DiskReference};
 use super::insert::{
     BenchError, InsertConfig, LatencyReport, StartGate, WaitReport, Workload, round3, round6,
 };
@@ -110,6 +118,18 @@ pub struct DurableCell {
     pub writelog_wait_us_per_commit: Option<f64>,
     /// WRITELOG, LOGBUFFER, LCK_M_S and LCK_M_X over the cell (lastpage only).
     pub waits: BTreeMap<&'static str, WaitReport>,
+    /// Log bytes the log writer flushed per row inserted (lastpage only).
+    pub log_bytes_per_row: Option<f64>,
+    /// Bytes the block device holding the databases wrote per row inserted, everything
+    /// included (see [`sys::BlockDevice`]); `None` on tmpfs or where the kernel does not say.
+    /// Counted from just before the cell's threads start until every commit of the cell is
+    /// durable.
+    pub disk_bytes_per_row: Option<f64>,
+    /// The process's CPU time per row inserted (user and system, every thread: the
+    /// inserters, the log flusher, checkpoints), microseconds, over the same span.
+    pub cpu_us_per_row: f64,
+    /// The process's context switches (voluntary and involuntary) per commit, same span.
+    pub context_switches_per_commit: f64,
     /// `"ok"`, or what the verification after the cell found.
     pub verified: String,
 }
@@ -145,6 +165,10 @@ pub struct Judged {
     /// The same with pipelined commits: the thread builds the next batch while the previous
     /// one is flushed, and counts a batch only once it is durable.
     pub pipelined_batch_rows_per_sec: Option<f64>,
+    /// The most rows per second the disk could make durable at the pipelined cell's cost:
+    /// [`DiskReference::large_append_mb_per_sec`] ÷ that cell's disk bytes per row. A
+    /// ceiling for the cell on this disk, whatever the engine's CPU cost.
+    pub pipelined_batch_disk_ceiling_rows_per_sec: Option<f64>,
 }
 
 /// Everything `bench durable` measured; serializes to its `--json`.
@@ -164,6 +188,8 @@ pub struct DurableReport {
     pub batch_rows: u64,
     /// Payload bytes per row.
     pub row_bytes: u16,
+    /// The disk under `db_dir`, measured before the cells.
+    pub disk: DiskReference,
     /// Every cell, in the order run.
     pub cells: Vec<DurableCell>,
     /// lastpage ÷ SQLite per workload and thread count.
@@ -345,6 +371,46 @@ where
     })
 }
 
+/// The process's counters at the start of a cell's measured span (see [`DurableCell`]).
+struct CostProbe<'a> {
+    usage: sys::Usage,
+    device: Option<&'a sys::BlockDevice>,
+    disk_written_bytes: Option<u64>,
+}
+
+/// What a cell cost per row and per commit.
+struct Costs {
+    disk_bytes_per_row: Option<f64>,
+    cpu_us_per_row: f64,
+    context_switches_per_commit: f64,
+}
+
+impl<'a> CostProbe<'a> {
+    fn start(device: Option<&'a sys::BlockDevice>) -> CostProbe<'a> {
+        CostProbe {
+            usage: sys::process_usage(),
+            device,
+            disk_written_bytes: device.and_then(sys::BlockDevice::written_bytes),
+        }
+    }
+
+    /// What the process spent since [`CostProbe::start`], per row and per commit.
+    fn finish(&self, rows: u64, commits: u64) -> Costs {
+        let usage = sys::process_usage().since(&self.usage);
+        let rows = rows.max(1) as f64;
+        Costs {
+            disk_bytes_per_row: self
+                .disk_written_bytes
+                .zip(self.device.and_then(sys::BlockDevice::written_bytes))
+                .map(|(before, after)| round3(after.saturating_sub(before) as f64 / rows)),
+            cpu_us_per_row: round3(usage.cpu_us as f64 / rows),
+            context_switches_per_commit: round3(
+                usage.context_switches() as f64 / commits.max(1) as f64,
+            ),
+        }
+    }
+}
+
 /// What one thread of [`drive`] did.
 struct ThreadResult {
     done: u64,
@@ -398,6 +464,7 @@ fn sqlite_workload(workload: &str) -> &str {
 /// One lastpage cell in a fresh durable database in `dir` (removed afterwards).
 fn lastpage_cell(
     dir: &Path,
+    device: Option<&sys::BlockDevice>,
     threads: u32,
     budget: Budget,
     rows_per_commit: u64,
@@ -416,6 +483,7 @@ fn lastpage_cell(
         .map_err(|error| failed("cannot create the table", &error))?;
     db.clear_wait_stats();
     let wal_before = durable::wal_counters(&db);
+    let cost_probe = CostProbe::start(device);
     let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
         let session = db.session();
         let payload = workload.payload(thread, ROW_BYTES);
@@ -458,11 +526,12 @@ fn lastpage_cell(
     // flush them, so that every row the verification counts is durable.
     db.flush_log()
         .map_err(|error| failed("cannot flush the log", &error))?;
+    let rows = driven.statements * rows_per_commit;
+    let costs = cost_probe.finish(rows, driven.statements);
     let waits = db.wait_stats();
     let wal = durable::wal_counters(&db)
         .zip(wal_before)
         .map(|(after, before)| after.since(&before));
-    let rows = driven.statements * rows_per_commit;
     // A pipelined cell's statements acknowledge the batch committed the given number of
     // statements earlier: the last batches of the measured ones were not acknowledged in time.
     let acknowledged = match commit {
@@ -495,6 +564,10 @@ fn lastpage_cell(
             .iter()
             .map(|&wait| (wait.name(), WaitReport::from(waits.wait(wait))))
             .collect(),
+        log_bytes_per_row: wal.map(|wal| round3(wal.flushed_bytes as f64 / rows.max(1) as f64)),
+        disk_bytes_per_row: costs.disk_bytes_per_row,
+        cpu_us_per_row: costs.cpu_us_per_row,
+        context_switches_per_commit: costs.context_switches_per_commit,
         verified,
     };
     drop(table);
@@ -531,6 +604,7 @@ pub(super) fn verify_lastpage(
 /// One SQLite cell in a fresh database file at `path` (removed afterwards).
 fn sqlite_cell(
     path: &Path,
+    device: Option<&sys::BlockDevice>,
     threads: u32,
     budget: Budget,
     rows_per_commit: u64,
@@ -538,6 +612,7 @@ fn sqlite_cell(
     sys::release_free_memory();
     let bench = SqliteBench::create(path).map_err(BenchError::Failed)?;
     let payload: String = "a".repeat(usize::from(ROW_BYTES));
+    let cost_probe = CostProbe::start(device);
     let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
         // The same letters per thread as lastpage's payloads.
         let letter = char::from(b'a' + (thread % 26) as u8);
@@ -552,6 +627,7 @@ fn sqlite_cell(
         }
     })?;
     let rows = driven.statements * rows_per_commit;
+    let costs = cost_probe.finish(rows, driven.statements);
     let verified = bench.verify(rows);
     bench.remove();
     Ok(DurableCell {
@@ -571,6 +647,10 @@ fn sqlite_cell(
         fsyncs: None,
         writelog_wait_us_per_commit: None,
         waits: BTreeMap::new(),
+        log_bytes_per_row: None,
+        disk_bytes_per_row: costs.disk_bytes_per_row,
+        cpu_us_per_row: costs.cpu_us_per_row,
+        context_switches_per_commit: costs.context_switches_per_commit,
         verified,
     })
 }
@@ -620,9 +700,10 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
     let dir = run_directory(config.db.as_deref(), "durable")?;
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
-    let result = run_cells(config, budget, &dir);
+    let result = disk::measure(&dir, config.seconds)
+        .and_then(|disk| run_cells(config, budget, &dir).map(|cells| (disk, cells)));
     remove_dir(&dir);
-    let cells = result?;
+    let (disk, cells) = result?;
     let (_, other_cpu_load_percent) = cpu_load.finish();
 
     let mut ratios = Vec::new();
@@ -669,6 +750,12 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
             .iter()
             .find(|cell| cell.engine == "lastpage" && cell.workload == "pipelined batch")
             .map(|cell| cell.rows_per_sec),
+        pipelined_batch_disk_ceiling_rows_per_sec: cells
+            .iter()
+            .find(|cell| cell.engine == "lastpage" && cell.workload == "pipelined batch")
+            .and_then(|cell| cell.disk_bytes_per_row)
+            .filter(|&bytes| bytes > 0.0)
+            .map(|bytes| (disk.large_append_mb_per_sec * 1e6 / bytes).round()),
     };
     Ok(DurableReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
@@ -678,6 +765,7 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
         rows_per_cell: config.rows,
         batch_rows: config.batch_rows,
         row_bytes: ROW_BYTES,
+        disk,
         cells,
         ratios,
         judged,
@@ -691,10 +779,13 @@ fn run_cells(
     budget: Budget,
     dir: &Path,
 ) -> Result<Vec<DurableCell>, BenchError> {
+    let device = sys::BlockDevice::of(dir);
+    let device = device.as_ref();
     let mut cells = Vec::new();
     for &threads in &config.threads {
         cells.push(lastpage_cell(
             &dir.join(format!("lastpage-{threads}t")),
+            device,
             threads,
             budget,
             1,
@@ -702,6 +793,7 @@ fn run_cells(
         )?);
         cells.push(sqlite_cell(
             &dir.join(format!("sqlite-{threads}t.db")),
+            device,
             threads,
             budget,
             1,
@@ -710,6 +802,7 @@ fn run_cells(
     let batch = config.batch_rows.max(1);
     cells.push(lastpage_cell(
         &dir.join("lastpage-batch"),
+        device,
         1,
         budget,
         batch,
@@ -717,12 +810,19 @@ fn run_cells(
     )?);
     cells.push(lastpage_cell(
         &dir.join("lastpage-pipelined"),
+        device,
         1,
         budget,
         batch,
         Commit::Pipelined,
     )?);
-    cells.push(sqlite_cell(&dir.join("sqlite-batch.db"), 1, budget, batch)?);
+    cells.push(sqlite_cell(
+        &dir.join("sqlite-batch.db"),
+        device,
+        1,
+        budget,
+        batch,
+    )?);
     Ok(cells)
 }
 
@@ -744,6 +844,12 @@ pub fn render(report: &DurableReport) -> String {
         machine(report.cpus, report.cpu_model.as_deref()),
     );
     out.push_str(&format!("databases in {} (removed)\n", report.db_dir));
+    out.push_str(&format!(
+        "the disk there, measured first: fdatasync after a 4 KiB append {} µs (p50); 1 MiB \
+         appends each followed by fdatasync: {} MB/s\n",
+        number(report.disk.small_append_fsync_p50_us),
+        number(report.disk.large_append_mb_per_sec),
+    ));
     let mut cells = table(
         &[
             "engine",
@@ -756,6 +862,10 @@ pub fn render(report: &DurableReport) -> String {
             "commits/fdatasync",
             "WRITELOG µs/commit",
             "LOGBUFFER waits",
+            "log B/row",
+            "disk B/row",
+            "CPU µs/row",
+            "ctx switches/commit",
             "× SQLite",
             "verified",
         ],
@@ -793,6 +903,12 @@ pub fn render(report: &DurableReport) -> String {
                 || "-".to_owned(),
                 |wait| thousands(wait.waiting_tasks_count),
             ),
+            cell.log_bytes_per_row
+                .map_or_else(|| "-".to_owned(), number),
+            cell.disk_bytes_per_row
+                .map_or_else(|| "?".to_owned(), number),
+            number(cell.cpu_us_per_row),
+            number(cell.context_switches_per_commit),
             ratio.map_or_else(String::new, |ratio| format!("{}×", number(ratio.ratio))),
             cell.verified.clone(),
         ]);
@@ -800,7 +916,11 @@ pub fn render(report: &DurableReport) -> String {
     out.push_str(&format!("{cells}\n"));
     out.push_str(
         "SQLite's commits/fdatasync is 1 by design (WAL + synchronous=FULL syncs at every commit); \
-         lastpage's is its transactions ÷ its log writer's fdatasync calls.\n",
+         lastpage's is its transactions ÷ its log writer's fdatasync calls. disk B/row: bytes \
+         the disk wrote per row (log, new segments' zeros, data pages, file-system journal; \
+         SQLite's WAL and database; other writers to the same disk too), `?` with no disk \
+         (tmpfs); CPU µs/row: the process's CPU \
+         time per row, every thread.\n",
     );
     let judged = &report.judged;
     let figure = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), number);
@@ -819,6 +939,14 @@ pub fn render(report: &DurableReport) -> String {
         figure(judged.batch_rows_per_sec),
         figure(judged.pipelined_batch_rows_per_sec),
     ));
+    if let Some(ceiling) = judged.pipelined_batch_disk_ceiling_rows_per_sec {
+        out.push_str(&format!(
+            "this disk's ceiling for the pipelined cell: {} MB/s ÷ the bytes the disk wrote per \
+             row = {} rows/s\n",
+            number(report.disk.large_append_mb_per_sec),
+            thousands(ceiling as u64),
+        ));
+    }
     out.push_str(&run_footer(
         report.elapsed_sec,
         report.other_cpu_load_percent,
@@ -895,12 +1023,22 @@ mod tests {
             seconds: 10.0,
             rows: Some(40),
         };
-        let cell = sqlite_cell(&dir.join("s.db"), 4, budget, 1).expect("autocommit");
+        let device = sys::BlockDevice::of(&dir);
+        let cell =
+            sqlite_cell(&dir.join("s.db"), device.as_ref(), 4, budget, 1).expect("autocommit");
         assert_eq!(
             (cell.rows, cell.commits, cell.verified.as_str()),
             (40, 40, "ok")
         );
-        let cell = sqlite_cell(&dir.join("b.db"), 1, budget, 20).expect("batch");
+        // Forty synced commits make the disk write, and cost CPU time.
+        if device.is_some() {
+            assert!(
+                cell.disk_bytes_per_row.is_some_and(|bytes| bytes > 0.0),
+                "{cell:?}"
+            );
+        }
+        assert!(cell.cpu_us_per_row > 0.0, "{cell:?}");
+        let cell = sqlite_cell(&dir.join("b.db"), device.as_ref(), 1, budget, 20).expect("batch");
         assert_eq!(
             (cell.rows, cell.commits, cell.verified.as_str()),
             (40, 2, "ok")
