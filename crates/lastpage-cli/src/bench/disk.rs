@@ -6,9 +6,10 @@
 //! figure by the bytes its cells wrote per row to say where that ceiling is.
 //!
 //! The probe writes through the I/O layer (`lastpage_io`), like the engine, into a file of
-//! its own in the run's directory, and removes it. The large appends overwrite a file that was
-//! written and synced first, so that no `fdatasync` also has to record a new file size: that
-//! is the log writer's steady state too (it writes into preallocated or recycled segments).
+//! its own in the run's directory, and removes it. Both kinds of append overwrite a file that
+//! was written and synced first, so that no `fdatasync` also has to record a new file size:
+//! that is the log writer's steady state too (it writes into preallocated or recycled
+//! segments), so the small append's latency is comparable with a lone commit's.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +19,8 @@ use serde::Serialize;
 
 use super::insert::{BenchError, round3};
 
-/// Bytes of each small append: one log page's worth, what a lone single-row commit writes.
+/// Bytes of each small append: one page of the page cache, what a lone single-row commit makes
+/// the disk write.
 const SMALL_APPEND_BYTES: usize = 4 << 10;
 
 /// Small appends timed, each followed by `fdatasync`.
@@ -28,7 +30,7 @@ const SMALL_APPENDS: usize = 200;
 /// bandwidth measured is a generous ceiling for the batched cells.
 const LARGE_APPEND_BYTES: usize = 1 << 20;
 
-/// Size of the file the large appends cycle through (written and synced before timing).
+/// Size of the file both kinds of append cycle through (written and synced before timing).
 const LARGE_FILE_BYTES: usize = 64 << 20;
 
 /// Longest time the large appends are timed for.
@@ -59,6 +61,13 @@ pub fn measure(dir: &Path, seconds: f64) -> Result<DiskReference, BenchError> {
 
 fn probe(fs: &StdFileSystem, path: &Path, seconds: f64) -> std::io::Result<DiskReference> {
     let file = fs.open(path, OpenOptions::create())?;
+    let large = vec![0xa5_u8; LARGE_APPEND_BYTES];
+    let appends_per_file = LARGE_FILE_BYTES / LARGE_APPEND_BYTES;
+    for append in 0..appends_per_file {
+        file.write_all_at((append * LARGE_APPEND_BYTES) as u64, &large)?;
+    }
+    file.sync_data()?;
+
     let small = vec![0x5a_u8; SMALL_APPEND_BYTES];
     let mut small_us = Vec::with_capacity(SMALL_APPENDS);
     for append in 0..SMALL_APPENDS {
@@ -69,12 +78,6 @@ fn probe(fs: &StdFileSystem, path: &Path, seconds: f64) -> std::io::Result<DiskR
     }
     small_us.sort_by(f64::total_cmp);
 
-    let large = vec![0xa5_u8; LARGE_APPEND_BYTES];
-    let appends_per_file = LARGE_FILE_BYTES / LARGE_APPEND_BYTES;
-    for append in 0..appends_per_file {
-        file.write_all_at((append * LARGE_APPEND_BYTES) as u64, &large)?;
-    }
-    file.sync_data()?;
     let budget = Duration::from_secs_f64(seconds.clamp(0.05, LARGE_APPEND_SECONDS));
     let started = Instant::now();
     let mut written = 0_u64;
