@@ -13,8 +13,8 @@ use std::ops::{Bound, Range};
 use std::sync::Arc;
 
 use lastpage_storage::btree::{
-    BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, RangeIter, TreeCheck,
-    TreeOptions,
+    BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, InsertPath, RangeIter,
+    TreeCheck, TreeOptions,
 };
 use lastpage_storage::limits::{
     BATCH_BUFFER_KEPT_BYTES, INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT,
@@ -207,6 +207,12 @@ thread_local! {
     static KEY_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
     /// The buffer of this thread's last multi-row insert (see [`take_batch_buffer`]).
     static BATCH_BUFFER: Cell<Option<Arc<Vec<u8>>>> = const { Cell::new(None) };
+}
+
+/// Where row `row` lies in a batch's buffer whose rows end at `ends` (each row starts where
+/// the one before it ends).
+fn batch_range(ends: &[usize], row: usize) -> Range<usize> {
+    (if row == 0 { 0 } else { ends[row - 1] })..ends[row]
 }
 
 /// An empty buffer for a multi-row insert's encoded rows: the thread's last one if nothing
@@ -844,6 +850,9 @@ impl Table {
         scope: &mut WriteScope<'_>,
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
+        if !rows.is_empty() && self.batches_at_tail() {
+            return self.insert_batch_at_tail(scope, rows);
+        }
         let mut next_identity = self
             .identity
             .as_ref()
@@ -908,6 +917,129 @@ impl Table {
             Ok(())
         })?;
         Ok(identities)
+    }
+
+    /// The identity column's state and type, for a table clustered on its identity alone
+    /// (`identity_keyed`, which implies one).
+    fn identity_and_type(&self) -> (&IdentityState, DataType) {
+        let identity = self
+            .identity
+            .as_ref()
+            .expect("identity_keyed implies an identity column");
+        (identity, self.columns[identity.column].data_type)
+    }
+
+    /// Whether a multi-row insert goes in at the tail with keys made there (see
+    /// [`Table::insert_batch_at_tail`]): a table clustered on its identity alone, with no
+    /// nonclustered index, on the default insert path.
+    fn batches_at_tail(&self) -> bool {
+        self.identity_keyed
+            && self.nonclustered.is_empty()
+            && self.clustered.tree(0).insert_path() == InsertPath::Default
+    }
+
+    /// A multi-row insert into a table [`Table::batches_at_tail`] says yes for. Every row is
+    /// completed and its value encoded first (a row that fails its checks fails the statement
+    /// before anything is inserted); then, under the tree's tail gate, the batch takes its
+    /// identity values as one block, locks their keys with one range lock (as
+    /// [`Table::lock_batch`] does for other batches) and appends its rows, page after page
+    /// (`BTree::insert_batch_with_generated_keys`). Taking the block at the tail is what keeps
+    /// concurrent batches in order there: blocks taken beforehand reach the end of the index
+    /// in any order, and every batch that arrives after a larger block splits pages in the
+    /// middle (measured: leaves three quarters full, and 100 sessions inserting 100-row
+    /// batches three times slower than single rows).
+    fn insert_batch_at_tail(
+        self: &Arc<Self>,
+        scope: &mut WriteScope<'_>,
+        rows: Vec<InsertRow>,
+    ) -> Result<Vec<Option<i64>>> {
+        let (identity, data_type) = self.identity_and_type();
+        let row_count = rows.len();
+        let mut buffer = take_batch_buffer();
+        let mut value_ends = Vec::with_capacity(row_count);
+        let mut values = Vec::with_capacity(self.columns.len());
+        for row in rows {
+            self.complete_row_into(row, IdentityFill::LeaveToTree, &mut values)?;
+            self.encode_clustered_value(&values, &mut buffer)?;
+            if value_ends.is_empty() {
+                // Room for the other rows if they are the size of the first.
+                buffer.reserve(buffer.len().saturating_mul(row_count - 1));
+            }
+            value_ends.push(buffer.len());
+        }
+        let buffer = Arc::new(buffer);
+        keep_batch_buffer(&buffer);
+        let values: Vec<&[u8]> = (0..row_count)
+            .map(|row| &buffer[batch_range(&value_ends, row)])
+            .collect();
+        let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
+        let keep_changes = scope.keeps_changes();
+        let tree = self.clustered.tree(0);
+        let mut first_id = 0;
+        let applied = scope.logged(self, |changes| {
+            let mut keys = Vec::with_capacity(row_count * 9);
+            let mut key_ends = Vec::with_capacity(row_count);
+            let make_keys = |keys: &mut Vec<u8>, ends: &mut Vec<usize>| {
+                first_id = identity.take(row_count as u64, data_type)?;
+                // `take` reserved the whole block, so no value of it overflows an i64.
+                for row in 0..row_count as i64 {
+                    let id = first_id + row * identity.increment;
+                    encode_key_value(&data_type, &identity_as_value(id, data_type)?, keys)?;
+                    ends.push(keys.len());
+                }
+                if let Some(locker) = &locker {
+                    locker.lock_range(
+                        &keys[batch_range(ends, 0)],
+                        &keys[batch_range(ends, row_count - 1)],
+                    )?;
+                }
+                Ok::<(), EngineError>(())
+            };
+            if let Err((inserted, error)) =
+                tree.insert_batch_with_generated_keys(&values, make_keys, &mut keys, &mut key_ends)
+            {
+                // Undo is best effort: a page that cannot be read leaves the row behind, and
+                // the statement's error says why.
+                for row in 0..inserted {
+                    let _ = tree.delete(&keys[batch_range(&key_ends, row)]);
+                }
+                return Err(match error {
+                    GeneratedKeyError::Key(error) => error,
+                    GeneratedKeyError::Tree(error) => {
+                        // The failed row's values, for the message, if its key was made.
+                        let values = (inserted < key_ends.len())
+                            .then(|| {
+                                self.decode_record(
+                                    &keys[batch_range(&key_ends, inserted)],
+                                    values[inserted],
+                                )
+                                .ok()
+                            })
+                            .flatten()
+                            .unwrap_or_default();
+                        self.storage_error(&self.clustered, error, &values)
+                    }
+                });
+            }
+            if keep_changes {
+                let keys = Arc::new(keys);
+                for row in 0..row_count {
+                    changes.push(RowChange::Insert {
+                        partition: 0,
+                        key: RowBytes::shared(&keys, batch_range(&key_ends, row)),
+                        value: RowBytes::shared(&buffer, batch_range(&value_ends, row)),
+                    });
+                }
+            }
+            Ok(())
+        });
+        if let Some(locker) = locker {
+            scope.adopt_locks(locker);
+        }
+        applied?;
+        Ok((0..row_count as i64)
+            .map(|row| Some(first_id + row * identity.increment))
+            .collect())
     }
 
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered
@@ -1329,6 +1461,7 @@ impl Table {
             BTreeError::RecordTooLarge { len, max } => EngineError::RowTooLarge { size: len, max },
             BTreeError::PoolFull(full) => EngineError::PoolFull(full),
             BTreeError::Storage(error) => EngineError::Storage(error.to_string()),
+            invalid @ BTreeError::InvalidBatch(_) => EngineError::Storage(invalid.to_string()),
         }
     }
 
@@ -1375,11 +1508,7 @@ impl Table {
         values: &mut Row,
         value: &mut Vec<u8>,
     ) -> Result<i64> {
-        let identity = self
-            .identity
-            .as_ref()
-            .expect("identity_keyed implies an identity column");
-        let data_type = self.columns[identity.column].data_type;
+        let (identity, data_type) = self.identity_and_type();
         let keep_change = scope.keeps_changes();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let id = scope.logged(self, |changes| {

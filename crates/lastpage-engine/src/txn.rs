@@ -168,6 +168,19 @@ impl FreshLocker<'_> {
         )?;
         Ok(())
     }
+
+    /// Locks every clustered key from `low` to `high` (inclusive) exclusively with one range
+    /// lock (see [`LockManager::lock_range`](crate::locks::LockManager::lock_range)): a batch's
+    /// fresh identity keys, made under the last leaf's latch.
+    pub(crate) fn lock_range(&self, low: &[u8], high: &[u8]) -> Result<()> {
+        self.taken.borrow_mut().acquire_range(
+            self.db.locks(),
+            &lock_key(self.table_id, 0, low),
+            &lock_key(self.table_id, 0, high),
+            None,
+        )?;
+        Ok(())
+    }
 }
 
 /// The transaction a write runs in, for the length of one statement.

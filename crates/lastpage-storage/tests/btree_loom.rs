@@ -17,6 +17,9 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 
 const BIG: usize = 7000;
 
+/// A row of which two fill a page.
+const HALF: usize = 3000;
+
 /// An empty tree on the default insert path.
 fn empty_tree(policy: LatchPolicy) -> BTree {
     BTree::create(
@@ -90,6 +93,72 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
             assert_eq!(keys(&tree), vec![0, 1, 2, 3]);
             let check = tree.check_integrity().unwrap();
             assert_eq!(check.rows, 4);
+            assert_eq!(tree.stats().leaf_splits, 0, "appends never split in half");
+        });
+    }
+}
+
+/// Two batches whose keys the tree makes at its tail (`insert_batch_with_generated_keys`), two
+/// rows of half a page each, race a reader: each batch takes its block of keys under the gate,
+/// so the blocks reach the tail in the order they were taken; each batch's first row splits
+/// the last leaf at its end (never in half) and its second row joins it on the new leaf. The
+/// reader sees keys in order and whole rows, and each batch's keys are consecutive.
+#[test]
+fn generated_key_batches_from_two_appenders_arrive_in_order() {
+    for policy in LatchPolicy::ALL {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.max_branches = 100_000;
+        builder.check(move || {
+            let tree = tree(policy);
+            let counter = Arc::new(AtomicU64::new(2));
+            let appenders: Vec<_> = (0..2u8)
+                .map(|writer| {
+                    let (tree, counter) = (tree.clone(), counter.clone());
+                    loom::thread::spawn(move || {
+                        let row = [writer + 1; HALF];
+                        let (mut keys, mut ends) = (Vec::new(), Vec::new());
+                        tree.insert_batch_with_generated_keys(
+                            &[&row, &row],
+                            |keys, ends| {
+                                let first = counter.fetch_add(2, Ordering::Relaxed);
+                                for number in first..first + 2 {
+                                    keys.extend_from_slice(&number.to_be_bytes());
+                                    ends.push(keys.len());
+                                }
+                                Ok::<(), ()>(())
+                            },
+                            &mut keys,
+                            &mut ends,
+                        )
+                        .unwrap();
+                        let first = u64::from_be_bytes(keys[..8].try_into().unwrap());
+                        assert_eq!(keys[8..], (first + 1).to_be_bytes());
+                    })
+                })
+                .collect();
+            // The reader sees the two first rows (BIG bytes) and whole batch rows (HALF).
+            let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
+                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+                .collect();
+            assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
+            assert!(
+                seen.iter().skip(2).all(|(_, value)| {
+                    value.len() == HALF && value.iter().all(|&b| b == value[0])
+                })
+            );
+            for appender in appenders {
+                appender.join().unwrap();
+            }
+            assert_eq!(keys(&tree), vec![0, 1, 2, 3, 4, 5]);
+            // Each batch's two rows are side by side, written by one writer.
+            let values: Vec<u8> = tree
+                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+                .map(|(_, value)| value[0])
+                .collect();
+            assert_eq!(values[2], values[3]);
+            assert_eq!(values[4], values[5]);
+            assert_eq!(tree.check_integrity().unwrap().rows, 6);
             assert_eq!(tree.stats().leaf_splits, 0, "appends never split in half");
         });
     }

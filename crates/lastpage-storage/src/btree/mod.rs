@@ -133,6 +133,10 @@ pub enum BTreeError {
     /// A page could not be read from (or written to) the data file, or is corrupt there.
     #[error(transparent)]
     Storage(PageError),
+    /// A caller's key maker made keys that do not fit the batch it was asked for (a bug in the
+    /// caller; nothing was inserted).
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
 }
 
 impl From<PageError> for BTreeError {
