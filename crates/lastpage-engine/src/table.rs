@@ -969,7 +969,7 @@ impl Table {
         }
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
-        let values: Vec<&[u8]> = (0..row_count)
+        let encoded: Vec<&[u8]> = (0..row_count)
             .map(|row| &buffer[batch_range(&value_ends, row)])
             .collect();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
@@ -996,7 +996,7 @@ impl Table {
                 Ok::<(), EngineError>(())
             };
             if let Err((inserted, error)) =
-                tree.insert_batch_with_generated_keys(&values, make_keys, &mut keys, &mut key_ends)
+                tree.insert_batch_with_generated_keys(&encoded, make_keys, &mut keys, &mut key_ends)
             {
                 // Undo is best effort: a page that cannot be read leaves the row behind, and
                 // the statement's error says why.
@@ -1011,7 +1011,7 @@ impl Table {
                             .then(|| {
                                 self.decode_record(
                                     &keys[batch_range(&key_ends, inserted)],
-                                    values[inserted],
+                                    encoded[inserted],
                                 )
                                 .ok()
                             })
