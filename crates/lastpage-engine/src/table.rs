@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use lastpage_storage::btree::{
     BTree, BTreeError, CompareAndUpdate, Direction, GeneratedKeyError, InsertPath, RangeIter,
-    TreeCheck, TreeOptions,
+    TreeCheck, TreeOptions, batch_item_range,
 };
 use lastpage_storage::limits::{
     BATCH_BUFFER_KEPT_BYTES, INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT,
@@ -207,12 +207,6 @@ thread_local! {
     static KEY_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
     /// The buffer of this thread's last multi-row insert (see [`take_batch_buffer`]).
     static BATCH_BUFFER: Cell<Option<Arc<Vec<u8>>>> = const { Cell::new(None) };
-}
-
-/// Where row `row` lies in a batch's buffer whose rows end at `ends` (each row starts where
-/// the one before it ends).
-fn batch_range(ends: &[usize], row: usize) -> Range<usize> {
-    (if row == 0 { 0 } else { ends[row - 1] })..ends[row]
 }
 
 /// An empty buffer for a multi-row insert's encoded rows: the thread's last one if nothing
@@ -970,7 +964,7 @@ impl Table {
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
         let encoded: Vec<&[u8]> = (0..row_count)
-            .map(|row| &buffer[batch_range(&value_ends, row)])
+            .map(|row| &buffer[batch_item_range(&value_ends, row)])
             .collect();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let keep_changes = scope.keeps_changes();
@@ -989,8 +983,8 @@ impl Table {
                 }
                 if let Some(locker) = &locker {
                     locker.lock_range(
-                        &keys[batch_range(ends, 0)],
-                        &keys[batch_range(ends, row_count - 1)],
+                        &keys[batch_item_range(ends, 0)],
+                        &keys[batch_item_range(ends, row_count - 1)],
                     )?;
                 }
                 Ok::<(), EngineError>(())
@@ -1001,7 +995,7 @@ impl Table {
                 // Undo is best effort: a page that cannot be read leaves the row behind, and
                 // the statement's error says why.
                 for row in 0..inserted {
-                    let _ = tree.delete(&keys[batch_range(&key_ends, row)]);
+                    let _ = tree.delete(&keys[batch_item_range(&key_ends, row)]);
                 }
                 return Err(match error {
                     GeneratedKeyError::Key(error) => error,
@@ -1010,7 +1004,7 @@ impl Table {
                         let values = (inserted < key_ends.len())
                             .then(|| {
                                 self.decode_record(
-                                    &keys[batch_range(&key_ends, inserted)],
+                                    &keys[batch_item_range(&key_ends, inserted)],
                                     encoded[inserted],
                                 )
                                 .ok()
@@ -1026,8 +1020,8 @@ impl Table {
                 for row in 0..row_count {
                     changes.push(RowChange::Insert {
                         partition: 0,
-                        key: RowBytes::shared(&keys, batch_range(&key_ends, row)),
-                        value: RowBytes::shared(&buffer, batch_range(&value_ends, row)),
+                        key: RowBytes::shared(&keys, batch_item_range(&key_ends, row)),
+                        value: RowBytes::shared(&buffer, batch_item_range(&value_ends, row)),
                     });
                 }
             }

@@ -197,7 +197,7 @@ impl BTree {
             make_keys(keys, ends).map_err(|error| (0, GeneratedKeyError::Key(error)))?;
             check_batch_keys(values, keys, ends).map_err(|error| (0, error.into()))?;
             for (row, value) in values.iter().enumerate() {
-                self.insert_classic(&keys[key_range(ends, row)], value)
+                self.insert_classic(&keys[batch_item_range(ends, row)], value)
                     .map_err(|error| (row, error.into()))?;
             }
             return Ok(());
@@ -216,27 +216,23 @@ impl BTree {
             self.note_generated_key_len(first_key_len);
         }
         for (row, value) in values.iter().enumerate() {
-            let key = &keys[key_range(ends, row)];
+            let key = &keys[batch_item_range(ends, row)];
             let page = leaf.page();
             let count = page.slot_count();
-            if self.is_last_leaf(&leaf) && (count == 0 || key > page.key(count - 1)) {
-                let applied = if count == 0 {
-                    leaf.page_mut().insert_leaf(0, key, value).ok().map(Ok)
-                } else {
-                    self.insert_into_tail(&mut leaf, key, value)
-                };
-                if let Some(result) = applied {
-                    result.map_err(|error| (row, error.into()))?;
-                    self.rows.add(1);
-                    if !self.is_last_leaf(&leaf) {
-                        // The leaf split: the rows that follow go on the new last leaf.
-                        drop(leaf);
-                        leaf = self
-                            .latch_tail(self.tail_hint.load(Ordering::Relaxed))
-                            .map_err(|error| (row + 1, error.into()))?;
-                    }
-                    continue;
+            if self.is_last_leaf(&leaf)
+                && (count == 0 || key > page.key(count - 1))
+                && let Some(result) = self.try_append_on_last_leaf(&mut leaf, key, value)
+            {
+                result.map_err(|error| (row, error.into()))?;
+                self.rows.add(1);
+                if !self.is_last_leaf(&leaf) {
+                    // The leaf split: the rows that follow go on the new last leaf.
+                    drop(leaf);
+                    leaf = self
+                        .latch_tail(self.tail_hint.load(Ordering::Relaxed))
+                        .map_err(|error| (row + 1, error.into()))?;
                 }
+                continue;
             }
             drop(leaf);
             self.insert_classic(key, value)
@@ -257,12 +253,7 @@ impl BTree {
         key: &[u8],
         value: &[u8],
     ) -> Result<bool, BTreeError> {
-        let applied = if leaf.page().slot_count() == 0 {
-            leaf.page_mut().insert_leaf(0, key, value).ok().map(Ok)
-        } else {
-            self.insert_into_tail(&mut leaf, key, value)
-        };
-        if let Some(result) = applied {
+        if let Some(result) = self.try_append_on_last_leaf(&mut leaf, key, value) {
             result?;
             self.rows.add(1);
             return Ok(true);
@@ -270,6 +261,22 @@ impl BTree {
         drop(leaf);
         self.insert_classic(key, value)?;
         Ok(false)
+    }
+
+    /// The part of [`BTree::append_on_last_leaf`] done on the latched leaf: `key` goes on the
+    /// empty last leaf, or past its last key, splitting it at its end if it is full. `None` if
+    /// that cannot be done here, and nothing was changed; the caller counts the row.
+    fn try_append_on_last_leaf<'a>(
+        &'a self,
+        leaf: &mut ExclusiveGuard<'a>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Option<Result<(), BTreeError>> {
+        if leaf.page().slot_count() == 0 {
+            leaf.page_mut().insert_leaf(0, key, value).ok().map(Ok)
+        } else {
+            self.insert_into_tail(leaf, key, value)
+        }
     }
 
     /// Remembers the length of a generated key. Written only when it changes: every appender
@@ -614,14 +621,14 @@ impl<E> From<BTreeError> for GeneratedKeyError<E> {
     }
 }
 
-/// Where row `row`'s key lies in the keys of a batch (see
-/// [`BTree::insert_batch_with_generated_keys`]).
-fn key_range(ends: &[usize], row: usize) -> std::ops::Range<usize> {
-    (if row == 0 { 0 } else { ends[row - 1] })..ends[row]
+/// Where item `item` lies in a buffer of items laid end to end, item `i` ending at `ends[i]`:
+/// a batch's keys (see [`BTree::insert_batch_with_generated_keys`]), or its encoded rows.
+pub fn batch_item_range(ends: &[usize], item: usize) -> std::ops::Range<usize> {
+    (if item == 0 { 0 } else { ends[item - 1] })..ends[item]
 }
 
-/// Checks the keys a batch's key maker made: one per row, ascending within `keys`, each row
-/// small enough for a page.
+/// Checks the keys a batch's key maker made: one end per row, the ends in order and within
+/// `keys`, each row small enough for a page.
 fn check_batch_keys(values: &[&[u8]], keys: &[u8], ends: &[usize]) -> Result<(), BTreeError> {
     let misshapen = ends.len() != values.len()
         || ends.windows(2).any(|pair| pair[0] > pair[1])
@@ -635,7 +642,7 @@ fn check_batch_keys(values: &[&[u8]], keys: &[u8], ends: &[usize]) -> Result<(),
         )));
     }
     for (row, value) in values.iter().enumerate() {
-        check_record_size(&keys[key_range(ends, row)], value)?;
+        check_record_size(&keys[batch_item_range(ends, row)], value)?;
     }
     Ok(())
 }

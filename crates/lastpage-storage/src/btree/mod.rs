@@ -30,7 +30,7 @@ mod write;
 
 use std::sync::Arc;
 
-pub use append::GeneratedKeyError;
+pub use append::{GeneratedKeyError, batch_item_range};
 pub use check::{IntegrityError, TreeCheck};
 pub use cursor::{Direction, RangeIter};
 
