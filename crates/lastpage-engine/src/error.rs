@@ -126,6 +126,26 @@ pub enum EngineError {
         /// The column.
         column: String,
     },
+    /// A multi-row insert named a column twice in its column list.
+    #[error(
+        "The column name '{column}' is specified more than once in the column list of an INSERT. A column cannot be assigned more than one value in the same clause."
+    )]
+    DuplicateInsertColumn {
+        /// The column.
+        column: String,
+    },
+    /// A row of a multi-row insert has a different number of values than its column list.
+    #[error(
+        "Row {row} of the INSERT has {got} values for {expected} columns: the number of values must match the number of columns specified in the INSERT statement."
+    )]
+    InsertArity {
+        /// The row, counted from 1.
+        row: usize,
+        /// The columns the statement names.
+        expected: usize,
+        /// The values the row has.
+        got: usize,
+    },
     /// The identity column ran out of values.
     #[error("Arithmetic overflow error converting IDENTITY to data type {data_type}.")]
     IdentityOverflow {

@@ -23,7 +23,7 @@ use lastpage_storage::limits::{
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicI64, Ordering};
 use lastpage_storage::wal::{Record, TxnId, record};
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 
 use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
@@ -221,6 +221,15 @@ fn take_batch_buffer() -> Vec<u8> {
         .unwrap_or_default();
     buffer.clear();
     buffer
+}
+
+/// Marks the end of the row just encoded into a batch's `buffer`; after the first of
+/// `row_count` rows, reserves room for the others if they are the size of the first.
+fn end_batch_row(buffer: &mut Vec<u8>, value_ends: &mut Vec<usize>, row_count: usize) {
+    if value_ends.is_empty() {
+        buffer.reserve(buffer.len().saturating_mul(row_count - 1));
+    }
+    value_ends.push(buffer.len());
 }
 
 /// Keeps `buffer` as the thread's batch buffer, unless it grew past `BATCH_BUFFER_KEPT_BYTES`.
@@ -839,13 +848,83 @@ impl Table {
         session.write(self, |scope| self.insert_batch_in(scope, rows))
     }
 
+    /// Inserts many rows as one statement, like [`Table::insert_batch`], from values the
+    /// caller keeps: `columns` names the columns every row supplies (by position, each once;
+    /// the others get their identity value, default or NULL), and each item of `rows` holds
+    /// one value per column, in that order. This is the way to ingest without building an
+    /// [`InsertRow`] (and its values) per row, as a prepared statement binds its parameters:
+    /// into a table whose batches go in at the tail (clustered on its identity alone, no
+    /// nonclustered index, no computed column, the default insert path), values the column
+    /// types hold as they are are encoded where they lie, never copied; other tables copy
+    /// them into rows and take them as `insert_batch` does.
+    ///
+    /// The column list is checked once for the batch: an unknown column, an identity or
+    /// computed column, or a column named twice fails the statement, as does a row with a
+    /// different number of values.
+    pub fn insert_batch_values<'v, I>(
+        self: &Arc<Self>,
+        session: &Session,
+        columns: &[usize],
+        rows: I,
+    ) -> Result<Vec<Option<i64>>>
+    where
+        I: IntoIterator<Item = &'v [Value]>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let slots = self.supplied_slots(columns)?;
+        let rows = rows.into_iter().enumerate().map(|(index, row)| {
+            if row.len() == columns.len() {
+                Ok(row)
+            } else {
+                Err(EngineError::InsertArity {
+                    row: index + 1,
+                    expected: columns.len(),
+                    got: row.len(),
+                })
+            }
+        });
+        session.write(self, |scope| {
+            if rows.len() > 0 && self.batches_at_tail() && self.computed_columns.is_empty() {
+                let row_count = rows.len();
+                self.insert_batch_at_tail(scope, row_count, |buffer, value_ends| {
+                    let mut values = Vec::with_capacity(self.columns.len());
+                    for row in rows {
+                        self.complete_borrowed_into(&slots, row?, &mut values)?;
+                        self.encode_clustered_value(&values, buffer)?;
+                        end_batch_row(buffer, value_ends, row_count);
+                    }
+                    Ok(())
+                })
+            } else {
+                let rows = rows
+                    .map(|row| {
+                        let values = columns.iter().copied().zip(row?.iter().cloned());
+                        Ok(InsertRow {
+                            values: values.collect(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.insert_batch_in(scope, rows)
+            }
+        })
+    }
+
     fn insert_batch_in(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
         rows: Vec<InsertRow>,
     ) -> Result<Vec<Option<i64>>> {
         if !rows.is_empty() && self.batches_at_tail() {
-            return self.insert_batch_at_tail(scope, rows);
+            let row_count = rows.len();
+            return self.insert_batch_at_tail(scope, row_count, |buffer, value_ends| {
+                let mut values = Vec::with_capacity(self.columns.len());
+                for row in rows {
+                    self.complete_row_into(row, IdentityFill::LeaveToTree, &mut values)?;
+                    self.encode_clustered_value(&values, buffer)?;
+                    end_batch_row(buffer, value_ends, row_count);
+                }
+                Ok(())
+            });
         }
         let mut next_identity = self
             .identity
@@ -932,9 +1011,11 @@ impl Table {
             && self.clustered.tree(0).insert_path() == InsertPath::Default
     }
 
-    /// A multi-row insert into a table [`Table::batches_at_tail`] says yes for. Every row is
-    /// completed and its value encoded first (a row that fails its checks fails the statement
-    /// before anything is inserted); then, under the tree's tail gate, the batch takes its
+    /// A multi-row insert of `row_count` rows into a table [`Table::batches_at_tail`] says yes
+    /// for. `encode_values` completes every row and encodes its clustered value into the
+    /// buffer it is given, marking each row's end with [`end_batch_row`] (a row that fails its
+    /// checks fails the statement before anything is inserted); then, under the tree's tail
+    /// gate, the batch takes its
     /// identity values as one block, locks their keys with one range lock (as
     /// [`Table::lock_batch`] does for other batches) and appends its rows, page after page
     /// (`BTree::insert_batch_with_generated_keys`). Taking the block at the tail is what keeps
@@ -945,22 +1026,14 @@ impl Table {
     fn insert_batch_at_tail(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
-        rows: Vec<InsertRow>,
+        row_count: usize,
+        encode_values: impl FnOnce(&mut Vec<u8>, &mut Vec<usize>) -> Result<()>,
     ) -> Result<Vec<Option<i64>>> {
         let (identity, data_type) = self.identity_and_type();
-        let row_count = rows.len();
         let mut buffer = take_batch_buffer();
         let mut value_ends = Vec::with_capacity(row_count);
-        let mut values = Vec::with_capacity(self.columns.len());
-        for row in rows {
-            self.complete_row_into(row, IdentityFill::LeaveToTree, &mut values)?;
-            self.encode_clustered_value(&values, &mut buffer)?;
-            if value_ends.is_empty() {
-                // Room for the other rows if they are the size of the first.
-                buffer.reserve(buffer.len().saturating_mul(row_count - 1));
-            }
-            value_ends.push(buffer.len());
-        }
+        encode_values(&mut buffer, &mut value_ends)?;
+        debug_assert_eq!(value_ends.len(), row_count, "one end per row");
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
         let encoded: Vec<&[u8]> = (0..row_count)
@@ -1246,22 +1319,7 @@ impl Table {
     ) -> Result<Option<i64>> {
         values.clear();
         for &(column, _) in &row.values {
-            let Some(definition) = self.columns.get(column) else {
-                return Err(EngineError::UnknownColumn {
-                    table: self.name.clone(),
-                    column: format!("#{column}"),
-                });
-            };
-            if definition.identity.is_some() {
-                return Err(EngineError::ExplicitIdentity {
-                    table: self.name.clone(),
-                });
-            }
-            if definition.computed.is_some() {
-                return Err(EngineError::ComputedColumn {
-                    column: definition.name.clone(),
-                });
-            }
+            self.check_supplied_column(column)?;
         }
         let mut identity_value = None;
         let mut fill = |position: usize, supplied: Option<Value>| -> Result<Value> {
@@ -1313,6 +1371,89 @@ impl Table {
         Ok(identity_value)
     }
 
+    /// Fails unless an insert may supply a value for the column at `column`: it exists, and it
+    /// is neither an identity nor a computed column.
+    fn check_supplied_column(&self, column: usize) -> Result<()> {
+        let Some(definition) = self.columns.get(column) else {
+            return Err(EngineError::UnknownColumn {
+                table: self.name.clone(),
+                column: format!("#{column}"),
+            });
+        };
+        if definition.identity.is_some() {
+            return Err(EngineError::ExplicitIdentity {
+                table: self.name.clone(),
+            });
+        }
+        if definition.computed.is_some() {
+            return Err(EngineError::ComputedColumn {
+                column: definition.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the column list of [`Table::insert_batch_values`] and returns, for each of the
+    /// table's columns, where its value lies in a supplied row, if it is supplied.
+    fn supplied_slots(&self, columns: &[usize]) -> Result<Vec<Option<usize>>> {
+        let mut slots = vec![None; self.columns.len()];
+        for (slot, &column) in columns.iter().enumerate() {
+            self.check_supplied_column(column)?;
+            if slots[column].replace(slot).is_some() {
+                return Err(EngineError::DuplicateInsertColumn {
+                    column: self.columns[column].name.clone(),
+                });
+            }
+        }
+        Ok(slots)
+    }
+
+    /// [`Table::complete_row_into`] for a row of borrowed values (`row[slot]` for each column
+    /// `slots` marks supplied) into a table without computed columns whose identity the tree
+    /// fills in ([`IdentityFill::LeaveToTree`]): a value its column's type holds as it is
+    /// stays borrowed.
+    fn complete_borrowed_into<'v>(
+        &self,
+        slots: &[Option<usize>],
+        row: &'v [Value],
+        values: &mut Vec<Cow<'v, Value>>,
+    ) -> Result<()> {
+        debug_assert!(self.computed_columns.is_empty());
+        values.clear();
+        let identity_column = self.identity.as_ref().map(|state| state.column);
+        for (position, slot) in slots.iter().enumerate() {
+            let value = match (slot, &self.columns[position].default) {
+                (Some(slot), _) => Cow::Borrowed(&row[*slot]),
+                // Left NULL for the tree to fill in, and not checked: it is not NULL then.
+                (None, _) if identity_column == Some(position) => {
+                    values.push(Cow::Owned(Value::Null));
+                    continue;
+                }
+                (None, Some(default)) => Cow::Owned(evaluate_default(default)?),
+                (None, None) => Cow::Owned(Value::Null),
+            };
+            values.push(self.coerce_column(position, value)?);
+        }
+        Ok(())
+    }
+
+    /// Converts `value` to the type of the column at `position` (a borrowed value the type
+    /// holds as it is stays borrowed) and checks it against the column's nullability.
+    fn coerce_column<'v>(&self, position: usize, value: Cow<'v, Value>) -> Result<Cow<'v, Value>> {
+        let definition = &self.columns[position];
+        let converted = definition
+            .data_type
+            .coerce_cow(value)
+            .map_err(|error| error.with_column(&definition.name))?;
+        if converted.is_null() && !definition.nullable {
+            return Err(EngineError::NullNotAllowed {
+                table: self.name.clone(),
+                column: definition.name.clone(),
+            });
+        }
+        Ok(converted)
+    }
+
     /// Evaluates computed columns, converts values to their column types and checks NULLs
     /// (except in `deferred_identity`, which is filled in later).
     fn finish_row(&self, values: &mut [Value], deferred_identity: Option<usize>) -> Result<()> {
@@ -1326,23 +1467,12 @@ impl Table {
                 .expect("computed column");
             values[column] = expression(values)?;
         }
-        for (position, (definition, value)) in
-            self.columns.iter().zip(values.iter_mut()).enumerate()
-        {
+        for (position, value) in values.iter_mut().enumerate() {
             if deferred_identity == Some(position) {
                 continue;
             }
-            let converted = definition
-                .data_type
-                .coerce(std::mem::replace(value, Value::Null))
-                .map_err(|error| error.with_column(&definition.name))?;
-            if converted.is_null() && !definition.nullable {
-                return Err(EngineError::NullNotAllowed {
-                    table: self.name.clone(),
-                    column: definition.name.clone(),
-                });
-            }
-            *value = converted;
+            let owned = Cow::Owned(std::mem::replace(value, Value::Null));
+            *value = self.coerce_column(position, owned)?.into_owned();
         }
         Ok(())
     }
@@ -1372,16 +1502,20 @@ impl Table {
     }
 
     /// [`Table::clustered_value`] appended to `out`.
-    fn encode_clustered_value(&self, values: &[Value], out: &mut Vec<u8>) -> Result<()> {
+    fn encode_clustered_value<V: Borrow<Value>>(
+        &self,
+        values: &[V],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         if let Some(stored) = self.value_columns_range.clone() {
             // The usual shape (key columns first): the stored columns are one slice of the row,
             // encoded where they are.
             encode_row(&self.value_types, &values[stored], out)?;
         } else {
-            let stored: Vec<Value> = self
+            let stored: Vec<&Value> = self
                 .value_columns
                 .iter()
-                .map(|&column| values[column].clone())
+                .map(|&column| values[column].borrow())
                 .collect();
             encode_row(&self.value_types, &stored, out)?;
         }

@@ -15,6 +15,7 @@
 //! when comparing (`'a' = 'a  '`). [`Value`]'s own `PartialEq` is structural (`'a' != 'a '`);
 //! SQL ordering and equality are defined by the key encoding in [`crate::encoding`].
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -459,6 +460,47 @@ impl DataType {
                 )),
                 other => Err(ValueError::clash(&other, self)),
             },
+        }
+    }
+}
+
+impl DataType {
+    /// [`DataType::coerce`] for a value that may be borrowed: a borrowed value the type holds
+    /// as it is (see [`DataType::holds_as_is`]) stays borrowed, so inserting values the
+    /// caller keeps copies nothing; any other is converted as `coerce` converts it.
+    pub fn coerce_cow<'v>(&self, value: Cow<'v, Value>) -> Result<Cow<'v, Value>, ValueError> {
+        match value {
+            Cow::Borrowed(borrowed) if self.holds_as_is(borrowed) => Ok(Cow::Borrowed(borrowed)),
+            value => self.coerce(value.into_owned()).map(Cow::Owned),
+        }
+    }
+
+    /// Whether [`DataType::coerce`] would return `value` unchanged: it already has this type's
+    /// representation and fits. Exact where it says yes; it says no for the types whose check
+    /// costs as much as the conversion (`decimal`, `datetime2`, `nchar`), which then convert.
+    pub fn holds_as_is(&self, value: &Value) -> bool {
+        if value.is_null() {
+            return true;
+        }
+        if self.validate().is_err() {
+            return false;
+        }
+        match (*self, value) {
+            (DataType::TinyInt, Value::TinyInt(_))
+            | (DataType::SmallInt, Value::SmallInt(_))
+            | (DataType::Int, Value::Int(_))
+            | (DataType::BigInt, Value::BigInt(_))
+            | (DataType::Bit, Value::Bit(_))
+            | (DataType::Money, Value::Money(_))
+            | (DataType::Date, Value::Date(_))
+            | (DataType::UniqueIdentifier, Value::Uuid(_)) => true,
+            // A string never has more UTF-16 code units than UTF-8 bytes.
+            (DataType::VarChar(n) | DataType::NVarChar(n), Value::String(s)) => {
+                s.len() <= usize::from(n)
+            }
+            (DataType::Char(n), Value::String(s)) => s.len() == usize::from(n),
+            (DataType::VarBinary(n), Value::Binary(b)) => b.len() <= usize::from(n),
+            _ => false,
         }
     }
 }

@@ -300,7 +300,7 @@ fn encoder_errors_leave_out_unchanged() {
     );
     let e = encode_row(
         &[DataType::Int, DataType::NVarChar(2)],
-        &[1.into(), "abc".into()],
+        &[Value::from(1), "abc".into()],
         &mut out,
     )
     .unwrap_err();

@@ -3,6 +3,7 @@
 //! Each test prints its seed; rerun a failure with `LASTPAGE_TEST_SEED=<seed>`. The number of
 //! cases scales with `LASTPAGE_TEST_CASES` (default 1).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use lastpage_engine::encoding::{
@@ -390,6 +391,57 @@ fn row_round_trips() {
         let fixed: usize = types.iter().filter_map(DataType::fixed_size).sum();
         assert!(row.len() >= types.len().div_ceil(8) + fixed, "seed {seed}");
     }
+}
+
+/// `coerce_cow` of a borrowed value gives what `coerce` gives, and keeps the value borrowed
+/// only where `coerce` would return it unchanged: values of the column's own type, of other
+/// types, and strings longer than the column (with and without excess trailing spaces).
+#[test]
+fn coercing_a_borrowed_value_matches_coerce() {
+    let (mut rng, seed) = rng_for("coercing_a_borrowed_value_matches_coerce");
+    let (mut borrowed, mut total) = (0usize, 0usize);
+    for _ in 0..cases(30000) {
+        let ty = random_type(&mut rng);
+        let value = match rng.random_range(0..4) {
+            0 | 1 => random_value(&mut rng, &ty),
+            2 => {
+                let other = random_type(&mut rng);
+                random_value(&mut rng, &other)
+            }
+            _ => {
+                let len = rng.random_range(0..=14);
+                Value::String((0..len).map(|_| pick(&mut rng, CHARS)).collect())
+            }
+        };
+        let want = ty.coerce(value.clone());
+        let got = ty.coerce_cow(Cow::Borrowed(&value));
+        total += 1;
+        match (&want, &got) {
+            (Ok(want), Ok(got)) => {
+                assert_eq!(got.as_ref(), want, "seed {seed}: {ty:?} {value:?}");
+                if matches!(got, Cow::Borrowed(_)) {
+                    borrowed += 1;
+                    assert!(ty.holds_as_is(&value), "seed {seed}: {ty:?} {value:?}");
+                    assert_eq!(want, &value, "seed {seed}: {ty:?} kept {value:?}");
+                }
+            }
+            (Err(want), Err(got)) => assert_eq!(got, want, "seed {seed}: {ty:?} {value:?}"),
+            _ => panic!("seed {seed}: {ty:?} {value:?}: coerce {want:?}, coerce_cow {got:?}"),
+        }
+    }
+    // Most values of the column's own type stay borrowed: the point of `coerce_cow`.
+    assert!(
+        borrowed * 4 > total,
+        "seed {seed}: {borrowed} of {total} borrowed"
+    );
+    // A type that is itself invalid converts nothing, not even a value that would fit it.
+    let empty = Value::String(String::new());
+    assert!(!DataType::VarChar(0).holds_as_is(&empty));
+    assert!(
+        DataType::VarChar(0)
+            .coerce_cow(Cow::Borrowed(&empty))
+            .is_err()
+    );
 }
 
 /// Decoders on arbitrary and on damaged bytes: never a panic; whatever decodes is valid

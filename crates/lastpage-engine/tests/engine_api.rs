@@ -812,3 +812,209 @@ fn identity_batches_take_consecutive_values_and_fill_every_leaf() {
     assert!(next[0] > *rolled_back.last().unwrap(), "{next:?}");
     db.check_integrity().unwrap();
 }
+
+/// The table of the borrowed-batch tests: identity key, a NOT NULL payload, a padded code
+/// with a default, an nvarchar and an int; `shape` adds what sends a batch down the copying
+/// path instead of the one at the tail.
+fn borrowed_batch_table(db: &Database, name: &str, shape: &str) -> Arc<lastpage_engine::Table> {
+    let mut table = TableDef::new(name)
+        .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
+        .column(ColumnDef::new("Payload", DataType::VarChar(20)).not_null())
+        .column(
+            ColumnDef::new("Code", DataType::Char(4))
+                .default_value(DefaultValue::Constant(Value::from("zz"))),
+        )
+        .column(ColumnDef::new("Note", DataType::NVarChar(6)))
+        .column(ColumnDef::new("Amount", DataType::Int))
+        .clustered(IndexDef::new(
+            format!("PK_{name}"),
+            &["InsertID"],
+            Uniqueness::PrimaryKey,
+        ));
+    match shape {
+        "tail" => {}
+        "nonclustered" => {
+            table = table.nonclustered(IndexDef::new(
+                format!("IX_{name}"),
+                &["Amount"],
+                Uniqueness::NonUnique,
+            ));
+        }
+        "computed" => {
+            let twice: ComputeFn = Arc::new(|row: &[Value]| {
+                Ok(match row[4].as_i64() {
+                    Some(amount) => Value::BigInt(amount * 2),
+                    None => Value::Null,
+                })
+            });
+            table = table.column(ColumnDef::new("Twice", DataType::BigInt).computed(twice));
+        }
+        other => panic!("unknown shape {other}"),
+    }
+    db.create_table(table).unwrap()
+}
+
+/// `insert_batch_values` stores exactly what `insert_batch` stores for the same rows, on the
+/// path at the tail (values borrowed) and on the copying paths (a nonclustered index, a
+/// computed column): random column lists in any order, values that need converting (an int
+/// into the varchar, text into the int, short text padded into the char), defaults, NULLs,
+/// and batches with a bad row, which fail the same way and leave nothing behind.
+#[test]
+fn borrowed_batches_store_what_owned_batches_store() {
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("LASTPAGE_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("borrowed_batches_store_what_owned_batches_store: seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let db = database();
+    for shape in ["tail", "nonclustered", "computed"] {
+        let owned = borrowed_batch_table(&db, &format!("Owned_{shape}"), shape);
+        let borrowed = borrowed_batch_table(&db, &format!("Borrowed_{shape}"), shape);
+        let session = db.session();
+        let (mut failed, mut inserted) = (0, 0);
+        for _ in 0..150 {
+            let mut columns: Vec<usize> = vec![1];
+            for column in [2, 3, 4] {
+                if rng.random_bool(0.5) {
+                    columns.insert(rng.random_range(0..=columns.len()), column);
+                }
+            }
+            let value_for = |rng: &mut rand::rngs::StdRng, column: usize| match column {
+                1 => match rng.random_range(0..300) {
+                    0 => Value::Null,
+                    1 => Value::from("x".repeat(21)),
+                    2 => Value::Int(rng.random_range(-99..99)),
+                    _ => Value::from(format!("p{}", rng.random_range(0..1000))),
+                },
+                2 => match rng.random_range(0..3) {
+                    0 => Value::Null,
+                    1 => Value::from("ab"),
+                    _ => Value::from("abcd"),
+                },
+                3 => match rng.random_range(0..3) {
+                    0 => Value::Null,
+                    1 => Value::from("€uro"),
+                    _ => Value::from("note  "),
+                },
+                _ => match rng.random_range(0..3) {
+                    0 => Value::Null,
+                    1 => Value::from(rng.random_range(-5..5).to_string().as_str()),
+                    _ => Value::Int(rng.random_range(-1000..1000)),
+                },
+            };
+            let rows: Vec<Vec<Value>> = (0..rng.random_range(1..40))
+                .map(|_| {
+                    columns
+                        .iter()
+                        .map(|&column| value_for(&mut rng, column))
+                        .collect()
+                })
+                .collect();
+            let owned_rows = rows
+                .iter()
+                .map(|row| {
+                    columns
+                        .iter()
+                        .zip(row)
+                        .fold(InsertRow::new(), |insert, (&column, value)| {
+                            insert.set(column, value.clone())
+                        })
+                })
+                .collect();
+            let from_owned = owned.insert_batch(&session, owned_rows);
+            let from_borrowed =
+                borrowed.insert_batch_values(&session, &columns, rows.iter().map(Vec::as_slice));
+            match (&from_owned, &from_borrowed) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a, b, "seed {seed}: {shape}");
+                    inserted += a.len();
+                }
+                (Err(a), Err(b)) => {
+                    assert_eq!(
+                        a.to_string().replace("Owned_", ""),
+                        b.to_string().replace("Borrowed_", ""),
+                        "seed {seed}: {shape}"
+                    );
+                    failed += 1;
+                }
+                _ => panic!("seed {seed}: {shape}: {from_owned:?} against {from_borrowed:?}"),
+            }
+        }
+        assert!(
+            failed > 3 && inserted > 1000,
+            "seed {seed}: {failed} {inserted}"
+        );
+        let all = |table: &Arc<lastpage_engine::Table>| -> Vec<Vec<Value>> {
+            table
+                .scan(&session, &KeyRange::all(), Direction::Forward)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert_eq!(all(&owned), all(&borrowed), "seed {seed}: {shape}");
+        assert_eq!(borrowed.row_count(), inserted as u64);
+        assert_eq!(owned.next_identity(), borrowed.next_identity());
+    }
+    db.check_integrity().unwrap();
+}
+
+/// A bad column list or a row of the wrong length fails `insert_batch_values` with an error
+/// that says so, before anything goes in or any identity value is used.
+#[test]
+fn borrowed_batches_check_their_column_list_once() {
+    let db = database();
+    for shape in ["tail", "computed"] {
+        let table = borrowed_batch_table(&db, &format!("Checked_{shape}"), shape);
+        let session = db.session();
+        let row = [Value::from("a"), Value::Int(1)];
+        let insert = |columns: &[usize], rows: &[&[Value]]| {
+            table.insert_batch_values(&session, columns, rows.iter().copied())
+        };
+        let error = insert(&[1, 1], &[&row]).unwrap_err();
+        assert!(
+            matches!(&error, EngineError::DuplicateInsertColumn { column } if column == "Payload"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("more than once"), "{error}");
+        let error = insert(&[0, 1], &[&row]).unwrap_err();
+        assert!(
+            matches!(error, EngineError::ExplicitIdentity { .. }),
+            "{error}"
+        );
+        let error = insert(&[1, 9], &[&row]).unwrap_err();
+        assert!(
+            matches!(error, EngineError::UnknownColumn { .. }),
+            "{error}"
+        );
+        if shape == "computed" {
+            let error = insert(&[1, 5], &[&row]).unwrap_err();
+            assert!(
+                matches!(error, EngineError::ComputedColumn { .. }),
+                "{error}"
+            );
+        }
+        let short = [Value::from("b")];
+        let error = insert(&[1, 4], &[&row, &row, &short]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                EngineError::InsertArity {
+                    row: 3,
+                    expected: 2,
+                    got: 1
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(table.row_count(), 0);
+        assert_eq!(table.next_identity(), Some(1));
+        // No rows is no statement; then the first good batch gets the first values.
+        assert_eq!(insert(&[1, 4], &[]).unwrap(), Vec::<Option<i64>>::new());
+        // A value that does not convert fails the batch.
+        let error = insert(&[4, 1], &[&[Value::Int(7), Value::from("x")], &row[..]]).unwrap_err();
+        assert!(error.to_string().contains("to data type int"), "{error}");
+        assert_eq!(table.row_count(), 0);
+    }
+}

@@ -1045,13 +1045,17 @@ impl Worker {
                     let started = Instant::now();
                     (started, self.table.insert(&session, row).map(|_| ()))
                 } else {
-                    let batch: Vec<InsertRow> = (0..per_statement)
-                        .map(|_| InsertRow::new().set(self.payload_column, payload.clone()))
-                        .collect();
+                    // The statement lends the session's payload to each of its rows, as a
+                    // program binds one buffer per parameter: nothing is built per row.
+                    let rows =
+                        std::iter::repeat_n(std::slice::from_ref(&payload), per_statement as usize);
+                    let columns = [self.payload_column];
                     let started = Instant::now();
                     (
                         started,
-                        self.table.insert_batch(&session, batch).map(|_| ()),
+                        self.table
+                            .insert_batch_values(&session, &columns, rows)
+                            .map(|_| ()),
                     )
                 };
                 let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);

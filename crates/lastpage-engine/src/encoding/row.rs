@@ -1,5 +1,7 @@
 //! The row encoding (format in the module docs of [`crate::encoding`]).
 
+use std::borrow::Borrow;
+
 use super::{
     Reader, binary_in, checked_decimal, corrupt, decimal_mantissa, i128_from_be, int_in, mismatch,
     text_in, wrong_count,
@@ -10,10 +12,11 @@ use crate::types::{
 
 /// Appends the row encoding of `values` (of `types`) to `out`. Values must already have the
 /// column types (see [`DataType::coerce`]); `char(n)`/`nchar(n)` values shorter than `n` are
-/// padded. On error `out` is left as it was.
-pub fn encode_row(
+/// padded. On error `out` is left as it was. The values may be owned or borrowed (a completed
+/// row of an insert borrows the values its caller keeps).
+pub fn encode_row<V: Borrow<Value>>(
     types: &[DataType],
-    values: &[Value],
+    values: &[V],
     out: &mut Vec<u8>,
 ) -> Result<(), ValueError> {
     if types.len() != values.len() {
@@ -27,9 +30,9 @@ pub fn encode_row(
     result
 }
 
-fn encode_row_inner(
+fn encode_row_inner<V: Borrow<Value>>(
     types: &[DataType],
-    values: &[Value],
+    values: &[V],
     start: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), ValueError> {
@@ -40,6 +43,7 @@ fn encode_row_inner(
     out.resize(start + bitmap_len, 0);
     let mut var_count = 0usize;
     for (i, (ty, value)) in types.iter().zip(values).enumerate() {
+        let value = value.borrow();
         if value.is_null() {
             out[start + i / 8] |= 1 << (i % 8);
         }
@@ -56,6 +60,7 @@ fn encode_row_inner(
         .zip(values)
         .filter(|(ty, _)| ty.fixed_size().is_none());
     for (j, (ty, value)) in var_columns.enumerate() {
+        let value = value.borrow();
         if !value.is_null() {
             encode_var(ty, value, out)?;
         }
@@ -69,11 +74,11 @@ fn encode_row_inner(
 
 /// About how many bytes the columns of a row take after the null bitmap: exact for the usual
 /// column types, a guess (one byte per character) for `nvarchar`.
-fn encoded_size_hint(types: &[DataType], values: &[Value]) -> usize {
+fn encoded_size_hint<V: Borrow<Value>>(types: &[DataType], values: &[V]) -> usize {
     types
         .iter()
         .zip(values)
-        .map(|(ty, value)| match (ty.fixed_size(), value) {
+        .map(|(ty, value)| match (ty.fixed_size(), value.borrow()) {
             (Some(size), _) => size,
             (None, Value::String(text)) => 2 + text.len(),
             (None, Value::Binary(bytes)) => 2 + bytes.len(),
