@@ -1373,6 +1373,7 @@ impl Table {
 
     /// Fails unless an insert may supply a value for the column at `column`: it exists, and it
     /// is neither an identity nor a computed column.
+    #[inline]
     fn check_supplied_column(&self, column: usize) -> Result<()> {
         let Some(definition) = self.columns.get(column) else {
             return Err(EngineError::UnknownColumn {
@@ -1438,20 +1439,27 @@ impl Table {
     }
 
     /// Converts `value` to the type of the column at `position` (a borrowed value the type
-    /// holds as it is stays borrowed) and checks it against the column's nullability.
+    /// holds as it is stays borrowed) and checks it against the column's nullability, as
+    /// [`Table::finish_row`] does for owned values.
     fn coerce_column<'v>(&self, position: usize, value: Cow<'v, Value>) -> Result<Cow<'v, Value>> {
         let definition = &self.columns[position];
         let converted = definition
             .data_type
             .coerce_cow(value)
             .map_err(|error| error.with_column(&definition.name))?;
-        if converted.is_null() && !definition.nullable {
+        self.check_nullable(definition, &converted)?;
+        Ok(converted)
+    }
+
+    /// Fails if `value` (converted to `definition`'s type) is NULL and the column is NOT NULL.
+    fn check_nullable(&self, definition: &ColumnDef, value: &Value) -> Result<()> {
+        if value.is_null() && !definition.nullable {
             return Err(EngineError::NullNotAllowed {
                 table: self.name.clone(),
                 column: definition.name.clone(),
             });
         }
-        Ok(converted)
+        Ok(())
     }
 
     /// Evaluates computed columns, converts values to their column types and checks NULLs
@@ -1467,12 +1475,20 @@ impl Table {
                 .expect("computed column");
             values[column] = expression(values)?;
         }
-        for (position, value) in values.iter_mut().enumerate() {
+        // Owned values go straight through `coerce`: through `coerce_column`'s `Cow` the
+        // single-row insert cost 4% more instructions.
+        for (position, (definition, value)) in
+            self.columns.iter().zip(values.iter_mut()).enumerate()
+        {
             if deferred_identity == Some(position) {
                 continue;
             }
-            let owned = Cow::Owned(std::mem::replace(value, Value::Null));
-            *value = self.coerce_column(position, owned)?.into_owned();
+            let converted = definition
+                .data_type
+                .coerce(std::mem::replace(value, Value::Null))
+                .map_err(|error| error.with_column(&definition.name))?;
+            self.check_nullable(definition, &converted)?;
+            *value = converted;
         }
         Ok(())
     }
