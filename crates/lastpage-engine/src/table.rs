@@ -117,9 +117,13 @@ impl Index {
 
     /// The key's columns as text, for duplicate-key messages.
     fn describe_key(&self, row: &[Value]) -> String {
+        // A row missing (a batch's failed row whose record did not decode) shows as `?`.
         self.column_ids
             .iter()
-            .map(|&column| row[column].to_string())
+            .map(|&column| {
+                row.get(column)
+                    .map_or_else(|| "?".to_owned(), Value::to_string)
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -968,7 +972,7 @@ impl Table {
         }
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
-        if scope.needs_locks(self.key_has_identity()) {
+        if scope.needs_locks(self.inserts_only_fresh_keys()) {
             self.lock_batch(scope, &buffer, &records)?;
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
@@ -1186,6 +1190,9 @@ impl Table {
         if self.identity_keyed {
             return with_scratch(&ROW_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |values| {
                 self.complete_row_into(row, IdentityFill::LeaveToTree, values)?;
+                if scope.needs_locks(self.inserts_only_fresh_keys()) {
+                    self.lock_unique_entries_without_identity(scope, values)?;
+                }
                 self.insert_with_identity_key(scope, values).map(Some)
             });
         }
@@ -1194,7 +1201,7 @@ impl Table {
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
         let entries = self.nonclustered_entries(&values, &key)?;
-        if scope.needs_locks(self.key_has_identity()) {
+        if scope.needs_locks(self.inserts_only_fresh_keys()) {
             self.lock_entries(scope, &key, &entries)?;
         }
         let partition = self.partition_of_row(&values);
@@ -1216,6 +1223,48 @@ impl Table {
         self.identity
             .as_ref()
             .is_some_and(|identity| self.clustered.column_ids.contains(&identity.column))
+    }
+
+    /// Whether every key an insert locks is one nobody has seen: the clustered key contains the
+    /// identity column, and so does every unique nonclustered index (a unique key without it,
+    /// a customer's code say, may be one another transaction inserted and has not committed:
+    /// an insert of the same value must wait for that transaction to end, and then fails only
+    /// if it committed).
+    fn inserts_only_fresh_keys(&self) -> bool {
+        self.key_has_identity()
+            && self
+                .nonclustered
+                .iter()
+                .all(|index| !index.def.uniqueness.is_unique() || self.index_has_identity(index))
+    }
+
+    /// Whether `index`'s key columns include the identity column.
+    fn index_has_identity(&self, index: &Index) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|identity| index.column_ids.contains(&identity.column))
+    }
+
+    /// Locks the keys of a row's unique nonclustered entries that do not contain the identity
+    /// value, for an insert whose identity the tree makes (see [`Table::identity_keyed`]):
+    /// those keys do not depend on it, so they are locked before the row goes in, as
+    /// [`Table::lock_unique_entries`] locks them on the other paths (the keys with the identity
+    /// are fresh and need no lock).
+    fn lock_unique_entries_without_identity(
+        &self,
+        scope: &mut WriteScope<'_>,
+        values: &[Value],
+    ) -> Result<()> {
+        for (position, index) in self.nonclustered.iter().enumerate() {
+            if index.def.uniqueness.is_unique() && !self.index_has_identity(index) {
+                // The entry's key as `nonclustered_entry` makes it: a unique entry's key is its
+                // columns alone.
+                let mut key = Vec::with_capacity(32);
+                index.encode_columns(values, &mut key)?;
+                scope.lock_row(self, position + 1, &key)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the clustered key is the identity column alone: then a batch's rows, which take

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use lastpage_engine::schema::ComputeFn;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, Direction, EngineError, IndexDef,
-    InsertRow, KeyRange, TableDef, Uniqueness, Value,
+    InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
 
 fn database() -> Database {
@@ -1016,5 +1016,112 @@ fn borrowed_batches_check_their_column_list_once() {
         let error = insert(&[4, 1], &[&[Value::Int(7), Value::from("x")], &row[..]]).unwrap_err();
         assert!(error.to_string().contains("to data type int"), "{error}");
         assert_eq!(table.row_count(), 0);
+    }
+}
+
+/// A unique nonclustered key another transaction inserted and has not committed makes an
+/// insert of the same value wait, on every path, even when the insert's own clustered key is
+/// a fresh identity value that needs no lock (an in-memory autocommit insert): after a
+/// rollback the insert goes in, after a commit it fails as a duplicate. Before this was fixed,
+/// the waiting insert failed at once with a duplicate key that was then rolled back.
+#[test]
+fn an_uncommitted_unique_nonclustered_key_makes_an_insert_wait() {
+    for (shape, batch) in [
+        ("identity", false),
+        ("identity", true),
+        ("classic", false),
+        ("classic", true),
+    ] {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout: Some(std::time::Duration::from_secs(20)),
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let mut def = TableDef::new("Customers")
+            .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
+            .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+            .column(ColumnDef::new("Region", DataType::Int));
+        def = match shape {
+            // The tree makes the identity key (`identity_keyed`).
+            "identity" => def.clustered(IndexDef::new("PK", &["Id"], Uniqueness::PrimaryKey)),
+            _ => def.clustered(IndexDef::new(
+                "CX",
+                &["Region", "Id"],
+                Uniqueness::NonUnique,
+            )),
+        };
+        let table = db
+            .create_table(def.nonclustered(IndexDef::new(
+                "UX_Code",
+                &["Code"],
+                Uniqueness::UniqueIndex,
+            )))
+            .unwrap();
+        for (code, commit) in [("x", false), ("y", true)] {
+            let first = db.session();
+            first.begin().unwrap();
+            table
+                .insert(&first, InsertRow::new().set(1, code).set(2, 1))
+                .unwrap();
+            let waits_before = db.lock_stats().waits;
+            let second = std::thread::scope(|scope| {
+                let waiter = scope.spawn(|| {
+                    let session = db.session();
+                    let result = if batch {
+                        let rows = vec![
+                            InsertRow::new().set(1, format!("{code}-other")).set(2, 2),
+                            InsertRow::new().set(1, code).set(2, 2),
+                        ];
+                        table.insert_batch(&session, rows).map(|_| ())
+                    } else {
+                        table
+                            .insert(&session, InsertRow::new().set(1, code).set(2, 2))
+                            .map(|_| ())
+                    };
+                    (
+                        result,
+                        session.waits().wait(WaitType::LckMX).waiting_tasks_count,
+                    )
+                });
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while db.lock_stats().waits == waits_before {
+                    assert!(
+                        !waiter.is_finished() && std::time::Instant::now() < deadline,
+                        "{shape} batch={batch} {code}: the second insert did not wait"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if commit {
+                    first.commit().unwrap();
+                } else {
+                    first.rollback().unwrap();
+                }
+                waiter.join().unwrap()
+            });
+            let (result, lock_waits) = second;
+            assert!(lock_waits >= 1, "{shape} batch={batch} {code}");
+            if commit {
+                let error = result.unwrap_err();
+                assert!(
+                    matches!(error, EngineError::DuplicateIndexKey { .. }),
+                    "{shape} batch={batch}: {error}"
+                );
+            } else {
+                result.unwrap_or_else(|error| panic!("{shape} batch={batch}: {error}"));
+            }
+            let session = db.session();
+            let rows = table
+                .get_by_index(&session, "UX_Code", &[Value::from(code)])
+                .unwrap();
+            // One row with the code: the committed first one, or the second after a rollback.
+            let region = if commit { 1 } else { 2 };
+            assert_eq!(rows.len(), 1, "{shape} batch={batch} {code}: {rows:?}");
+            assert_eq!(
+                rows[0][2],
+                Value::Int(region),
+                "{shape} batch={batch} {code}"
+            );
+        }
+        db.check_integrity().unwrap();
     }
 }
