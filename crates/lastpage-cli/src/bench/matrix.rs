@@ -1046,7 +1046,7 @@ pub fn render(report: &MatrixReport) -> String {
          BTREE_INSERT_FLOW_CONTROL waiting_tasks_count per row (every index); cs: voluntary + involuntary \
          context switches of the inserting threads per row; pf: minor page faults of the process per \
          row (fresh memory from the kernel); leaf fill: the clustered index's, from the \
-         integrity check. *: 100-row statements (insert_batch). ideal append: per row one shared atomic \
+         integrity check. *: 100-row statements (insert_batch_values). ideal append: per row one shared atomic \
          fetch_add plus a copy of the row's bytes into a buffer allocated and touched before the clock \
          starts (so it pays no page faults; the engine runs pay theirs, pf), same threads, start gate \
          and per-row timing as the engine runs.\n",

@@ -111,7 +111,7 @@ pub fn insert_report(report: &InsertReport) -> String {
     );
     if config.rows_per_statement > 1 {
         out.push_str(&format!(
-            "{}-row statements (insert_batch): latencies are per statement\n",
+            "{}-row statements (insert_batch_values): latencies are per statement\n",
             config.rows_per_statement
         ));
     }
