@@ -888,7 +888,9 @@ impl Table {
             }
         });
         session.write(self, |scope| {
-            if rows.len() > 0 && self.batches_at_tail() && self.computed_columns.is_empty() {
+            // With nonclustered indexes the batch keeps every completed row until its identity
+            // values are known: those rows own their values (the copying path below).
+            if rows.len() > 0 && self.batches_at_tail() && self.nonclustered.is_empty() {
                 let row_count = rows.len();
                 self.insert_batch_at_tail(scope, row_count, |buffer, value_ends| {
                     let mut values = Vec::with_capacity(self.columns.len());
@@ -897,7 +899,7 @@ impl Table {
                         self.encode_clustered_value(&values, buffer)?;
                         end_batch_row(buffer, value_ends, row_count);
                     }
-                    Ok(())
+                    Ok(Vec::new())
                 })
             } else {
                 let rows = rows
@@ -920,14 +922,20 @@ impl Table {
     ) -> Result<Vec<Option<i64>>> {
         if !rows.is_empty() && self.batches_at_tail() {
             let row_count = rows.len();
+            let keep_rows = !self.nonclustered.is_empty();
             return self.insert_batch_at_tail(scope, row_count, |buffer, value_ends| {
+                let mut kept = Vec::with_capacity(if keep_rows { row_count } else { 0 });
                 let mut values = Vec::with_capacity(self.columns.len());
                 for row in rows {
                     self.complete_row_into(row, IdentityFill::LeaveToTree, &mut values)?;
                     self.encode_clustered_value(&values, buffer)?;
                     end_batch_row(buffer, value_ends, row_count);
+                    if keep_rows {
+                        let next = Vec::with_capacity(self.columns.len());
+                        kept.push(std::mem::replace(&mut values, next));
+                    }
                 }
-                Ok(())
+                Ok(kept)
             });
         }
         let mut next_identity = self
@@ -1008,18 +1016,23 @@ impl Table {
 
     /// Whether a multi-row insert goes in at the tail with keys made there (see
     /// [`Table::insert_batch_at_tail`]): a table clustered on its identity alone, with no
-    /// nonclustered index, on the default insert path.
+    /// unique nonclustered index (its keys would have to be locked, and waited for, before
+    /// the batch reaches the tail), on the default insert path.
     fn batches_at_tail(&self) -> bool {
         self.identity_keyed
-            && self.nonclustered.is_empty()
+            && self
+                .nonclustered
+                .iter()
+                .all(|index| !index.def.uniqueness.is_unique())
             && self.clustered.tree(0).insert_path() == InsertPath::Default
     }
 
     /// A multi-row insert of `row_count` rows into a table [`Table::batches_at_tail`] says yes
     /// for. `encode_values` completes every row and encodes its clustered value into the
     /// buffer it is given, marking each row's end with [`end_batch_row`] (a row that fails its
-    /// checks fails the statement before anything is inserted); then, under the tree's tail
-    /// gate, the batch takes its
+    /// checks fails the statement before anything is inserted), and returns the completed
+    /// rows if the table has nonclustered indexes (nothing otherwise); then, under the tree's
+    /// tail gate, the batch takes its
     /// identity values as one block, locks their keys with one range lock (as
     /// [`Table::lock_batch`] does for other batches) and appends its rows, page after page
     /// (`BTree::insert_batch_with_generated_keys`). Taking the block at the tail is what keeps
@@ -1031,12 +1044,12 @@ impl Table {
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
         row_count: usize,
-        encode_values: impl FnOnce(&mut Vec<u8>, &mut Vec<usize>) -> Result<()>,
+        encode_values: impl FnOnce(&mut Vec<u8>, &mut Vec<usize>) -> Result<Vec<Row>>,
     ) -> Result<Vec<Option<i64>>> {
         let (identity, data_type) = self.identity_and_type();
         let mut buffer = take_batch_buffer();
         let mut value_ends = Vec::with_capacity(row_count);
-        encode_values(&mut buffer, &mut value_ends)?;
+        let mut rows = encode_values(&mut buffer, &mut value_ends)?;
         debug_assert_eq!(value_ends.len(), row_count, "one end per row");
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
@@ -1092,6 +1105,16 @@ impl Table {
                     }
                 });
             }
+            if !rows.is_empty() {
+                let entries = self.insert_batch_entries(&mut rows, first_id, &keys, &key_ends);
+                if let Err(error) = entries {
+                    // Undo is best effort, as above.
+                    for row in 0..row_count {
+                        let _ = tree.delete(&keys[batch_item_range(&key_ends, row)]);
+                    }
+                    return Err(error);
+                }
+            }
             if keep_changes {
                 let keys = Arc::new(keys);
                 for row in 0..row_count {
@@ -1111,6 +1134,50 @@ impl Table {
         Ok((0..row_count as i64)
             .map(|row| Some(first_id + row * identity.increment))
             .collect())
+    }
+
+    /// Inserts the nonclustered entries of a batch whose rows [`Table::insert_batch_at_tail`]
+    /// appended: `rows` are the completed rows, whose identity values (from `first_id` on)
+    /// and clustered keys (`keys`, ending at `key_ends`) are now known. The indexes are not
+    /// unique, so no entry needs a lock: each ends in its row's fresh clustered key. If an
+    /// entry is rejected, removes the entries inserted before it and returns the error; the
+    /// caller removes the clustered records.
+    fn insert_batch_entries(
+        &self,
+        rows: &mut [Row],
+        first_id: i64,
+        keys: &[u8],
+        key_ends: &[usize],
+    ) -> Result<()> {
+        let (identity, data_type) = self.identity_and_type();
+        let mut inserted: Vec<(&Index, Vec<u8>)> =
+            Vec::with_capacity(rows.len() * self.nonclustered.len());
+        let mut insert_all = || -> Result<()> {
+            for (row, values) in rows.iter_mut().enumerate() {
+                // `take` reserved the whole block, so no value of it overflows.
+                let id = first_id + row as i64 * identity.increment;
+                values[identity.column] = identity_as_value(id, data_type)?;
+                let key = &keys[batch_item_range(key_ends, row)];
+                for index in &self.nonclustered {
+                    let (entry_key, entry_value) = self.nonclustered_entry(index, values, key)?;
+                    self.check_sizes(index, &entry_key, &entry_value)?;
+                    index
+                        .tree(0)
+                        .insert(&entry_key, &entry_value)
+                        .map_err(|error| self.storage_error(index, error, values))?;
+                    inserted.push((index, entry_key));
+                }
+            }
+            Ok(())
+        };
+        let result = insert_all();
+        if result.is_err() {
+            // Undo is best effort: a page that cannot be read leaves the entry behind.
+            for (index, entry_key) in inserted.iter().rev() {
+                let _ = index.tree(0).delete(entry_key);
+            }
+        }
+        result
     }
 
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered

@@ -1125,3 +1125,118 @@ fn an_uncommitted_unique_nonclustered_key_makes_an_insert_wait() {
         db.check_integrity().unwrap();
     }
 }
+
+/// Batches into a table clustered on its identity with non-unique nonclustered indexes go in
+/// at the tail too (each batch's values consecutive, leaves full under concurrency), and each
+/// row's nonclustered entries follow once its identity value is known: every row is found
+/// through its index. A batch whose nonclustered entry is rejected (a key too large) leaves
+/// nothing in any index, and a rolled-back batch neither.
+#[test]
+fn identity_batches_with_nonclustered_indexes_go_in_at_the_tail() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Tagged")
+                .column(ColumnDef::new("InsertID", DataType::Int).identity(1, 1))
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .column(ColumnDef::new("Tag", DataType::Int).not_null())
+                .column(ColumnDef::new("Note", DataType::VarChar(2000)))
+                .clustered(IndexDef::new(
+                    "PK_Tagged",
+                    &["InsertID"],
+                    Uniqueness::PrimaryKey,
+                ))
+                .nonclustered(IndexDef::new("IX_Tag", &["Tag"], Uniqueness::NonUnique))
+                .nonclustered(IndexDef::new("IX_Note", &["Note"], Uniqueness::NonUnique)),
+        )
+        .unwrap();
+    let (threads, batches, rows) = (8, 30, 50);
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let (db, table) = (&db, &table);
+            scope.spawn(move || {
+                let session = db.session();
+                for batch in 0..batches {
+                    let tag = (thread * 1000 + batch) as i32;
+                    let batch_rows = (0..rows)
+                        .map(|row| InsertRow::new().set(1, format!("{tag}-{row}")).set(2, tag))
+                        .collect();
+                    let ids = table.insert_batch(&session, batch_rows).unwrap();
+                    let first = ids[0].expect("an identity value");
+                    assert_eq!(
+                        ids,
+                        (first..first + rows as i64).map(Some).collect::<Vec<_>>()
+                    );
+                    let mut found = table
+                        .get_by_index(&session, "IX_Tag", &[Value::Int(tag)])
+                        .unwrap();
+                    found.sort_by_key(|row| row[0].as_i64());
+                    assert_eq!(found.len(), rows, "tag {tag}");
+                    for (row, (values, id)) in found.iter().zip(&ids).enumerate() {
+                        assert_eq!(values[0].as_i64(), *id, "tag {tag}");
+                        assert_eq!(values[1], Value::from(format!("{tag}-{row}").as_str()));
+                    }
+                }
+            });
+        }
+    });
+    let total = (threads * batches * rows) as u64;
+    let check = |expected: u64| {
+        let checks = db.check_integrity().unwrap();
+        let check = checks.iter().find(|check| check.table == "Tagged").unwrap();
+        assert_eq!(check.rows, expected);
+        for (name, tree) in &check.indexes {
+            assert_eq!(tree.rows, expected, "{name}");
+        }
+        check.indexes[0].1.leaf_fill
+    };
+    let fill = check(total);
+    assert!(fill > 0.95, "leaf fill {fill}");
+
+    let session = db.session();
+    let before = table.next_identity().unwrap();
+    // The last row's note is too long for a key of IX_Note: its entry is rejected after the
+    // clustered records and the other entries went in, and all of them are removed again.
+    let mut failing: Vec<InsertRow> = (0..rows)
+        .map(|row| {
+            InsertRow::new()
+                .set(1, format!("bad-{row}"))
+                .set(2, -1)
+                .set(3, "n")
+        })
+        .collect();
+    failing.push(
+        InsertRow::new()
+            .set(1, "too long")
+            .set(2, -1)
+            .set(3, "x".repeat(1800)),
+    );
+    let error = table.insert_batch(&session, failing).unwrap_err();
+    assert!(matches!(error, EngineError::KeyTooLarge { .. }), "{error}");
+    assert_eq!(table.row_count(), total);
+    assert!(
+        table
+            .get_by_index(&session, "IX_Tag", &[Value::Int(-1)])
+            .unwrap()
+            .is_empty()
+    );
+    check(total);
+    // A rolled-back batch leaves nothing behind either; its values are not handed out again.
+    session.begin().unwrap();
+    let rolled_back = table
+        .insert_batch(
+            &session,
+            (0..rows)
+                .map(|_| InsertRow::new().set(1, "gone").set(2, -2))
+                .collect(),
+        )
+        .unwrap();
+    session.rollback().unwrap();
+    check(total);
+    let next = table
+        .insert_batch(&session, vec![InsertRow::new().set(1, "after").set(2, -3)])
+        .unwrap();
+    assert!(next[0].unwrap() > rolled_back.last().unwrap().unwrap());
+    assert!(next[0].unwrap() > before);
+    check(total + 1);
+}
