@@ -49,8 +49,8 @@ pub const MAX_CELL_ROWS: u64 = 5_000_000;
 /// 0.80–0.87M with 1; once a batch's rows cost the thread half as much CPU
 /// (`insert_batch_values`), 4 flushed 1.6–1.7 batches per fdatasync and the thread waited
 /// on the disk: 16 gave 0.94–1.25M rows/s (4.1–5.5 per fdatasync) against 0.88–1.02M with 4
-/// (eight interleaved runs; 8 and 32 no better than 16). A batch's acknowledgement comes this
-/// many batches (about 15 ms) after its commit.
+/// (seven interleaved runs each; 8 and 32 no better than 16). A batch's acknowledgement comes
+/// this many batches (about 15 ms) after its commit.
 const PIPELINED_BATCHES_IN_FLIGHT: usize = 16;
 
 /// Payload bytes per row: the seeds' VARCHAR(100) table.
