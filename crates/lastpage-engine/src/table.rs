@@ -115,6 +115,12 @@ impl Index {
         Ok(())
     }
 
+    /// Whether the index is unique and `column` (the identity) is not among its key columns:
+    /// then its keys are not fresh, and an insert must lock them.
+    fn unique_without(&self, column: usize) -> bool {
+        self.def.uniqueness.is_unique() && !self.column_ids.contains(&column)
+    }
+
     /// The key's columns as text, for duplicate-key messages.
     fn describe_key(&self, row: &[Value]) -> String {
         // A row missing (a batch's failed row whose record did not decode) shows as `?`.
@@ -461,6 +467,12 @@ pub struct Table {
     /// column (which could depend on the identity value): then the clustered tree makes the
     /// identity key itself, under its last leaf's latch.
     identity_keyed: bool,
+    /// Whether every key an insert locks is one nobody has seen: the clustered key contains the
+    /// identity column, and so does every unique nonclustered index (a unique key without it,
+    /// a customer's code say, may be one another transaction inserted and has not committed:
+    /// an insert of the same value must wait for that transaction to end, and then fails only
+    /// if it committed). Decided once, like `identity_keyed`: inserts ask on every row.
+    inserts_only_fresh_keys: bool,
     /// Hash partitioning, if the table is partitioned.
     partitioning: Option<Partitioning>,
     /// The definition the table was created from, for the catalog.
@@ -692,6 +704,12 @@ impl Table {
                 && def.columns.iter().all(|column| column.computed.is_none())
                 && partitioning.is_none()
         });
+        let inserts_only_fresh_keys = identity.as_ref().is_some_and(|identity| {
+            clustered.column_ids.contains(&identity.column)
+                && !nonclustered
+                    .iter()
+                    .any(|index| index.unique_without(identity.column))
+        });
         let value_columns_range = match (value_columns.first(), value_columns.last()) {
             (Some(&first), Some(&last)) if last - first + 1 == value_columns.len() => {
                 Some(first..last + 1)
@@ -703,6 +721,7 @@ impl Table {
             value_columns_range,
             partitioning,
             identity_keyed,
+            inserts_only_fresh_keys,
             id,
             value_types: value_columns
                 .iter()
@@ -980,7 +999,7 @@ impl Table {
         }
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
-        if scope.needs_locks(self.inserts_only_fresh_keys()) {
+        if scope.needs_locks(self.inserts_only_fresh_keys) {
             self.lock_batch(scope, &buffer, &records)?;
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
@@ -1139,9 +1158,11 @@ impl Table {
     /// Inserts the nonclustered entries of a batch whose rows [`Table::insert_batch_at_tail`]
     /// appended: `rows` are the completed rows, whose identity values (from `first_id` on)
     /// and clustered keys (`keys`, ending at `key_ends`) are now known. The indexes are not
-    /// unique, so no entry needs a lock: each ends in its row's fresh clustered key. If an
-    /// entry is rejected, removes the entries inserted before it and returns the error; the
-    /// caller removes the clustered records.
+    /// unique, so no entry needs a lock: each ends in its row's fresh clustered key. Each row
+    /// goes in as a single row's entries do ([`Table::nonclustered_entries`],
+    /// [`Table::insert_nonclustered`], which undoes that row's entries if one is rejected); a
+    /// rejected row also removes the entries of the rows before it and returns the error, and
+    /// the caller removes the clustered records.
     fn insert_batch_entries(
         &self,
         rows: &mut [Row],
@@ -1150,34 +1171,33 @@ impl Table {
         key_ends: &[usize],
     ) -> Result<()> {
         let (identity, data_type) = self.identity_and_type();
-        let mut inserted: Vec<(&Index, Vec<u8>)> =
-            Vec::with_capacity(rows.len() * self.nonclustered.len());
-        let mut insert_all = || -> Result<()> {
-            for (row, values) in rows.iter_mut().enumerate() {
-                // `take` reserved the whole block, so no value of it overflows.
-                let id = first_id + row as i64 * identity.increment;
-                values[identity.column] = identity_as_value(id, data_type)?;
-                let key = &keys[batch_item_range(key_ends, row)];
-                for index in &self.nonclustered {
-                    let (entry_key, entry_value) = self.nonclustered_entry(index, values, key)?;
-                    self.check_sizes(index, &entry_key, &entry_value)?;
-                    index
-                        .tree(0)
-                        .insert(&entry_key, &entry_value)
-                        .map_err(|error| self.storage_error(index, error, values))?;
-                    inserted.push((index, entry_key));
+        let mut inserted: Vec<Vec<(Vec<u8>, Vec<u8>)>> = Vec::with_capacity(rows.len());
+        for (row, values) in rows.iter_mut().enumerate() {
+            // `take` reserved the whole block, so no value of it overflows.
+            let id = first_id + row as i64 * identity.increment;
+            let key = &keys[batch_item_range(key_ends, row)];
+            let entries = identity_as_value(id, data_type).and_then(|id| {
+                values[identity.column] = id;
+                let entries = self.nonclustered_entries(values, key)?;
+                self.insert_nonclustered(0, values, key, &entries)?;
+                Ok(entries)
+            });
+            match entries {
+                Ok(entries) => inserted.push(entries),
+                Err(error) => {
+                    // Undo is best effort: a page that cannot be read leaves the entry behind.
+                    for (index, (entry_key, _)) in inserted
+                        .iter()
+                        .rev()
+                        .flat_map(|entries| self.nonclustered.iter().zip(entries))
+                    {
+                        let _ = index.tree(0).delete(entry_key);
+                    }
+                    return Err(error);
                 }
             }
-            Ok(())
-        };
-        let result = insert_all();
-        if result.is_err() {
-            // Undo is best effort: a page that cannot be read leaves the entry behind.
-            for (index, entry_key) in inserted.iter().rev() {
-                let _ = index.tree(0).delete(entry_key);
-            }
         }
-        result
+        Ok(())
     }
 
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered
@@ -1257,7 +1277,7 @@ impl Table {
         if self.identity_keyed {
             return with_scratch(&ROW_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |values| {
                 self.complete_row_into(row, IdentityFill::LeaveToTree, values)?;
-                if scope.needs_locks(self.inserts_only_fresh_keys()) {
+                if scope.needs_locks(self.inserts_only_fresh_keys) {
                     self.lock_unique_entries_without_identity(scope, values)?;
                 }
                 self.insert_with_identity_key(scope, values).map(Some)
@@ -1268,7 +1288,7 @@ impl Table {
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
         let entries = self.nonclustered_entries(&values, &key)?;
-        if scope.needs_locks(self.inserts_only_fresh_keys()) {
+        if scope.needs_locks(self.inserts_only_fresh_keys) {
             self.lock_entries(scope, &key, &entries)?;
         }
         let partition = self.partition_of_row(&values);
@@ -1284,34 +1304,6 @@ impl Table {
         Ok(identity)
     }
 
-    /// Whether the clustered key contains the identity column, so that every new row's key is
-    /// one nobody has seen (identity values are never reused).
-    fn key_has_identity(&self) -> bool {
-        self.identity
-            .as_ref()
-            .is_some_and(|identity| self.clustered.column_ids.contains(&identity.column))
-    }
-
-    /// Whether every key an insert locks is one nobody has seen: the clustered key contains the
-    /// identity column, and so does every unique nonclustered index (a unique key without it,
-    /// a customer's code say, may be one another transaction inserted and has not committed:
-    /// an insert of the same value must wait for that transaction to end, and then fails only
-    /// if it committed).
-    fn inserts_only_fresh_keys(&self) -> bool {
-        self.key_has_identity()
-            && self
-                .nonclustered
-                .iter()
-                .all(|index| !index.def.uniqueness.is_unique() || self.index_has_identity(index))
-    }
-
-    /// Whether `index`'s key columns include the identity column.
-    fn index_has_identity(&self, index: &Index) -> bool {
-        self.identity
-            .as_ref()
-            .is_some_and(|identity| index.column_ids.contains(&identity.column))
-    }
-
     /// Locks the keys of a row's unique nonclustered entries that do not contain the identity
     /// value, for an insert whose identity the tree makes (see [`Table::identity_keyed`]):
     /// those keys do not depend on it, so they are locked before the row goes in, as
@@ -1322,8 +1314,9 @@ impl Table {
         scope: &mut WriteScope<'_>,
         values: &[Value],
     ) -> Result<()> {
+        let (identity, _) = self.identity_and_type();
         for (position, index) in self.nonclustered.iter().enumerate() {
-            if index.def.uniqueness.is_unique() && !self.index_has_identity(index) {
+            if index.unique_without(identity.column) {
                 // The entry's key as `nonclustered_entry` makes it: a unique entry's key is its
                 // columns alone.
                 let mut key = Vec::with_capacity(32);
