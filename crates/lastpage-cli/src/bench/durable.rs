@@ -36,6 +36,7 @@ use super::insert::{
 };
 use super::render::{machine, number, run_footer, table, thousands};
 use super::sqlite::SqliteBench;
+use super::wakeups::{self, WakeupReference};
 use crate::durable::{self, Durability};
 use crate::sys;
 
@@ -52,6 +53,9 @@ pub const MAX_CELL_ROWS: u64 = 5_000_000;
 /// (seven interleaved runs each; 8 and 32 no better than 16). A batch's acknowledgement comes
 /// this many batches (about 15 ms) after its commit.
 const PIPELINED_BATCHES_IN_FLIGHT: usize = 16;
+
+/// Longest time the park-and-wake probe runs (`--seconds` if that is shorter).
+const WAKEUP_PROBE_SECONDS: f64 = 1.0;
 
 /// Payload bytes per row: the seeds' VARCHAR(100) table.
 pub(super) const ROW_BYTES: u16 = 100;
@@ -172,6 +176,10 @@ pub struct Judged {
     /// [`DiskReference::large_append_mb_per_sec`] ÷ that cell's disk bytes per row. A
     /// ceiling for the cell on this disk, whatever the engine's CPU cost.
     pub pipelined_batch_disk_ceiling_rows_per_sec: Option<f64>,
+    /// [`WakeupReference::round_trips_per_sec`] at `threads` ÷ SQLite's autocommit rows/s
+    /// there: the most any engine that parks a thread per commit could reach against SQLite
+    /// on this machine, with inserts and I/O that cost nothing.
+    pub blocking_ceiling_vs_sqlite: Option<f64>,
 }
 
 /// Everything `bench durable` measured; serializes to its `--json`.
@@ -193,6 +201,9 @@ pub struct DurableReport {
     pub row_bytes: u16,
     /// The disk under `db_dir`, measured before the cells.
     pub disk: DiskReference,
+    /// The machine's park-and-wake ceiling at the judged thread count, measured before the
+    /// cells (see [`wakeups`]).
+    pub wakeups: Option<WakeupReference>,
     /// Every cell, in the order run.
     pub cells: Vec<DurableCell>,
     /// lastpage ÷ SQLite per workload and thread count.
@@ -703,13 +714,22 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
         seconds: config.seconds,
         rows: config.rows,
     };
+    let judged_threads = if config.threads.contains(&100) {
+        Some(100)
+    } else {
+        config.threads.iter().copied().max()
+    };
     let dir = run_directory(config.db.as_deref(), "durable")?;
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
-    let result = disk::measure(&dir, config.seconds)
-        .and_then(|disk| run_cells(config, budget, &dir).map(|cells| (disk, cells)));
+    let result = disk::measure(&dir, config.seconds).and_then(|disk| {
+        let wakeups = judged_threads
+            .map(|threads| wakeups::measure(threads, config.seconds.min(WAKEUP_PROBE_SECONDS)))
+            .transpose()?;
+        run_cells(config, budget, &dir).map(|cells| (disk, wakeups, cells))
+    });
     remove_dir(&dir);
-    let (disk, cells) = result?;
+    let (disk, wakeups, cells) = result?;
     let (_, other_cpu_load_percent) = cpu_load.finish();
 
     let mut ratios = Vec::new();
@@ -729,11 +749,6 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
             });
         }
     }
-    let judged_threads = if config.threads.contains(&100) {
-        Some(100)
-    } else {
-        config.threads.iter().copied().max()
-    };
     let judged = Judged {
         threads: judged_threads,
         ratio_vs_sqlite: ratios
@@ -762,6 +777,14 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
             .and_then(|cell| cell.disk_bytes_per_row)
             .filter(|&bytes| bytes > 0.0)
             .map(|bytes| (disk.large_append_mb_per_sec * 1e6 / bytes).round()),
+        blocking_ceiling_vs_sqlite: wakeups.as_ref().and_then(|wakeups| {
+            ratios
+                .iter()
+                .find(|ratio| ratio.workload == "autocommit" && ratio.threads == wakeups.threads)
+                .map(|ratio| {
+                    round3(wakeups.round_trips_per_sec / ratio.sqlite_rows_per_sec.max(1e-9))
+                })
+        }),
     };
     Ok(DurableReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
@@ -772,6 +795,7 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
         batch_rows: config.batch_rows,
         row_bytes: ROW_BYTES,
         disk,
+        wakeups,
         cells,
         ratios,
         judged,
@@ -936,6 +960,17 @@ pub fn render(report: &DurableReport) -> String {
              (goal ≥ 50)\n",
             figure(judged.ratio_vs_sqlite),
             figure(judged.commits_per_fsync),
+        ));
+    }
+    if let Some(wakeups) = &report.wakeups {
+        out.push_str(&format!(
+            "this machine's ceiling for {} sessions that each block at every commit: {} \
+             park-and-wake round trips/s with no insert, no log and no I/O ({} per group, a \
+             leader waking the rest as in group commit) = {}× SQLite\n",
+            wakeups.threads,
+            thousands(wakeups.round_trips_per_sec as u64),
+            number(wakeups.round_trips_per_group),
+            figure(judged.blocking_ceiling_vs_sqlite),
         ));
     }
     out.push_str(&format!(

@@ -2,7 +2,7 @@
 //! through; [`compare`] and [`matrix`] drive it over grids of configurations; [`ideal`] is the
 //! no-B-tree reference the matrix measures against; [`render`] draws reports; [`durable`]
 //! measures durable inserts against SQLite ([`sqlite`]) on a disk whose own limits [`disk`]
-//! measures first; [`recovery`] times the recovery of a large log; [`checkpoint`] measures
+//! measures first, beside the machine's park-and-wake ceiling ([`wakeups`]); [`recovery`] times the recovery of a large log; [`checkpoint`] measures
 //! what a checkpoint costs the writers running through it.
 
 pub mod checkpoint;
@@ -15,3 +15,4 @@ pub mod matrix;
 pub mod recovery;
 pub mod render;
 pub mod sqlite;
+pub mod wakeups;
