@@ -738,6 +738,16 @@ fn durable_bench_runs_both_engines() {
             .is_some_and(|bytes| bytes > 0.0),
         "{report}"
     );
+    // Only the pipelined cell's commits are acknowledged after they return, and it says how
+    // long after.
+    for cell in cells {
+        let acknowledgement = cell["acknowledgement_ms_mean"].as_f64();
+        if cell["workload"] == "pipelined batch" {
+            assert!(acknowledgement.is_some_and(|ms| ms > 0.0), "{cell}");
+        } else {
+            assert!(cell["acknowledgement_ms_mean"].is_null(), "{cell}");
+        }
+    }
     // The run's directory is removed at the end.
     let left: Vec<_> = std::fs::read_dir(&scratch.0)
         .expect("read the scratch directory")

@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -46,13 +46,16 @@ pub const MAX_CELL_ROWS: u64 = 5_000_000;
 
 /// How many pipelined batches one thread keeps committed but not yet known to be durable:
 /// the batch it waits for is this many batches old, so that one flush can carry the commits
-/// of several. On this project's 2-core VM, 4 in flight gave 0.90–0.92M rows/s against
-/// 0.80–0.87M with 1; once a batch's rows cost the thread half as much CPU
-/// (`insert_batch_values`), 4 flushed 1.6–1.7 batches per fdatasync and the thread waited
-/// on the disk: 16 gave 0.94–1.25M rows/s (4.1–5.5 per fdatasync) against 0.88–1.02M with 4
-/// (seven interleaved runs each; 8 and 32 no better than 16). A batch's acknowledgement comes
-/// this many batches (about 15 ms) after its commit.
-const PIPELINED_BATCHES_IN_FLIGHT: usize = 16;
+/// of several, and a slow flush (one queued behind a checkpoint's data-file writes, tens of
+/// milliseconds on this project's VM) does not stop the thread. On that VM, 4 in flight gave
+/// 0.90–0.92M rows/s against 0.80–0.87M with 1; once a batch's rows cost the thread half as
+/// much CPU (`insert_batch_values`), 16 gave 0.94–1.25M against 0.88–1.02M with 4. With 16 the
+/// thread still waited for its tickets 0.5 ms per batch (40–50% of its time, `perf`): 64 gave
+/// 1.10–2.05M rows/s (median 1.40M of six runs, 0.11–0.16 ms of WRITELOG per batch) against
+/// 1.04–1.26M with 16, 1.12–1.63M with 32 and 1.42–1.55M with 128 (interleaved runs on one
+/// disk). The price is the acknowledgement's delay: the cell reports it
+/// ([`DurableCell::acknowledgement_ms_mean`]).
+const PIPELINED_BATCHES_IN_FLIGHT: usize = 64;
 
 /// Longest time the park-and-wake probe runs (`--seconds` if that is shorter).
 const WAKEUP_PROBE_SECONDS: f64 = 1.0;
@@ -137,6 +140,10 @@ pub struct DurableCell {
     pub cpu_us_per_row: f64,
     /// The process's context switches (voluntary and involuntary) per commit, same span.
     pub context_switches_per_commit: f64,
+    /// Pipelined cells: the mean time from a batch's commit to the return of its ticket's wait,
+    /// in milliseconds — how long an application that acknowledges each batch once it is
+    /// durable keeps it waiting. Absent for the other cells, whose commits return durable.
+    pub acknowledgement_ms_mean: Option<f64>,
     /// `"ok"`, or what the verification after the cell found.
     pub verified: String,
 }
@@ -498,12 +505,17 @@ fn lastpage_cell(
     db.clear_wait_stats();
     let wal_before = durable::wal_counters(&db);
     let cost_probe = CostProbe::start(device);
+    // Pipelined batches acknowledged, and the nanoseconds from their commits to their
+    // acknowledgements, summed.
+    let acknowledgements = (AtomicU64::new(0), AtomicU64::new(0));
     let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
         let session = db.session();
         let payload = workload.payload(thread, ROW_BYTES);
         let (table, column) = (&table, workload.payload_column);
-        // The pipelined batches whose commits are not yet known to be durable, oldest first.
-        let mut in_flight: VecDeque<CommitTicket> =
+        let acknowledgements = &acknowledgements;
+        // The pipelined batches whose commits are not yet known to be durable, oldest first,
+        // with when each was committed.
+        let mut in_flight: VecDeque<(Instant, CommitTicket)> =
             VecDeque::with_capacity(PIPELINED_BATCHES_IN_FLIGHT + 1);
         move || {
             // A batch lends the thread's payload to each of its rows, as a program binds one
@@ -528,12 +540,17 @@ fn lastpage_cell(
                     }
                     // This statement completes when the oldest batch in flight is durable; the
                     // cell's last batches are flushed below, before the verification.
-                    in_flight.push_back(session.commit_pipelined()?);
-                    if in_flight.len() > PIPELINED_BATCHES_IN_FLIGHT {
-                        in_flight.pop_front().map_or(Ok(()), CommitTicket::wait)
-                    } else {
-                        Ok(())
+                    in_flight.push_back((Instant::now(), session.commit_pipelined()?));
+                    if in_flight.len() > PIPELINED_BATCHES_IN_FLIGHT
+                        && let Some((committed, ticket)) = in_flight.pop_front()
+                    {
+                        ticket.wait()?;
+                        let (count, total_ns) = acknowledgements;
+                        count.fetch_add(1, Ordering::Relaxed);
+                        total_ns
+                            .fetch_add(committed.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
+                    Ok(())
                 })(),
             }
             .map_err(|error| format!("lastpage: insert failed: {error}"))
@@ -585,6 +602,12 @@ fn lastpage_cell(
         disk_bytes_per_row: costs.disk_bytes_per_row,
         cpu_us_per_row: costs.cpu_us_per_row,
         context_switches_per_commit: costs.context_switches_per_commit,
+        acknowledgement_ms_mean: match acknowledgements.0.into_inner() {
+            0 => None,
+            count => Some(round3(
+                acknowledgements.1.into_inner() as f64 / 1e6 / count as f64,
+            )),
+        },
         verified,
     };
     drop(table);
@@ -659,6 +682,7 @@ fn sqlite_cell(
             / driven.elapsed_sec)
             .round(),
         latency_us: latency_report(&driven.latency_ns),
+        acknowledgement_ms_mean: None,
         commits_per_fsync: Some(1.0),
         commits_per_fsync_source: "by construction: SQLite in WAL mode with synchronous=FULL syncs the WAL at every commit (not measured)",
         fsyncs: None,
@@ -723,7 +747,9 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
     let result = disk::measure(&dir, config.seconds).and_then(|disk| {
+        // One thread never parks (it leads every turn): nothing to measure.
         let wakeups = judged_threads
+            .filter(|&threads| threads > 1)
             .map(|threads| wakeups::measure(threads, config.seconds.min(WAKEUP_PROBE_SECONDS)))
             .transpose()?;
         run_cells(config, budget, &dir).map(|cells| (disk, wakeups, cells))
@@ -973,10 +999,20 @@ pub fn render(report: &DurableReport) -> String {
             figure(judged.blocking_ceiling_vs_sqlite),
         ));
     }
+    let acknowledgement = report
+        .cells
+        .iter()
+        .find_map(|cell| cell.acknowledgement_ms_mean)
+        .map_or_else(String::new, |ms| {
+            format!(
+                ", acknowledged {} ms after its commit on average",
+                number(ms)
+            )
+        });
     out.push_str(&format!(
         "durable batched inserts on one thread: {} rows/s with FULL commits, {} rows/s \
-         pipelined ({PIPELINED_BATCHES_IN_FLIGHT} batches in flight, each counted once durable) \
-         (goal ≥ 2,000,000)\n",
+         pipelined ({PIPELINED_BATCHES_IN_FLIGHT} batches in flight, each counted once \
+         durable{acknowledgement}) (goal ≥ 2,000,000)\n",
         figure(judged.batch_rows_per_sec),
         figure(judged.pipelined_batch_rows_per_sec),
     ));
