@@ -346,20 +346,26 @@ impl State {
 
     /// How many of `len` bytes fit in every matching disk-full budget, charging them.
     fn charge_write(&mut self, path: &Path, len: u64) -> u64 {
-        let mut allowed = len;
-        for active in &self.rules {
-            if let FaultKind::DiskFull { budget } = active.rule.kind
-                && active.applies_to(path)
-            {
-                allowed = allowed.min(budget.saturating_sub(active.seen));
-            }
-        }
+        let allowed = len.min(self.disk_room(path));
         for active in &mut self.rules {
             if matches!(active.rule.kind, FaultKind::DiskFull { .. }) && active.applies_to(path) {
                 active.seen += allowed;
             }
         }
         allowed
+    }
+
+    /// Bytes the disk-full rules that apply to `path` still let through (`u64::MAX` if none).
+    fn disk_room(&self, path: &Path) -> u64 {
+        let mut room = u64::MAX;
+        for active in &self.rules {
+            if let FaultKind::DiskFull { budget } = active.rule.kind
+                && active.applies_to(path)
+            {
+                room = room.min(budget.saturating_sub(active.seen));
+            }
+        }
+        room
     }
 
     /// One crash outcome of a pending operation, applied to `image`.
@@ -685,6 +691,39 @@ impl File for FaultyFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut state = self.fs.state();
         state.check_alive()?;
+        self.change_size(&mut state, len);
+        Ok(())
+    }
+
+    /// A reservation is a size change that counts against a disk-full budget: all of it, or,
+    /// if the budget cannot take the growth, nothing (`ENOSPC`). Until synced, a crash may lose
+    /// it like any size change.
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let mut state = self.fs.state();
+        state.check_alive()?;
+        let current = state.inodes[&self.inode].volatile.len() as u64;
+        let growth = len.saturating_sub(current);
+        if growth == 0 {
+            return Ok(());
+        }
+        if state.disk_room(&self.path) < growth {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "injected fault: no space left on device reserving {len} bytes of {}",
+                    self.path.display()
+                ),
+            ));
+        }
+        state.charge_write(&self.path, growth);
+        self.change_size(&mut state, len);
+        Ok(())
+    }
+}
+
+impl FaultyFile {
+    /// Cuts or extends the file to `len` bytes now, durably at the next sync.
+    fn change_size(&self, state: &mut State, len: u64) {
         let inode = state
             .inodes
             .get_mut(&self.inode)
@@ -692,7 +731,6 @@ impl File for FaultyFile {
         let op = Pending::SetLen(len);
         apply(&mut inode.volatile, &op);
         inode.pending.push(op);
-        Ok(())
     }
 }
 

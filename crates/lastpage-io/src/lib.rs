@@ -13,7 +13,7 @@
 //!
 //! Durability contract, which both implementations follow and the layers above rely on:
 //! - A write is durable only after a later [`File::sync_data`] on the same file returned `Ok`.
-//! - The size a [`File::set_len`] or an extending write gives a file is durable only after a later
+//! - The size a [`File::set_len`], a [`File::allocate`] or an extending write gives a file is durable only after a later
 //!   `sync_data` returned `Ok` (`fdatasync` flushes the metadata needed to read the data back).
 //! - A newly created, renamed or removed name is durable only after [`FileSystem::sync_dir`] on
 //!   its parent directory returned `Ok`.
@@ -103,6 +103,17 @@ pub trait File: Send + Sync + Debug {
 
     /// Cuts or extends (with zeros) the file to `len` bytes. Durable after the next `sync_data`.
     fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reserves the file's disk space up to `len` bytes, extending it to that size if it is
+    /// shorter, without writing anything: the new bytes read as zeros (`fallocate` with no
+    /// flags). A full disk fails here (`ErrorKind::StorageFull`) rather than at a later write
+    /// into the range; a file system that cannot reserve space fails with
+    /// `ErrorKind::Unsupported`. Durable after the next `sync_data`.
+    ///
+    /// Unlike zeros written over the range, the reservation costs no writes, but the first
+    /// write into each reserved block changes the file's metadata (the block is no longer
+    /// "unwritten"), which the `sync_data` that follows must commit too.
+    fn allocate(&self, len: u64) -> io::Result<()>;
 
     /// Takes an exclusive advisory lock on the file if nobody else holds one, returning whether
     /// it did. The lock lasts until this handle is dropped (or the process ends).

@@ -5,6 +5,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::FallocateFlags;
+use rustix::io::Errno;
+
 use crate::{File, FileSystem, OpenOptions};
 
 /// The operating system's file system, through `std::fs`.
@@ -55,6 +58,22 @@ impl File for StdFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        loop {
+            match rustix::fs::fallocate(&self.file, FallocateFlags::empty(), 0, len) {
+                Ok(()) => return Ok(()),
+                Err(Errno::INTR) => {}
+                Err(Errno::OPNOTSUPP) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "the file system cannot reserve space (fallocate)",
+                    ));
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     fn try_lock(&self) -> io::Result<bool> {

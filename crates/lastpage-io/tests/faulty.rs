@@ -261,6 +261,43 @@ fn writes_past_the_budget_fail_with_storage_full_after_writing_what_fits() {
 }
 
 #[test]
+fn allocate_extends_with_zeros_durably_only_after_sync_and_counts_against_the_disk() {
+    let fs = fs(9);
+    let file = durable_file(&fs, "log", b"0123");
+    file.allocate(10).unwrap();
+    assert_eq!(file.len().unwrap(), 10);
+    assert_eq!(fs.contents(&path("log")).unwrap(), b"0123\0\0\0\0\0\0");
+    assert_eq!(
+        read_all(&fs.crash_with(CrashMode::LoseUnsynced), "log").unwrap(),
+        b"0123",
+        "an unsynced reservation may be lost"
+    );
+    let fs = self::fs(9);
+    let file = durable_file(&fs, "log", b"0123");
+    file.allocate(10).unwrap();
+    // Never shrinks.
+    file.allocate(2).unwrap();
+    file.sync_data().unwrap();
+    assert_eq!(
+        read_all(&fs.crash_with(CrashMode::LoseUnsynced), "log").unwrap(),
+        b"0123\0\0\0\0\0\0"
+    );
+    // All or nothing against a disk-full budget: the growth beyond the file's size counts.
+    let fs = self::fs(9);
+    let file = durable_file(&fs, "log", b"0123");
+    fs.inject(FaultRule::disk_full_after(5));
+    let error = file.allocate(10).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::StorageFull);
+    assert_eq!(
+        file.len().unwrap(),
+        4,
+        "a failed reservation changes nothing"
+    );
+    file.allocate(9).unwrap();
+    assert_eq!(file.len().unwrap(), 9);
+}
+
+#[test]
 fn reads_fail_when_told_to() {
     let fs = fs(6);
     let file = durable_file(&fs, "data", b"hello");

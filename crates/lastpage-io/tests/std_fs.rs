@@ -40,3 +40,39 @@ fn std_file_system_round_trip() {
     assert!(fs.list_dir(&dir).unwrap().is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn allocate_reserves_zeros_without_shrinking() {
+    let fs = StdFileSystem::new();
+    let dir = scratch_dir("std-fs-allocate");
+    fs.create_dir_all(&dir).unwrap();
+    let file = fs
+        .open(&dir.join("a.bin"), OpenOptions::create_new())
+        .unwrap();
+    file.write_all_at(0, b"keep").unwrap();
+    match file.allocate(1 << 20) {
+        Ok(()) => {
+            assert_eq!(file.len().unwrap(), 1 << 20);
+            let mut buf = vec![1u8; 1 << 20];
+            file.read_exact_at(0, &mut buf).unwrap();
+            assert_eq!(&buf[..4], b"keep", "the written bytes stay");
+            assert!(
+                buf[4..].iter().all(|&byte| byte == 0),
+                "reserved bytes read as zeros"
+            );
+            // Reserving less than the file holds changes nothing.
+            file.allocate(8).unwrap();
+            assert_eq!(file.len().unwrap(), 1 << 20);
+            file.write_all_at(4096, b"into the reservation").unwrap();
+            file.sync_data().unwrap();
+            file.read_exact_at(4096, &mut buf[..20]).unwrap();
+            assert_eq!(&buf[..20], b"into the reservation");
+        }
+        // A file system without fallocate says so, and the file is unchanged.
+        Err(error) => {
+            assert_eq!(error.kind(), std::io::ErrorKind::Unsupported, "{error}");
+            assert_eq!(file.len().unwrap(), 4);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use lastpage_io::{
     CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, Tear,
 };
+use lastpage_storage::limits::{WAL_RESERVE_FLUSH_BYTES, WAL_SEGMENT_HEADER_BYTES};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
 use lastpage_storage::wal::{
     ExpectedEnd, LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
@@ -63,6 +64,12 @@ fn value_of(txn: u64) -> Vec<u8> {
 
 /// One autocommit insert: the insert record, the commit record, and the wait for durability.
 fn commit(writer: &LogWriter, txn: u64) -> Result<(), WalError> {
+    let end = append_transaction(writer, txn)?;
+    writer.wait_durable(end)
+}
+
+/// The records of [`commit`], appended without waiting; returns the commit record's end.
+fn append_transaction(writer: &LogWriter, txn: u64) -> Result<Lsn, WalError> {
     let key = txn.to_be_bytes();
     let value = value_of(txn);
     writer.append(&Record::Insert {
@@ -71,8 +78,7 @@ fn commit(writer: &LogWriter, txn: u64) -> Result<(), WalError> {
         key: Cow::Borrowed(&key),
         value: Cow::Borrowed(&value),
     })?;
-    let end = writer.append(&Record::Commit { txn: TxnId(txn) })?;
-    writer.wait_durable(end)
+    writer.append(&Record::Commit { txn: TxnId(txn) })
 }
 
 /// Runs `threads` sessions of `per_thread` commits each, every session stopping at its first
@@ -816,6 +822,8 @@ fn segments_begin_as_prepared_files_and_survive_a_crash() {
     println!("{stats:?}");
     assert!(stats.prepared_segments >= 3, "{stats:?}");
     assert_eq!(stats.segment_preparation_failures, 0);
+    // Single commits make small flushes, which zeros written ahead serve best.
+    assert_eq!(stats.reserved_segments, 0, "{stats:?}");
     // A segment that began as a prepared file is written without extending it: it is exactly
     // a segment's size (header included) however little of it holds log.
     let sizes: Vec<u64> = segment_files(&fs)
@@ -834,6 +842,45 @@ fn segments_begin_as_prepared_files_and_survive_a_crash() {
     let mut all = acked;
     all.extend(more);
     check_log(&crashed.crash_with(CrashMode::LoseUnsynced), &all);
+}
+
+#[test]
+fn segments_after_large_flushes_are_reserved_not_zeroed_and_survive_a_crash() {
+    let fs = faulty(FaultyConfig::new(31));
+    let segment_bytes = 4 * WAL_RESERVE_FLUSH_BYTES;
+    let writer = open(&fs, config(2 * segment_bytes as usize, segment_bytes));
+    // Flushes of more than WAL_RESERVE_FLUSH_BYTES each: a few thousand transactions appended,
+    // then one flush, as a thread pipelining large batches makes them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut acked = BTreeSet::new();
+    let mut next_txn = 0;
+    while writer.stats().reserved_segments < 2 && Instant::now() < deadline {
+        let first = next_txn;
+        while writer.end_lsn().0 - writer.durable_lsn().0 < WAL_RESERVE_FLUSH_BYTES * 5 / 4 {
+            append_transaction(&writer, next_txn).unwrap();
+            next_txn += 1;
+        }
+        writer.flush_now().unwrap();
+        acked.extend(first..next_txn);
+        // Let the preparing thread run between flushes, as time between batches would.
+        thread::sleep(Duration::from_millis(1));
+    }
+    let stats = writer.stats();
+    println!("{stats:?}");
+    assert!(stats.reserved_segments >= 2, "{stats:?}");
+    assert_eq!(stats.segment_preparation_failures, 0);
+    // A reserved segment is a whole segment's size, like a zero-filled one.
+    let sizes: Vec<u64> = segment_files(&fs)
+        .iter()
+        .map(|name| fs.contents(&Path::new(DIR).join(name)).unwrap().len() as u64)
+        .collect();
+    assert!(
+        sizes.contains(&(WAL_SEGMENT_HEADER_BYTES as u64 + segment_bytes)),
+        "{sizes:?}"
+    );
+    drop(writer);
+    // Reserved bytes read as zeros: the log ends where the flushes did.
+    check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
 }
 
 #[test]

@@ -17,7 +17,12 @@
 //! - The thread prepares only while a file is wanted and none is ready: it creates
 //!   [`PREPARED_FILE_NAME`] afresh, writes zeros over the header and body a mebibyte at a time
 //!   (syncing each, and checking for shutdown between them), syncs the directory, and marks
-//!   the file ready.
+//!   the file ready. If the request asked for a *reservation* (the writer does when the
+//!   segment's flushes were large, `WAL_RESERVE_FLUSH_BYTES`), it reserves the file's space
+//!   with [`lastpage_io::File::allocate`] instead of writing zeros (falling back to zeros on a
+//!   file system that cannot): the blocks are allocated, so no flush extends the file, but
+//!   unwritten, so the zeros cost no second write of every log byte; the first flush into each
+//!   block pays for that with a metadata update, which is why small flushes get zeros.
 //! - At a segment switch the leader *takes* the ready file ([`SegmentPreparer::take`]): it
 //!   renames it to the segment's name while holding the mutex (the thread never touches a ready
 //!   file), then writes the header and syncs the file and the directory as it would for a new
@@ -69,6 +74,8 @@ const SPARE_EXTENSION: &str = "spare";
 pub(crate) enum Prepared {
     /// Written with zeros.
     Zeroed,
+    /// Its space reserved ([`lastpage_io::File::allocate`]) without writing it.
+    Reserved,
     /// A recycled segment.
     Recycled,
 }
@@ -90,6 +97,9 @@ struct Shared {
 struct State {
     /// The leader wants a file ready for its next segment.
     wanted: bool,
+    /// With the space reserved rather than zero-filled, if no spare is at hand (what the
+    /// latest request asked for).
+    reserve: bool,
     /// A prepared file is in place, complete and synced, and where it came from.
     ready: Option<Prepared>,
     /// The writer is going away.
@@ -139,9 +149,15 @@ impl SegmentPreparer {
     }
 
     /// Asks for a prepared file, starting the thread if this is the first request. A thread
-    /// that cannot be started only means that segments are created inline.
-    pub(crate) fn request(&mut self) {
-        sync::lock(&self.shared.state).wanted = true;
+    /// that cannot be started only means that segments are created inline. `reserve` asks for
+    /// the file's space to be reserved rather than zero-filled when no spare is at hand (see
+    /// the module documentation).
+    pub(crate) fn request(&mut self, reserve: bool) {
+        {
+            let mut state = sync::lock(&self.shared.state);
+            state.wanted = true;
+            state.reserve = reserve;
+        }
         self.shared.changed.notify_one();
         if self.thread.is_none() {
             let shared = Arc::clone(&self.shared);
@@ -262,7 +278,7 @@ impl Shared {
     /// The thread's loop: prepare whenever a file is wanted and none is ready.
     fn run(&self) {
         loop {
-            let spare = {
+            let (spare, reserve) = {
                 let mut state = sync::lock(&self.state);
                 // Idle until a file is wanted and none is ready (or the writer goes away).
                 while !state.stop && (!state.wanted || state.ready.is_some()) {
@@ -272,7 +288,7 @@ impl Shared {
                     return;
                 }
                 state.wanted = false;
-                state.spares.pop()
+                (state.spares.pop(), state.reserve)
             };
             if let Some(spare) = spare {
                 if self.reuse(&spare) {
@@ -284,10 +300,10 @@ impl Shared {
                     self.failures.fetch_add(1, Relaxed);
                 }
             }
-            match self.prepare() {
-                Ok(true) => sync::lock(&self.state).ready = Some(Prepared::Zeroed),
+            match self.prepare(reserve) {
+                Ok(Some(prepared)) => sync::lock(&self.state).ready = Some(prepared),
                 // Stopped halfway: the file is incomplete and is never used.
-                Ok(false) => return,
+                Ok(None) => return,
                 Err(_) => {
                     self.failures.fetch_add(1, Relaxed);
                 }
@@ -311,17 +327,29 @@ impl Shared {
             .is_ok()
     }
 
-    /// Writes the prepared file: zeros over all of it, then syncs it and the directory.
-    /// Returns `Ok(false)` if the writer stopped meanwhile.
-    fn prepare(&self) -> io::Result<bool> {
-        let zeros = vec![0u8; WAL_PREPARE_CHUNK_BYTES];
+    /// Makes the prepared file: its space reserved if `reserve` asks for it and the file
+    /// system can, else zeros written over all of it; then syncs it and the directory. Returns
+    /// how it was made, or `None` if the writer stopped meanwhile.
+    fn prepare(&self, reserve: bool) -> io::Result<Option<Prepared>> {
         let file: Box<dyn File> = self
             .fs
             .open(&self.prepared_path(), OpenOptions::create().truncate())?;
+        if reserve {
+            match file.allocate(self.file_bytes) {
+                Ok(()) => {
+                    file.sync_data()?;
+                    self.fs.sync_dir(&self.dir)?;
+                    return Ok(Some(Prepared::Reserved));
+                }
+                Err(error) if error.kind() == io::ErrorKind::Unsupported => {}
+                Err(error) => return Err(error),
+            }
+        }
+        let zeros = vec![0u8; WAL_PREPARE_CHUNK_BYTES];
         let mut written = 0;
         while written < self.file_bytes {
             if sync::lock(&self.state).stop {
-                return Ok(false);
+                return Ok(None);
             }
             let piece = (self.file_bytes - written).min(zeros.len() as u64) as usize;
             file.write_all_at(written, &zeros[..piece])?;
@@ -331,6 +359,6 @@ impl Shared {
             written += piece as u64;
         }
         self.fs.sync_dir(&self.dir)?;
-        Ok(true)
+        Ok(Some(Prepared::Zeroed))
     }
 }

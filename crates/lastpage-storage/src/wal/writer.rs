@@ -70,7 +70,7 @@ use super::{Lsn, WalConfig, WalError, align_up};
 use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
     WAL_KEPT_RECORD_IMAGE_BYTES, WAL_MAX_START_LSN, WAL_PREALLOCATE_BYTES,
-    WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_RECORD_ALIGN_BYTES,
+    WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_RECORD_ALIGN_BYTES, WAL_RESERVE_FLUSH_BYTES,
 };
 use crate::scratch::with_scratch;
 use crate::stats::{self, WaitType};
@@ -108,6 +108,9 @@ pub struct WalStats {
     pub prepared_segments: u64,
     /// Of those, segments that began as a recycled one (a spare: no zeros written at all).
     pub recycled_segments: u64,
+    /// Of those, segments whose space was reserved without writing it, because the flushes of
+    /// the segment before them were large (see `WAL_RESERVE_FLUSH_BYTES`).
+    pub reserved_segments: u64,
     /// Segment files a truncation kept as spares instead of removing them.
     pub spared_segments: u64,
     /// Background preparations of a segment file that failed (each only means that a segment
@@ -189,6 +192,9 @@ struct FlushIo {
     preparer: Option<SegmentPreparer>,
     /// The start LSN of the segment for whose successor a file was last requested.
     prepare_requested_for: u64,
+    /// Writes into the current segment since it became current: with the bytes written, the
+    /// mean size of its flushes, which decides how its successor is prepared.
+    writes_into_segment: u64,
 }
 
 /// Plain statistics counters, not part of any protocol.
@@ -203,6 +209,7 @@ struct Counters {
     last_flush_records: Counter,
     prepared_segments: Counter,
     recycled_segments: Counter,
+    reserved_segments: Counter,
     spared_segments: Counter,
     /// Shared with the segment preparer, which counts its failures here.
     preparation_failures: StdArc<Counter>,
@@ -315,6 +322,7 @@ impl LogWriter {
                 starts: Vec::new(),
                 preparer,
                 prepare_requested_for: u64::MAX,
+                writes_into_segment: 0,
             }),
             max_record: config.max_record_bytes(),
             start: recovered.end,
@@ -373,6 +381,7 @@ impl LogWriter {
             commits: self.counters.commits.load(Relaxed),
             prepared_segments: self.counters.prepared_segments.load(Relaxed),
             recycled_segments: self.counters.recycled_segments.load(Relaxed),
+            reserved_segments: self.counters.reserved_segments.load(Relaxed),
             spared_segments: self.counters.spared_segments.load(Relaxed),
             segment_preparation_failures: self.counters.preparation_failures.load(Relaxed),
             durable_lsn: self.durable_lsn(),
@@ -781,12 +790,17 @@ impl FlushIo {
             counters.fsyncs.fetch_add(1, Relaxed);
             position += length as u64;
             offset += length;
-            let written_percent = (position - segment_start) * 100 / self.segment_bytes;
-            if written_percent >= WAL_PREPARE_AT_SEGMENT_PERCENT
+            self.writes_into_segment += 1;
+            let written = position - segment_start;
+            if written * 100 / self.segment_bytes >= WAL_PREPARE_AT_SEGMENT_PERCENT
                 && self.prepare_requested_for != segment_start
                 && let Some(preparer) = &mut self.preparer
             {
-                preparer.request();
+                // Large flushes wait for the disk's bandwidth, which zeros written ahead would
+                // halve; small ones wait for the fdatasync's latency, which a write into a
+                // reserved but unwritten block lengthens (see `WAL_RESERVE_FLUSH_BYTES`).
+                let mean_flush_bytes = written / self.writes_into_segment;
+                preparer.request(mean_flush_bytes >= WAL_RESERVE_FLUSH_BYTES);
                 self.prepare_requested_for = segment_start;
             }
         }
@@ -852,15 +866,18 @@ impl FlushIo {
                 )
             })?;
             if let Some(prepared) = prepared {
-                // Written (with zeros, or with old log) and synced all the way: no flush into it
-                // extends the file.
+                // Written (with zeros, or with old log) or reserved, and synced all the way: no
+                // flush into it extends the file.
                 self.zeroed_to = HEADER_BYTES + self.segment_bytes;
                 self.zeroed_to_segment = start;
                 counters.prepared_segments.fetch_add(1, Relaxed);
-                if prepared == Prepared::Recycled {
-                    counters.recycled_segments.fetch_add(1, Relaxed);
-                }
+                match prepared {
+                    Prepared::Recycled => counters.recycled_segments.fetch_add(1, Relaxed),
+                    Prepared::Reserved => counters.reserved_segments.fetch_add(1, Relaxed),
+                    Prepared::Zeroed => 0,
+                };
             }
+            self.writes_into_segment = 0;
             self.current = Some((start, file));
         }
         Ok(())
