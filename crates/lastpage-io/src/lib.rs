@@ -13,8 +13,9 @@
 //!
 //! Durability contract, which both implementations follow and the layers above rely on:
 //! - A write is durable only after a later [`File::sync_data`] on the same file returned `Ok`.
-//! - The size a [`File::set_len`], a [`File::allocate`] or an extending write gives a file is durable only after a later
-//!   `sync_data` returned `Ok` (`fdatasync` flushes the metadata needed to read the data back).
+//! - The size a [`File::set_len`], a [`File::allocate`] or an extending write gives a file is
+//!   durable only after a later `sync_data` returned `Ok` (`fdatasync` flushes the metadata
+//!   needed to read the data back).
 //! - A newly created, renamed or removed name is durable only after [`FileSystem::sync_dir`] on
 //!   its parent directory returned `Ok`.
 //! - After `sync_data` failed, nothing about the unsynced writes of that file is known: some may

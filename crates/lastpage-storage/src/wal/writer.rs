@@ -192,9 +192,11 @@ struct FlushIo {
     preparer: Option<SegmentPreparer>,
     /// The start LSN of the segment for whose successor a file was last requested.
     prepare_requested_for: u64,
-    /// Writes into the current segment since it became current: with the bytes written, the
-    /// mean size of its flushes, which decides how its successor is prepared.
+    /// Writes into the current segment, and their bytes, since it became current (or since the
+    /// writer was opened): the mean size of its flushes, which decides how its successor is
+    /// prepared.
     writes_into_segment: u64,
+    bytes_into_segment: u64,
 }
 
 /// Plain statistics counters, not part of any protocol.
@@ -323,6 +325,7 @@ impl LogWriter {
                 preparer,
                 prepare_requested_for: u64::MAX,
                 writes_into_segment: 0,
+                bytes_into_segment: 0,
             }),
             max_record: config.max_record_bytes(),
             start: recovered.end,
@@ -791,15 +794,16 @@ impl FlushIo {
             position += length as u64;
             offset += length;
             self.writes_into_segment += 1;
-            let written = position - segment_start;
-            if written * 100 / self.segment_bytes >= WAL_PREPARE_AT_SEGMENT_PERCENT
+            self.bytes_into_segment += length as u64;
+            if (position - segment_start) * 100 / self.segment_bytes
+                >= WAL_PREPARE_AT_SEGMENT_PERCENT
                 && self.prepare_requested_for != segment_start
                 && let Some(preparer) = &mut self.preparer
             {
                 // Large flushes wait for the disk's bandwidth, which zeros written ahead would
                 // halve; small ones wait for the fdatasync's latency, which a write into a
                 // reserved but unwritten block lengthens (see `WAL_RESERVE_FLUSH_BYTES`).
-                let mean_flush_bytes = written / self.writes_into_segment;
+                let mean_flush_bytes = self.bytes_into_segment / self.writes_into_segment;
                 preparer.request(mean_flush_bytes >= WAL_RESERVE_FLUSH_BYTES);
                 self.prepare_requested_for = segment_start;
             }
@@ -878,6 +882,7 @@ impl FlushIo {
                 };
             }
             self.writes_into_segment = 0;
+            self.bytes_into_segment = 0;
             self.current = Some((start, file));
         }
         Ok(())
