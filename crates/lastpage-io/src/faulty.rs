@@ -26,8 +26,9 @@
 //! Faults are injected by [`FaultRule`]s: the Nth `sync_data` fails (and, as Linux has done
 //! since "fsyncgate", each unsynced write of that file is then either written or silently
 //! dropped, and a later `sync_data` succeeds without bringing the dropped ones back), writes past
-//! a byte budget fail with `ENOSPC` (`ErrorKind::StorageFull`) after writing what fits, and the
-//! Nth read fails.
+//! a byte budget fail with `ENOSPC` (`ErrorKind::StorageFull`) after writing what fits (a space
+//! reservation, `allocate`, fails whole), the Nth directory sync fails (making none of the
+//! directory's changes durable), and the Nth read fails.
 //!
 //! Directories are simplified: `create_dir_all` is durable at once, and only files have names
 //! that can be lost.
@@ -107,6 +108,7 @@ pub struct FaultRule {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FaultKind {
     SyncFails { nth: u64, sticky: bool },
+    DirSyncFails { nth: u64 },
     DiskFull { budget: u64 },
     ReadFails { nth: u64, sticky: bool },
 }
@@ -131,6 +133,15 @@ impl FaultRule {
                 nth: nth.max(1),
                 sticky: true,
             },
+            path: None,
+        }
+    }
+
+    /// The `nth` [`FileSystem::sync_dir`] call from now fails, making none of the directory's
+    /// changes durable (a crash after it keeps each of them or not, as it would have before).
+    pub fn dir_sync_fails(nth: u64) -> FaultRule {
+        FaultRule {
+            kind: FaultKind::DirSyncFails { nth: nth.max(1) },
             path: None,
         }
     }
@@ -339,6 +350,20 @@ impl State {
             active.seen += 1;
             if active.seen == nth || (sticky && active.seen > nth) {
                 fails = true;
+            }
+        }
+        fails
+    }
+
+    /// Counts a directory sync against every matching rule and says whether one fires.
+    fn dir_sync_fails(&mut self, path: &Path) -> bool {
+        let mut fails = false;
+        for active in &mut self.rules {
+            if let FaultKind::DirSyncFails { nth } = active.rule.kind
+                && active.applies_to(path)
+            {
+                active.seen += 1;
+                fails |= active.seen == nth;
             }
         }
         fails
@@ -836,6 +861,12 @@ impl FileSystem for FaultyFileSystem {
             return Err(not_found(path));
         }
         state.stats.dir_syncs += 1;
+        if state.dir_sync_fails(path) {
+            return Err(io::Error::other(format!(
+                "injected fault: fsync of directory {} failed",
+                path.display()
+            )));
+        }
         let state = &mut *state;
         state
             .durable_names

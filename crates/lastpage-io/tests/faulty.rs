@@ -298,6 +298,28 @@ fn allocate_extends_with_zeros_durably_only_after_sync_and_counts_against_the_di
 }
 
 #[test]
+fn a_failed_directory_sync_makes_no_name_durable() {
+    let fs = fs(12);
+    durable_file(&fs, "old", b"x");
+    fs.rename(&path("old"), &path("new")).unwrap();
+    fs.inject(FaultRule::dir_sync_fails(1).on_path("/db"));
+    assert!(fs.sync_dir(Path::new("/db")).is_err());
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert_eq!(read_all(&crashed, "old").unwrap(), b"x");
+    assert!(read_all(&crashed, "new").is_none());
+    // Only the nth call fails: the next one makes the rename durable.
+    let fs = self::fs(12);
+    durable_file(&fs, "old", b"x");
+    fs.rename(&path("old"), &path("new")).unwrap();
+    fs.inject(FaultRule::dir_sync_fails(1).on_path("/db"));
+    assert!(fs.sync_dir(Path::new("/db")).is_err());
+    fs.sync_dir(Path::new("/db")).unwrap();
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert!(read_all(&crashed, "old").is_none());
+    assert_eq!(read_all(&crashed, "new").unwrap(), b"x");
+}
+
+#[test]
 fn reads_fail_when_told_to() {
     let fs = fs(6);
     let file = durable_file(&fs, "data", b"hello");

@@ -1099,6 +1099,92 @@ fn spare_files(fs: &FaultyFileSystem) -> Vec<std::path::PathBuf> {
     files
 }
 
+/// A crash in the middle of a segment switch into a recycled file, at the worst moments: the
+/// file renamed to the new segment's name, and then the directory's fsync failed, or its new
+/// header written and the header's fdatasync failed. Whatever of the file's names and header
+/// the crash keeps (each seed of the test file system keeps a different mix of old and new),
+/// the log must open again, with every acknowledged commit.
+/// Before the preparer zeroed a spare's header and the writer synced the directory before
+/// writing a header, some outcomes left a valid header under another segment's name, and the
+/// open refused the log as one whose segments were swapped or copied.
+#[test]
+fn a_crash_during_a_switch_into_a_recycled_segment_leaves_a_log_that_opens() {
+    const SEGMENT: u64 = 4096;
+    for seed in 0..32 {
+        let fail_dir_sync = seed % 2 == 1;
+        let fs = faulty(FaultyConfig::new(1_000 + seed));
+        let writer = open(&fs, config(4096, SEGMENT));
+        let mut acked = commit_until(&writer, |stats| stats.durable_lsn.0 > 12 * SEGMENT);
+        // Transactions from here on are numbered from 5,000,000.
+        let next_txn = std::cell::Cell::new(5_000_000);
+        let commit_while = |acked: &mut BTreeSet<u64>, more: &dyn Fn(u64) -> bool| {
+            while more(writer.durable_lsn().0 % SEGMENT) {
+                commit(&writer, next_txn.get()).unwrap();
+                acked.insert(next_txn.get());
+                next_txn.set(next_txn.get() + 1);
+            }
+        };
+        // Truncate a little before the current segment is half written, when the next file is
+        // requested: the spare it is made from then still has its old segment's name on disk
+        // (nothing has synced the directory since the truncation renamed it).
+        commit_while(&mut acked, &|offset| {
+            !(SEGMENT * 35 / 100..SEGMENT * 45 / 100).contains(&offset)
+        });
+        let truncated_to = writer.durable_lsn();
+        writer.remove_segments_before(truncated_to).unwrap();
+        // The commits the log must keep from here on (the reader starts at the truncation).
+        let first_kept = next_txn.get();
+        commit_while(&mut acked, &|offset| offset < SEGMENT * 3 / 4);
+        thread::sleep(Duration::from_millis(20));
+        let prepared = Path::new(DIR).join("next-segment.prepared");
+        assert!(
+            fs.exists(&prepared).unwrap(),
+            "seed {seed}: no prepared file"
+        );
+        assert_eq!(
+            spare_files(&fs).len(),
+            3,
+            "seed {seed}: the prepared file is not one of the four spares"
+        );
+        let next = (writer.durable_lsn().0 / SEGMENT + 1) * SEGMENT;
+        let next_path = Path::new(DIR).join(format!("{next:016x}.wal"));
+        fs.inject(if fail_dir_sync {
+            // Nothing else syncs the directory before the switch: the prepared file is ready.
+            FaultRule::dir_sync_fails(1).on_path(DIR)
+        } else {
+            FaultRule::sync_fails(1).on_path(next_path)
+        });
+        while commit(&writer, next_txn.get()).is_ok() {
+            acked.insert(next_txn.get());
+            next_txn.set(next_txn.get() + 1);
+        }
+        assert!(
+            !fs.exists(&prepared).unwrap(),
+            "seed {seed}: the failed switch did not take the prepared file"
+        );
+        drop(writer);
+        let crashed = fs.crash_with(CrashMode::Random);
+        let reopened = LogWriter::open(Arc::new(crashed.clone()), DIR, config(4096, SEGMENT))
+            .unwrap_or_else(|error| panic!("seed {seed}: the log does not open: {error}"));
+        drop(reopened);
+        let mut reader = LogReader::open(Arc::new(crashed), DIR, truncated_to).unwrap();
+        let mut committed = BTreeSet::new();
+        while let Some(entry) = reader.next_record().unwrap() {
+            if let Record::Commit { txn } = entry.record {
+                committed.insert(txn.0);
+            }
+        }
+        let lost: Vec<_> = acked
+            .range(first_kept..)
+            .filter(|txn| !committed.contains(txn))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "seed {seed}: acknowledged commits lost: {lost:?}"
+        );
+    }
+}
+
 #[test]
 fn spares_are_kept_up_to_the_limit_adopted_by_the_next_writer_and_used() {
     let fs = faulty(FaultyConfig::new(31));

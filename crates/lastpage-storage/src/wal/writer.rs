@@ -44,7 +44,7 @@
 //!
 //! # Segments
 //!
-//! A flush that crosses into a new segment creates it (header written and synced, directory
+//! A flush that crosses into a new segment creates it (directory synced, then header written and
 //! synced) and syncs the bytes of the old segment before writing the new one, so that durable
 //! bytes in a segment imply a durable log before it; such a flush does two writes and two syncs.
 //! The new segment's file is the one a background thread prepared (zero-filled and synced) if
@@ -811,8 +811,8 @@ impl FlushIo {
         Ok(())
     }
 
-    /// Makes the segment starting at `start` the current one, creating it (header written and
-    /// synced, directory synced) if this flush is the first to reach it: from the prepared file
+    /// Makes the segment starting at `start` the current one, creating it (directory synced,
+    /// then header written and synced) if this flush is the first to reach it: from the prepared file
     /// if one is ready, else as a new, empty file.
     fn open_segment(
         &mut self,
@@ -857,11 +857,12 @@ impl FlushIo {
                     .open(&path, OpenOptions::create().truncate())
                     .map_err(|error| fail("creating", error))?
             };
-            file.write_all_at(0, &header.encode())
-                .map_err(|error| fail("writing the header of", error))?;
-            file.sync_data()
-                .map_err(|error| fail("fdatasync of the header of", error))?;
-            counters.fsyncs.fetch_add(1, Relaxed);
+            // The name first, then the header: once the header is durable, so is every rename
+            // and creation in the directory before it, and no crash can leave this segment's
+            // header in a file under another name (an old name of a recycled file, which a
+            // crash may keep beside the new one). A crash before the header is durable leaves a
+            // file under the segment's name with a header never written (a recycled file's old
+            // header was zeroed by the preparer), which recovery removes.
             self.fs.sync_dir(&self.dir).map_err(|error| {
                 failed(
                     format!("fsync of the log directory {}", self.dir.display()),
@@ -869,6 +870,11 @@ impl FlushIo {
                     error,
                 )
             })?;
+            file.write_all_at(0, &header.encode())
+                .map_err(|error| fail("writing the header of", error))?;
+            file.sync_data()
+                .map_err(|error| fail("fdatasync of the header of", error))?;
+            counters.fsyncs.fetch_add(1, Relaxed);
             if let Some(prepared) = prepared {
                 // Written (with zeros, or with old log) or reserved, and synced all the way: no
                 // flush into it extends the file.
@@ -1042,10 +1048,10 @@ fn recover_end(
     }
     // A file that holds this log's segment for another LSN than its name says holds log the
     // end leaves out if that LSN is at or beyond the end, and is a copy if the segment of that
-    // LSN is there under its own name: segments were swapped, renamed or copied. A spare
-    // recycled into place whose new header never became durable also has another segment's
-    // header, but of a segment from before the last checkpoint (below the end), whose own file
-    // it was: renamed away, not copied.
+    // LSN is there under its own name: segments were swapped, renamed or copied. The writer
+    // never leaves such a file behind: a recycled spare's old header is zeroed before it is
+    // renamed, and a segment's name is durable before its header is written (see
+    // `wal/prepare.rs`).
     for ((start, path), other) in segments.iter().zip(&headers) {
         if let Some(other) = other
             && other.start_lsn != *start
