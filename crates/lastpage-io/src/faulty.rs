@@ -113,6 +113,14 @@ enum FaultKind {
     ReadFails { nth: u64, sticky: bool },
 }
 
+/// The sorts of call a [`FaultRule`] can make fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Sync,
+    DirSync,
+    Read,
+}
+
 impl FaultRule {
     /// The `nth` `sync_data` call from now (1 is the next one) fails; later ones succeed again,
     /// as they do on Linux, whether or not the writes the failed one dropped were written.
@@ -335,13 +343,14 @@ impl State {
         }
     }
 
-    /// Counts a call against every matching rule of the given sort and says whether one fires.
-    fn call_fails(&mut self, path: &Path, is_sync: bool) -> bool {
+    /// Counts a call against every matching rule of its sort and says whether one fires.
+    fn call_fails(&mut self, path: &Path, call: Call) -> bool {
         let mut fails = false;
         for active in &mut self.rules {
-            let (nth, sticky) = match active.rule.kind {
-                FaultKind::SyncFails { nth, sticky } if is_sync => (nth, sticky),
-                FaultKind::ReadFails { nth, sticky } if !is_sync => (nth, sticky),
+            let (nth, sticky) = match (active.rule.kind, call) {
+                (FaultKind::SyncFails { nth, sticky }, Call::Sync) => (nth, sticky),
+                (FaultKind::ReadFails { nth, sticky }, Call::Read) => (nth, sticky),
+                (FaultKind::DirSyncFails { nth }, Call::DirSync) => (nth, false),
                 _ => continue,
             };
             if !active.applies_to(path) {
@@ -350,20 +359,6 @@ impl State {
             active.seen += 1;
             if active.seen == nth || (sticky && active.seen > nth) {
                 fails = true;
-            }
-        }
-        fails
-    }
-
-    /// Counts a directory sync against every matching rule and says whether one fires.
-    fn dir_sync_fails(&mut self, path: &Path) -> bool {
-        let mut fails = false;
-        for active in &mut self.rules {
-            if let FaultKind::DirSyncFails { nth } = active.rule.kind
-                && active.applies_to(path)
-            {
-                active.seen += 1;
-                fails |= active.seen == nth;
             }
         }
         fails
@@ -616,7 +611,7 @@ impl File for FaultyFile {
         let mut state = self.fs.state();
         state.check_alive()?;
         state.stats.reads += 1;
-        if state.call_fails(&self.path, false) {
+        if state.call_fails(&self.path, Call::Read) {
             return Err(io::Error::other(format!(
                 "injected fault: read of {} failed (EIO)",
                 self.path.display()
@@ -672,7 +667,7 @@ impl File for FaultyFile {
         }
         let mut state = self.fs.state();
         state.check_alive()?;
-        let fails = state.call_fails(&self.path, true);
+        let fails = state.call_fails(&self.path, Call::Sync);
         let state = &mut *state;
         let inode = state
             .inodes
@@ -861,7 +856,7 @@ impl FileSystem for FaultyFileSystem {
             return Err(not_found(path));
         }
         state.stats.dir_syncs += 1;
-        if state.dir_sync_fails(path) {
+        if state.call_fails(path, Call::DirSync) {
             return Err(io::Error::other(format!(
                 "injected fault: fsync of directory {} failed",
                 path.display()

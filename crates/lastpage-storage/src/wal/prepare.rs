@@ -322,12 +322,15 @@ impl Shared {
         }
     }
 
-    /// Makes the spare at `spare` the prepared file. Its bytes are a synced segment's, so
-    /// nothing needs writing or syncing: the rename's durability does not matter either (see
+    /// Makes the spare at `spare` the prepared file. Its body is a synced segment's, so only
+    /// its header needs writing (zeros, synced); the rename's durability does not matter (see
     /// the module documentation). Returns whether it did; a spare of the wrong size (which
     /// adoption or a truncation could only leave after a bug) is not used.
     fn reuse(&self, spare: &Path) -> bool {
-        if !self.is_whole_segment(spare) {
+        let Ok(file) = self.fs.open(spare, OpenOptions::existing()) else {
+            return false;
+        };
+        if file.len().ok() != Some(self.file_bytes) {
             return false;
         }
         // The old header goes first, durably: a crash can keep any of the names this file
@@ -335,14 +338,8 @@ impl Shared {
         // renames are not atomic on every file system), and under a segment's name a valid
         // header of another segment looks like a misplaced segment, which recovery refuses.
         // Zeros read as a header never written, which it knows how to treat.
-        let invalidated = self
-            .fs
-            .open(spare, OpenOptions::existing())
-            .and_then(|file| {
-                file.write_all_at(0, &[0; HEADER_BYTES as usize])?;
-                file.sync_data()
-            });
-        invalidated
+        file.write_all_at(0, &[0; HEADER_BYTES as usize])
+            .and_then(|()| file.sync_data())
             .and_then(|()| self.fs.rename(spare, &self.prepared_path()))
             .inspect_err(|_| {
                 self.failures.fetch_add(1, Relaxed);

@@ -812,8 +812,8 @@ impl FlushIo {
     }
 
     /// Makes the segment starting at `start` the current one, creating it (directory synced,
-    /// then header written and synced) if this flush is the first to reach it: from the prepared file
-    /// if one is ready, else as a new, empty file.
+    /// then header written and synced) if this flush is the first to reach it: from the
+    /// prepared file if one is ready, else as a new, empty file.
     fn open_segment(
         &mut self,
         start: u64,
