@@ -45,6 +45,9 @@ pub struct WalCounters {
     pub fsyncs: u64,
     /// Bytes the log writer wrote.
     pub flushed_bytes: u64,
+    /// Commits that waited for a flush by yielding the processor instead of parking (many
+    /// committers waiting at once; see `WalConfig::yield_wait_committers`).
+    pub yielding_waits: u64,
 }
 
 impl WalCounters {
@@ -54,6 +57,7 @@ impl WalCounters {
             commits: self.commits.saturating_sub(earlier.commits),
             fsyncs: self.fsyncs.saturating_sub(earlier.fsyncs),
             flushed_bytes: self.flushed_bytes.saturating_sub(earlier.flushed_bytes),
+            yielding_waits: self.yielding_waits.saturating_sub(earlier.yielding_waits),
         }
     }
 
@@ -172,6 +176,7 @@ pub fn wal_counters(db: &Database) -> Option<WalCounters> {
         commits: stats.commits,
         fsyncs: stats.fsyncs,
         flushed_bytes: stats.flushed_bytes,
+        yielding_waits: stats.yielding_waits,
     })
 }
 

@@ -117,6 +117,23 @@ fn reservation_copy_and_completion_protocol() {
 
 const DIR: &str = "/log";
 
+/// A writer over `fs` with a `buffer_bytes` ring, one 1 MiB segment prepared inline (loom
+/// cannot run the preparer's thread), and committers that yield from `yield_wait_committers`
+/// waiting at once (0: never).
+fn open_writer(
+    fs: &FaultyFileSystem,
+    buffer_bytes: usize,
+    yield_wait_committers: usize,
+) -> Arc<LogWriter> {
+    let config = WalConfig {
+        buffer_bytes,
+        segment_bytes: 1 << 20,
+        prepare_segments: false,
+        yield_wait_committers,
+    };
+    Arc::new(LogWriter::open(StdArc::new(fs.clone()), DIR, config).unwrap())
+}
+
 fn commit(writer: &LogWriter, txn: u64) -> Result<Lsn, lastpage_storage::wal::WalError> {
     let end = writer.append(&Record::Commit { txn: TxnId(txn) })?;
     writer.wait_durable(end)?;
@@ -127,20 +144,21 @@ fn commit(writer: &LogWriter, txn: u64) -> Result<Lsn, lastpage_storage::wal::Wa
 /// durable, nobody sleeps forever, and the log holds both records.
 #[test]
 fn two_committers_group_commit() {
-    check(3, || {
+    two_committers(0);
+}
+
+/// [`two_committers_group_commit`] with committers that wait for the leader by yielding
+/// (`yield_wait_committers: 1`): a committer that stops yielding when the leader resigns, or
+/// whose flush completes while it yields, must still end with its commit durable.
+#[test]
+fn two_committers_group_commit_yielding() {
+    two_committers(1);
+}
+
+fn two_committers(yield_wait_committers: usize) {
+    check(3, move || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(1));
-        let writer = Arc::new(
-            LogWriter::open(
-                StdArc::new(fs.clone()),
-                DIR,
-                WalConfig {
-                    buffer_bytes: 64,
-                    segment_bytes: 1 << 20,
-                    prepare_segments: false,
-                },
-            )
-            .unwrap(),
-        );
+        let writer = open_writer(&fs, 64, yield_wait_committers);
         let other = {
             let writer = Arc::clone(&writer);
             thread::spawn(move || commit(&writer, 2).unwrap())
@@ -163,18 +181,7 @@ fn two_committers_group_commit() {
 fn appender_waits_for_buffer_space() {
     check(3, || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(2));
-        let writer = Arc::new(
-            LogWriter::open(
-                StdArc::new(fs.clone()),
-                DIR,
-                WalConfig {
-                    buffer_bytes: 64,
-                    segment_bytes: 1 << 20,
-                    prepare_segments: false,
-                },
-            )
-            .unwrap(),
-        );
+        let writer = open_writer(&fs, 64, 0);
         let insert = |txn: u64| Record::Insert {
             txn: TxnId(txn),
             index_id: 1,
@@ -200,22 +207,21 @@ fn appender_waits_for_buffer_space() {
 /// is durable), and the writer refuses further appends.
 #[test]
 fn failed_flush_fails_every_committer() {
-    check(3, || {
+    failed_flush(0);
+}
+
+/// [`failed_flush_fails_every_committer`] with a committer yielding while the flush fails.
+#[test]
+fn failed_flush_fails_every_yielding_committer() {
+    failed_flush(1);
+}
+
+fn failed_flush(yield_wait_committers: usize) {
+    check(3, move || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(3));
         // Sync 1 writes the segment header; sync 2 is the first flush.
         fs.inject(FaultRule::syncs_fail_from(2));
-        let writer = Arc::new(
-            LogWriter::open(
-                StdArc::new(fs.clone()),
-                DIR,
-                WalConfig {
-                    buffer_bytes: 64,
-                    segment_bytes: 1 << 20,
-                    prepare_segments: false,
-                },
-            )
-            .unwrap(),
-        );
+        let writer = open_writer(&fs, 64, yield_wait_committers);
         let other = {
             let writer = Arc::clone(&writer);
             thread::spawn(move || commit(&writer, 2).is_err())
@@ -234,18 +240,7 @@ fn failed_flush_fails_every_committer() {
 fn three_committers_group_commit() {
     check(2, || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(4));
-        let writer = Arc::new(
-            LogWriter::open(
-                StdArc::new(fs.clone()),
-                DIR,
-                WalConfig {
-                    buffer_bytes: 128,
-                    segment_bytes: 1 << 20,
-                    prepare_segments: false,
-                },
-            )
-            .unwrap(),
-        );
+        let writer = open_writer(&fs, 128, 0);
         let others: Vec<_> = (2..=3)
             .map(|txn| {
                 let writer = Arc::clone(&writer);

@@ -453,6 +453,38 @@ fn group_commit_shares_fsyncs_among_many_committers() {
     check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
 }
 
+/// Committers wait for a flush by yielding once enough of them wait at once, and park below
+/// that: either way every commit is durable when acknowledged and the WRITELOG waits are
+/// recorded.
+#[test]
+fn committers_yield_instead_of_parking_when_many_wait() {
+    for (seed, yield_wait_committers) in [(21, 4), (22, 0), (23, 1_000)] {
+        let fs = faulty(FaultyConfig::new(seed).sync_delay(Duration::from_micros(300)));
+        let writer = open(
+            &fs,
+            WalConfig {
+                yield_wait_committers,
+                ..WalConfig::default()
+            },
+        );
+        let waits = Arc::new(Mutex::new(Vec::new()));
+        let (acked, errors) = run_sessions(&writer, 32, 20, 0, Some(&waits));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(acked.len(), 32 * 20);
+        let stats = writer.stats();
+        println!("yield_wait_committers {yield_wait_committers}: {stats:?}");
+        let write_log_waits = total_waits(&waits, WaitType::WriteLog);
+        assert!(write_log_waits > 0 && write_log_waits <= 32 * 20);
+        if yield_wait_committers == 4 {
+            assert!(stats.yielding_waits > 0, "{stats:?}");
+            assert!(stats.yielding_waits <= write_log_waits, "{stats:?}");
+        } else {
+            assert_eq!(stats.yielding_waits, 0, "{stats:?}");
+        }
+        check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+    }
+}
+
 #[test]
 fn a_full_log_buffer_makes_appenders_wait_and_loses_nothing() {
     let fs = faulty(FaultyConfig::new(3).sync_delay(Duration::from_micros(100)));
@@ -511,8 +543,20 @@ fn records_span_small_segments_and_a_reopened_writer_continues() {
 
 #[test]
 fn a_failed_fsync_fails_every_waiter_and_every_later_append() {
+    // Committers that park and committers that yield (from 2 waiting at once) alike.
+    for yield_wait_committers in [0, 2] {
+        failed_fsync_fails_everyone(yield_wait_committers);
+    }
+}
+
+fn failed_fsync_fails_everyone(yield_wait_committers: usize) {
+    println!("yield_wait_committers {yield_wait_committers}");
     let fs = faulty(FaultyConfig::new(5).sync_delay(Duration::from_micros(500)));
-    let writer = open(&fs, WalConfig::default());
+    let config = WalConfig {
+        yield_wait_committers,
+        ..WalConfig::default()
+    };
+    let writer = open(&fs, config);
     // Sync 1 is the segment header's; syncs 2..=4 are flushes; the fifth sync fails.
     fs.inject(FaultRule::sync_fails(5));
     let (acked, errors) = run_sessions(&writer, 16, 1_000, 0, None);
@@ -549,7 +593,7 @@ fn a_failed_fsync_fails_every_waiter_and_every_later_append() {
     let crashed = fs.crash();
     check_log(&crashed, &acked);
     // And a new writer over the recovered log works again.
-    let writer = open(&crashed, WalConfig::default());
+    let writer = open(&crashed, config);
     commit(&writer, 99_000_000).unwrap();
 }
 
@@ -653,6 +697,7 @@ fn crash_round(seed: u64) {
     let buffer_bytes = [1024, 64 << 10][rng.random_range(0..2)];
     let wal_config = WalConfig {
         prepare_segments: rng.random_bool(0.5),
+        yield_wait_committers: [0, 1, 4][rng.random_range(0..3)],
         ..config(buffer_bytes, segment_bytes)
     };
     let writer = open(&fs, wal_config);
@@ -713,9 +758,10 @@ fn crash_round(seed: u64) {
     let elapsed = started.elapsed();
     println!(
         "seed {seed}: tear {tear:?}, sync delay {delay:?}, segment {segment_bytes}, buffer \
-         {buffer_bytes}, prepared segment files {}, crash after {crash_after:?}: {} acked, {} committed, first end {:?}, \
-         {elapsed:?}",
+         {buffer_bytes}, prepared segment files {}, yield from {} committers, crash after \
+         {crash_after:?}: {} acked, {} committed, first end {:?}, {elapsed:?}",
         wal_config.prepare_segments,
+        wal_config.yield_wait_committers,
         acked.len(),
         committed_again.len(),
         first_end

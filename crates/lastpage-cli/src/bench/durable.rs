@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use lastpage_engine::{CommitTicket, InsertRow, WaitType};
+use lastpage_storage::wal::WalConfig;
 use serde::Serialize;
 
 use super::disk::{self, DiskReference};
@@ -187,7 +188,8 @@ pub struct Judged {
     pub pipelined_batch_disk_ceiling_rows_per_sec: Option<f64>,
     /// [`WakeupReference::round_trips_per_sec`] at `threads` ÷ SQLite's autocommit rows/s
     /// there: the most any engine that parks a thread per commit could reach against SQLite
-    /// on this machine, with inserts and I/O that cost nothing.
+    /// on this machine, with inserts and I/O that cost nothing. lastpage's committers yield
+    /// instead of parking when many wait at once, which this ceiling does not bound.
     pub blocking_ceiling_vs_sqlite: Option<f64>,
 }
 
@@ -992,13 +994,15 @@ pub fn render(report: &DurableReport) -> String {
     }
     if let Some(wakeups) = &report.wakeups {
         out.push_str(&format!(
-            "this machine's ceiling for {} sessions that each block at every commit: {} \
+            "this machine's ceiling for {} sessions that each park at every commit: {} \
              park-and-wake round trips/s with no insert, no log and no I/O ({} per group, a \
-             leader waking the rest as in group commit) = {}× SQLite\n",
+             leader waking the rest as in group commit) = {}× SQLite (lastpage's committers \
+             yield instead of parking while {} or more wait at once)\n",
             wakeups.threads,
             thousands(wakeups.round_trips_per_sec as u64),
             number(wakeups.round_trips_per_group),
             figure(judged.blocking_ceiling_vs_sqlite),
+            WalConfig::default().yield_wait_committers,
         ));
     }
     let acknowledgement = report

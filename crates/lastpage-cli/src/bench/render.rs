@@ -118,12 +118,16 @@ pub fn insert_report(report: &InsertReport) -> String {
     if let (Some(db), Some(durability)) = (&config.db, config.durability) {
         out.push_str(&format!(
             "durable database in {db}, durability {}: {} commits per fdatasync, WRITELOG {} µs \
-             per commit\n",
+             per commit, {} of the WRITELOG waits spent yielding instead of parked\n",
             durability.name(),
             report
                 .commits_per_fsync
                 .map_or_else(|| "-".to_owned(), number),
             number(report.log.writelog_wait_us_per_commit),
+            report
+                .log
+                .wal
+                .map_or_else(|| "-".to_owned(), |wal| number(wal.yielding_waits as f64)),
         ));
     }
     for note in &report.notes {

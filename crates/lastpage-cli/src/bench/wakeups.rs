@@ -11,7 +11,10 @@
 //! others can queue, the way the log writer's leader does before a flush, then takes the
 //! queue and wakes it) or queues itself and parks until a leader wakes it. Its round trips
 //! per second are a ceiling for any engine that parks a thread per commit at this thread
-//! count on this machine; `bench durable` prints them beside the autocommit cells.
+//! count on this machine; `bench durable` prints them beside the autocommit cells. lastpage's
+//! own committers park only while few wait at once: with more waiting than
+//! `WalConfig::yield_wait_committers`, they yield the processor until their flush is done
+//! instead, which this ceiling does not bound (see `wal/writer.rs`).
 //!
 //! Why the protocol cannot lose a wake-up: a thread queues itself only while a leader is
 //! marked, under the mutex, and a leader takes the queue and clears its mark in one critical

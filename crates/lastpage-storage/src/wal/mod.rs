@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::limits::{
     MAX_WAL_RECORD_BYTES, WAL_BUFFER_BYTES, WAL_RECORD_ALIGN_BYTES, WAL_RECORD_HEADER_BYTES,
-    WAL_SEGMENT_BYTES,
+    WAL_SEGMENT_BYTES, WAL_YIELD_WAIT_COMMITTERS_PER_CPU,
 };
 
 pub use reader::{LogEnd, LogEntry, LogReader, RawRecord, TailKind};
@@ -63,6 +63,11 @@ pub struct WalConfig {
     /// (see `prepare.rs`); without it a flush zero-fills ahead of itself, inline. On by
     /// default, except in loom models (which cannot run a thread of their own).
     pub prepare_segments: bool,
+    /// From how many committers waiting for the log at once a committer waits for a flush by
+    /// yielding the processor rather than parking (see `LogWriter::yield_while_led`); 0 parks
+    /// always. By default `WAL_YIELD_WAIT_COMMITTERS_PER_CPU` times the processors, except in
+    /// loom models, which set it themselves.
+    pub yield_wait_committers: usize,
 }
 
 impl Default for WalConfig {
@@ -71,6 +76,12 @@ impl Default for WalConfig {
             buffer_bytes: WAL_BUFFER_BYTES,
             segment_bytes: WAL_SEGMENT_BYTES,
             prepare_segments: !cfg!(loom),
+            yield_wait_committers: if cfg!(loom) {
+                0
+            } else {
+                WAL_YIELD_WAIT_COMMITTERS_PER_CPU
+                    * std::thread::available_parallelism().map_or(1, usize::from)
+            },
         }
     }
 }

@@ -30,6 +30,10 @@
 //! [`LogWriter::flush_now`]. PostgreSQL's WAL flush works the same way (whoever holds
 //! `WALWriteLock` flushes for everyone); SQL Server uses a log writer thread.
 //!
+//! With many committers waiting at once (`WalConfig::yield_wait_committers`), a committer that
+//! finds a leader flushing first yields the processor until its LSN is durable, instead of
+//! parking; see [`LogWriter::yield_while_led`].
+//!
 //! If the leader finds the prefix stuck behind a record still being copied, it parks until the
 //! next completion instead of polling (see the `STALLED` protocol in [`super::buffer`]).
 //!
@@ -71,6 +75,7 @@ use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
     WAL_KEPT_RECORD_IMAGE_BYTES, WAL_MAX_START_LSN, WAL_PREALLOCATE_BYTES,
     WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_RECORD_ALIGN_BYTES, WAL_RESERVE_FLUSH_BYTES,
+    WAL_YIELD_WAIT_MAX_NS,
 };
 use crate::scratch::with_scratch;
 use crate::stats::{self, WaitType};
@@ -103,6 +108,9 @@ pub struct WalStats {
     pub flushed_bytes: u64,
     /// `wait_durable` calls that returned `Ok`: commits made durable.
     pub commits: u64,
+    /// Of the commits that had to wait for a flush, those that waited by yielding the
+    /// processor rather than parking (see [`WalConfig::yield_wait_committers`]).
+    pub yielding_waits: u64,
     /// Segments that began as a file prepared in the background (no zero-fill on any flush),
     /// recycled ones included.
     pub prepared_segments: u64,
@@ -209,6 +217,7 @@ struct Counters {
     commits: Counter,
     /// Records the last flush wrote.
     last_flush_records: Counter,
+    yielding_waits: Counter,
     prepared_segments: Counter,
     recycled_segments: Counter,
     reserved_segments: Counter,
@@ -228,6 +237,14 @@ pub struct LogWriter {
     durable: CachePadded<AtomicU64>,
     /// Set once `group.error` is; lets appends and waits fail without the mutex.
     failed: AtomicBool,
+    /// Mirrors `group.leader`, so that a yielding committer sees without the mutex that a
+    /// flush is under way (see [`LogWriter::yield_while_led`]). Only a hint: the mutex decides
+    /// who leads.
+    leading: AtomicBool,
+    /// Committers inside `wait_for` (yielding, parked or leading).
+    waiting_committers: CachePadded<AtomicU64>,
+    /// [`WalConfig::yield_wait_committers`].
+    yield_wait_committers: usize,
     group: Mutex<Group>,
     io: Mutex<FlushIo>,
     max_record: usize,
@@ -306,6 +323,9 @@ impl LogWriter {
             buffer: LogBuffer::new(config.buffer_bytes, recovered.end),
             durable: CachePadded::new(AtomicU64::new(recovered.end)),
             failed: AtomicBool::new(false),
+            leading: AtomicBool::new(false),
+            waiting_committers: CachePadded::new(AtomicU64::new(0)),
+            yield_wait_committers: config.yield_wait_committers,
             group: Mutex::new(Group {
                 leader: false,
                 waiters: Vec::new(),
@@ -382,6 +402,7 @@ impl LogWriter {
             flushed_records: self.counters.flushed_records.load(Relaxed),
             flushed_bytes: self.counters.flushed_bytes.load(Relaxed),
             commits: self.counters.commits.load(Relaxed),
+            yielding_waits: self.counters.yielding_waits.load(Relaxed),
             prepared_segments: self.counters.prepared_segments.load(Relaxed),
             recycled_segments: self.counters.recycled_segments.load(Relaxed),
             reserved_segments: self.counters.reserved_segments.load(Relaxed),
@@ -545,6 +566,21 @@ impl LogWriter {
     /// checked that it is not met yet, so this records a wait of `wait_type` (if it is given).
     fn wait_for(&self, target: Target, wait_type: Option<WaitType>) -> Result<(), WalError> {
         let wait = wait_type.map(|wait_type| stats::begin_wait(wait_type, None));
+        // Only commits yield: an appender waiting for room (LOGBUFFER) is rare, and the
+        // leader it waits for needs the processor more than other appenders do.
+        let committing = matches!(target, Target::Durable(_));
+        if committing {
+            let waiting = self.waiting_committers.fetch_add(1, Ordering::Relaxed) + 1;
+            let yield_from = self.yield_wait_committers as u64;
+            if yield_from > 0 && waiting >= yield_from && self.yield_while_led(target) {
+                self.waiting_committers.fetch_sub(1, Ordering::Relaxed);
+                self.counters.yielding_waits.fetch_add(1, Relaxed);
+                if let Some(wait) = wait {
+                    wait.end(None);
+                }
+                return Ok(());
+            }
+        }
         let waiter = current_waiter();
         let mut signalled_ns = None;
         let result = loop {
@@ -557,6 +593,7 @@ impl LogWriter {
             }
             if !group.leader {
                 group.leader = true;
+                self.leading.store(true, Ordering::Relaxed);
                 drop(group);
                 self.lead(target, &waiter);
                 continue;
@@ -569,10 +606,50 @@ impl LogWriter {
             drop(group);
             signalled_ns = Some(waiter.wait());
         };
+        if committing {
+            self.waiting_committers.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(wait) = wait {
             wait.end(signalled_ns);
         }
         result
+    }
+
+    /// Waits for `target` by yielding the processor for as long as a leader is flushing, up to
+    /// `WAL_YIELD_WAIT_MAX_NS`; returns whether the target was met. On `false` the caller goes on
+    /// to lead or park as usual.
+    ///
+    /// Why: parking costs every commit a futex wake-up from the leader and a wake-up of the
+    /// sleeping thread (one context switch in, with the scheduler's wake-up path in front of it).
+    /// With more committers waiting than processors, a yield hands the processor straight
+    /// to another committer that has work, and a committer whose commit the flush made durable
+    /// sees it at its next turn without anyone waking it. Below that many committers the yields
+    /// would only burn processors that the leader's I/O completion needs, so they park. MySQL's
+    /// redo log waits the same way (`innodb_log_spin_cpu_abs_lwm`: spin while processors are
+    /// busy, else sleep).
+    fn yield_while_led(&self, target: Target) -> bool {
+        let deadline_ns = stats::now_ns().saturating_add(WAL_YIELD_WAIT_MAX_NS);
+        let mut yields = 0u32;
+        loop {
+            if self.satisfied(target) {
+                return true;
+            }
+            if !self.leading.load(Ordering::Relaxed) || self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            sync::yield_now();
+            yields += 1;
+            // Loom explores every interleaving of each yield, and needs a model whose choices
+            // do not depend on the clock: there a few yields stand for the time limit.
+            let gave_up = if cfg!(loom) {
+                yields >= 3
+            } else {
+                stats::now_ns() > deadline_ns
+            };
+            if gave_up {
+                return false;
+            }
+        }
     }
 
     /// Flushes rounds until `target` is met or the writer fails, then gives up leadership.
@@ -661,6 +738,7 @@ impl LogWriter {
         {
             let mut group = sync::lock(&self.group);
             group.leader = false;
+            self.leading.store(false, Ordering::Relaxed);
             self.take_ready(&mut group, &mut wake);
             if !group.waiters.is_empty() {
                 wake.push(group.waiters.remove(0).waiter);
@@ -678,6 +756,7 @@ impl LogWriter {
             }
             self.failed.store(true, Ordering::Release);
             group.leader = false;
+            self.leading.store(false, Ordering::Relaxed);
             group
                 .waiters
                 .drain(..)
