@@ -381,10 +381,27 @@ fn swapped_renamed_or_copied_segments_are_refused() {
     target.set_len(0).unwrap();
     target.write_all_at(0, &bytes).unwrap();
     target.sync_data().unwrap();
+    // The last segment overwritten by a copy of the first, which is then removed (as a
+    // checkpoint removes old segments): no file holds that segment under its own name any
+    // more, and taking the copy for a leftover would drop the last segment's log.
+    let copied_removed = crashed.crash_with(CrashMode::LoseUnsynced);
+    let target = copied_removed
+        .open(&path(&last), OpenOptions::existing())
+        .unwrap();
+    let source = copied_removed
+        .open(&path(&first), OpenOptions::existing())
+        .unwrap();
+    let mut bytes = vec![0u8; source.len().unwrap() as usize];
+    source.read_exact_at(0, &mut bytes).unwrap();
+    target.set_len(0).unwrap();
+    target.write_all_at(0, &bytes).unwrap();
+    target.sync_data().unwrap();
+    copied_removed.remove(&path(&first)).unwrap();
     for (case, fs) in [
         ("swapped", &swapped),
         ("renamed", &renamed),
         ("copied", &copied),
+        ("copied from a removed segment", &copied_removed),
     ] {
         let before = segment_lengths(fs);
         match LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, 64 << 10)) {

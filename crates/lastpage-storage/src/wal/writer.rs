@@ -1125,18 +1125,16 @@ fn recover_end(
             });
         }
     }
-    // A file that holds this log's segment for another LSN than its name says holds log the
-    // end leaves out if that LSN is at or beyond the end, and is a copy if the segment of that
-    // LSN is there under its own name: segments were swapped, renamed or copied. The writer
-    // never leaves such a file behind: a recycled spare's old header is zeroed before it is
-    // renamed, and a segment's name is durable before its header is written (see
-    // `wal/prepare.rs`).
+    // A file that holds this log's segment for another LSN than its name says was swapped,
+    // renamed or copied: it may hold log beyond the end (which opening would then drop), or
+    // a segment that is also there under its own name. The writer never leaves such a file
+    // behind: a recycled spare's old header is zeroed before it is renamed, and a segment's
+    // name is durable before its header is written (see `wal/prepare.rs`). So every such file
+    // is refused, even one holding a segment no longer in the directory: that is a copy too.
     for ((start, path), other) in segments.iter().zip(&headers) {
         if let Some(other) = other
             && other.start_lsn != *start
             && other.log_id == header.log_id
-            && (other.start_lsn >= end_segment
-                || segments.iter().any(|(start, _)| *start == other.start_lsn))
         {
             return Err(WalError::Corrupt {
                 lsn: Lsn(other.start_lsn),
