@@ -54,9 +54,9 @@ pub const MAX_CELL_ROWS: u64 = 5_000_000;
 /// thread still waited for its tickets 0.5 ms per batch (40–50% of its time, `perf`): 64 gave
 /// 1.10–2.05M rows/s (median 1.40M of six runs, 0.11–0.16 ms of WRITELOG per batch) against
 /// 1.04–1.26M with 16, 1.12–1.63M with 32 and 1.42–1.55M with 128 (interleaved runs on one
-/// disk). 64 batches (about 116 KB of log each) are more than the 4 MiB log buffer holds, so
-/// when the flusher falls behind the thread waits for buffer space (LOGBUFFER) instead; a
-/// 16 MiB buffer was no better (1.16–1.99M against 1.80–1.92M). The price is the
+/// disk). 64 batches (about 116 KB of log each) are more than a 4 MiB log buffer holds, so
+/// with one the thread waited for buffer space (LOGBUFFER) instead when the flusher fell
+/// behind; the default buffer is 16 MiB since (`WAL_BUFFER_BYTES`). The price is the
 /// acknowledgement's delay: the cell reports it ([`DurableCell::acknowledgement_ms_mean`]).
 const PIPELINED_BATCHES_IN_FLIGHT: usize = 64;
 
