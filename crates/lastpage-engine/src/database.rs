@@ -150,9 +150,35 @@ struct Inner {
 }
 
 /// An embedded lastpage database. Cloning it is cheap and shares the database.
+///
+/// Dropping the last handle (sessions hold one each) stops the background threads, waiting
+/// for an automatic checkpoint in progress to finish, so that the directory can be opened
+/// again at once. It does not flush the log: call [`Database::close`] for a clean shutdown.
 #[derive(Clone)]
 pub struct Database {
+    /// Present in the handles users and sessions hold; absent in the ones the background
+    /// threads make for the length of a tick. Declared before `inner` so that it is dropped
+    /// first: the threads are joined before this handle lets go of the database.
+    _handle: Option<Arc<Handle>>,
     inner: Arc<Inner>,
+}
+
+/// What the last user handle's drop stops: the background threads of a durable database.
+struct Handle {
+    /// Set when the last user handle goes; each thread checks it whenever it wakes.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for thread in std::mem::take(&mut self.threads) {
+            thread.thread().unpark();
+            // A background thread that panicked has nothing left to stop.
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Database {
@@ -174,6 +200,7 @@ impl Database {
         catalog: Option<&Catalog>,
     ) -> Database {
         Database {
+            _handle: None,
             inner: Arc::new(Inner {
                 pool,
                 tables: RwLock::new(HashMap::new()),
@@ -222,8 +249,9 @@ impl Database {
                 lastpage_io::OpenOptions::create(),
             )
             .map_err(|error| io("locking", error))?;
-        // A handle dropped a moment ago may still be held by a background thread finishing
-        // its tick, so an open right after a close waits a little before it gives up.
+        // Another handle may be going away at this moment (its last drop joins its background
+        // threads, which can take as long as a checkpoint in progress; or another process is
+        // exiting), so an open waits a little before it gives up.
         let deadline = Instant::now() + Duration::from_millis(OPEN_LOCK_WAIT_MS);
         while !lock.try_lock().map_err(|error| io("locking", error))? {
             if Instant::now() >= deadline {
@@ -271,6 +299,7 @@ impl Database {
         recovery.log_end = wal.start_lsn().0;
         let inner = Arc::into_inner(db.inner).expect("nobody else holds the database yet");
         let db = Database {
+            _handle: None,
             inner: Arc::new(Inner {
                 durable: Some(Durable {
                     _lock: lock,
@@ -327,69 +356,88 @@ impl Database {
         if let Some(durable) = db.durable() {
             let _ = durable.recovery.set(recovery);
         }
-        db.start_background();
-        Ok(db)
+        Ok(db.start_background())
     }
 
-    /// Starts the threads that flush DELAYED commits and take automatic checkpoints. They hold
-    /// only a weak reference, and stop once the database is dropped. They are two threads so
-    /// that a long checkpoint never holds up the flushes that bound DELAYED commits.
-    fn start_background(&self) {
+    /// Starts the threads that flush DELAYED commits and take automatic checkpoints, and
+    /// returns the database as a user handle, whose last drop stops them. They hold only a
+    /// weak reference between ticks. They are two threads so that a long checkpoint never
+    /// holds up the flushes that bound DELAYED commits.
+    fn start_background(self) -> Database {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let interval = self.inner.options.delayed_flush_interval;
-        let flusher = self.spawn_background("lastpage-log-flusher", interval, |db, durable| {
-            if durable.wal.durable_lsn() < durable.wal.end_lsn()
-                && let Err(error) = durable.wal.flush_in_background()
-            {
-                db.fail(error);
-                return false;
-            }
-            true
-        });
-        if let (Some(durable), Some(flusher)) = (self.durable(), flusher) {
-            let _ = durable.flusher.set(flusher);
+        let flusher =
+            self.spawn_background("lastpage-log-flusher", interval, &stop, |db, durable| {
+                if durable.wal.durable_lsn() < durable.wal.end_lsn()
+                    && let Err(error) = durable.wal.flush_in_background()
+                {
+                    db.fail(error);
+                    return false;
+                }
+                true
+            });
+        if let (Some(durable), Some(flusher)) = (self.durable(), &flusher) {
+            let _ = durable.flusher.set(flusher.thread().clone());
         }
         let poll = Duration::from_millis(CHECKPOINT_POLL_INTERVAL_MS);
-        self.spawn_background("lastpage-checkpointer", poll, |db, durable| {
-            let since = durable
-                .wal
-                .end_lsn()
-                .0
-                .saturating_sub(*sync::lock(&durable.checkpoint));
-            if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
-                // A failed automatic checkpoint leaves the previous image in force; the next
-                // attempt (or an explicit CHECKPOINT) reports the error.
-                let _ = db.checkpoint();
-            }
-            true
-        });
+        let checkpointer =
+            self.spawn_background("lastpage-checkpointer", poll, &stop, |db, durable| {
+                let since = durable
+                    .wal
+                    .end_lsn()
+                    .0
+                    .saturating_sub(*sync::lock(&durable.checkpoint));
+                if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
+                    // A failed automatic checkpoint leaves the previous image in force; the next
+                    // attempt (or an explicit CHECKPOINT) reports the error.
+                    let _ = db.checkpoint();
+                }
+                true
+            });
+        Database {
+            _handle: Some(Arc::new(Handle {
+                stop,
+                threads: flusher.into_iter().chain(checkpointer).collect(),
+            })),
+            inner: self.inner,
+        }
     }
 
     /// Runs `tick` every `interval`, and whenever the thread is unparked, on a thread of its
-    /// own until it returns false or the database is gone. Returns the thread, if it started.
+    /// own until it returns false, `stop` is set or the database is gone. Returns the thread,
+    /// if it started.
     fn spawn_background(
         &self,
         name: &str,
         interval: Duration,
+        stop: &Arc<std::sync::atomic::AtomicBool>,
         tick: impl Fn(&Database, &Durable) -> bool + Send + 'static,
-    ) -> Option<std::thread::Thread> {
+    ) -> Option<std::thread::JoinHandle<()>> {
         let weak = Arc::downgrade(&self.inner);
-        let spawned = std::thread::Builder::new()
+        let stop = Arc::clone(stop);
+        std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 loop {
                     // An unpark cuts the pause short; so may a spurious wake-up, which only
                     // costs one tick with nothing to do.
                     std::thread::park_timeout(interval);
-                    // Once every handle is gone the upgrade fails and the thread ends.
+                    // The last user handle sets `stop`, unparks the thread and joins it.
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
                     let Some(inner) = weak.upgrade() else { return };
-                    let db = Database { inner };
+                    let db = Database {
+                        _handle: None,
+                        inner,
+                    };
                     let Some(durable) = db.durable() else { return };
                     if !tick(&db, durable) {
                         return;
                     }
                 }
-            });
-        spawned.ok().map(|handle| handle.thread().clone())
+            })
+            .ok()
     }
 
     /// Wakes the background log flusher to flush what has been appended so far, without

@@ -1141,6 +1141,50 @@ fn a_database_directory_is_opened_by_one_handle_at_a_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Dropping the last handle stops the background threads before it returns, waiting for an
+/// automatic checkpoint in progress: no thread of the dropped database still holds (or writes
+/// to) the directory, whose lock is free at once. Before, the checkpoint went on holding the
+/// database, and an open right after the drop waited for it or failed as "already open".
+#[test]
+fn dropping_the_last_handle_waits_for_an_automatic_checkpoint_and_frees_the_directory() {
+    // Every fdatasync takes 40 ms, so the automatic checkpoint (several of them) is still
+    // running when the handle goes.
+    let fs = FaultyFileSystem::new(FaultyConfig::new(31).sync_delay(Duration::from_millis(40)));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            checkpoint_log_bytes: 16 << 10,
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let rows: Vec<InsertRow> = (0..500)
+        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
+        .collect();
+    table.insert_batch(&session, rows).unwrap();
+    let lock_path = Path::new(DIR).join("lock");
+    let probe = fs.open(&lock_path, OpenOptions::existing()).unwrap();
+    assert!(
+        !probe.try_lock().unwrap(),
+        "the open database holds its lock"
+    );
+    // The checkpointer looks every 100 ms; give it time to start.
+    std::thread::sleep(Duration::from_millis(150));
+    drop((session, table));
+    let started = std::time::Instant::now();
+    drop(db);
+    println!("the drop took {:?}", started.elapsed());
+    assert!(
+        probe.try_lock().unwrap(),
+        "a background thread still holds the dropped database"
+    );
+    drop(probe);
+    let db = open(&fs);
+    assert_eq!(orders_rows(&db).len(), 500);
+}
+
 #[test]
 fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(13));

@@ -33,7 +33,7 @@
 //! Directories are simplified: `create_dir_all` is durable at once, and only files have names
 //! that can be lost.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -248,6 +248,9 @@ struct State {
     next_inode: u64,
     rules: Vec<ActiveRule>,
     stats: FaultyStats,
+    /// Inodes an open handle holds the advisory lock of (`File::try_lock`). A crash ends the
+    /// process that held them: the file system it leaves has none.
+    locked: HashSet<u64>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -450,6 +453,7 @@ impl FaultyFileSystem {
                 next_inode: 1,
                 rules: Vec::new(),
                 stats: FaultyStats::default(),
+                locked: HashSet::new(),
             },
         )
     }
@@ -592,6 +596,7 @@ impl FaultyFileSystem {
                 next_inode: state.next_inode,
                 rules: Vec::new(),
                 stats: FaultyStats::default(),
+                locked: HashSet::new(),
             },
         )
     }
@@ -604,6 +609,16 @@ struct FaultyFile {
     inode: u64,
     /// The name the file was opened under, which fault rules match.
     path: PathBuf,
+    /// Whether this handle holds the inode's lock, which its drop releases.
+    holds_lock: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for FaultyFile {
+    fn drop(&mut self) {
+        if *self.holds_lock.get_mut() {
+            self.fs.state().locked.remove(&self.inode);
+        }
+    }
 }
 
 impl File for FaultyFile {
@@ -703,8 +718,18 @@ impl File for FaultyFile {
 
     /// The simulated disk belongs to one process, which is all the locks guard against: every
     /// attempt succeeds (as long as the file system has not crashed).
+    /// Like `flock`: one handle at a time holds a file's lock, until it is dropped.
     fn try_lock(&self) -> io::Result<bool> {
-        self.fs.state().check_alive()?;
+        let mut state = self.fs.state();
+        state.check_alive()?;
+        if self.holds_lock.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(true);
+        }
+        if !state.locked.insert(self.inode) {
+            return Ok(false);
+        }
+        self.holds_lock
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }
 
@@ -793,6 +818,7 @@ impl FileSystem for FaultyFileSystem {
             fs: self.clone(),
             inode,
             path: path.to_path_buf(),
+            holds_lock: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 

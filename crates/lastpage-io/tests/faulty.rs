@@ -356,3 +356,23 @@ fn set_len_and_truncate_are_durable_only_after_sync() {
         b"0123"
     );
 }
+
+#[test]
+fn a_lock_is_held_by_one_handle_until_it_is_dropped_and_a_crash_releases_it() {
+    let fs = fs(40);
+    let first = durable_file(&fs, "lock", b"");
+    let second = fs.open(&path("lock"), OpenOptions::existing()).unwrap();
+    assert!(first.try_lock().unwrap());
+    // Asking again through the holder is not a conflict; through another handle it is.
+    assert!(first.try_lock().unwrap());
+    assert!(!second.try_lock().unwrap());
+    drop(first);
+    assert!(second.try_lock().unwrap());
+    // The process that held the lock is gone after a crash: its file system has no locks.
+    let crashed = fs.crash();
+    let after = crashed
+        .open(&path("lock"), OpenOptions::existing())
+        .unwrap();
+    assert!(after.try_lock().unwrap());
+    drop(second);
+}
