@@ -168,8 +168,6 @@ struct Parked {
 /// What the group mutex protects. It is taken only by threads that are about to block, by the
 /// leader when it hands out wake-ups, and by an appender that must wake a stalled leader.
 struct Group {
-    /// A leader is flushing (or about to).
-    leader: bool,
     /// Parked threads.
     waiters: Vec<Parked>,
     /// The leader, when it is parked waiting for a record to be completed.
@@ -237,11 +235,12 @@ pub struct LogWriter {
     durable: CachePadded<AtomicU64>,
     /// Set once `group.error` is; lets appends and waits fail without the mutex.
     failed: AtomicBool,
-    /// Mirrors `group.leader`, so that a yielding committer sees without the mutex that a
-    /// flush is under way (see [`LogWriter::yield_while_led`]). Only a hint: the mutex decides
-    /// who leads.
+    /// A leader is flushing (or about to). Changed only with the group mutex held, which is
+    /// what decides who leads; a yielding committer also reads it without the mutex, as a hint
+    /// that a flush is under way (see [`LogWriter::yield_while_led`]).
     leading: AtomicBool,
-    /// Committers inside `wait_for` (yielding, parked or leading).
+    /// Committers inside `wait_for` (yielding, parked or leading); counted only when
+    /// `yield_wait_committers` is not 0.
     waiting_committers: CachePadded<AtomicU64>,
     /// [`WalConfig::yield_wait_committers`].
     yield_wait_committers: usize,
@@ -327,7 +326,6 @@ impl LogWriter {
             waiting_committers: CachePadded::new(AtomicU64::new(0)),
             yield_wait_committers: config.yield_wait_committers,
             group: Mutex::new(Group {
-                leader: false,
                 waiters: Vec::new(),
                 stalled: None,
                 error: None,
@@ -568,11 +566,11 @@ impl LogWriter {
         let wait = wait_type.map(|wait_type| stats::begin_wait(wait_type, None));
         // Only commits yield: an appender waiting for room (LOGBUFFER) is rare, and the
         // leader it waits for needs the processor more than other appenders do.
-        let committing = matches!(target, Target::Durable(_));
+        // With yielding off (0) nobody counts, so the shared counter costs nothing.
+        let committing = self.yield_wait_committers > 0 && matches!(target, Target::Durable(_));
         if committing {
             let waiting = self.waiting_committers.fetch_add(1, Ordering::Relaxed) + 1;
-            let yield_from = self.yield_wait_committers as u64;
-            if yield_from > 0 && waiting >= yield_from && self.yield_while_led(target) {
+            if waiting >= self.yield_wait_committers as u64 && self.yield_while_led(target) {
                 self.waiting_committers.fetch_sub(1, Ordering::Relaxed);
                 self.counters.yielding_waits.fetch_add(1, Relaxed);
                 if let Some(wait) = wait {
@@ -591,8 +589,7 @@ impl LogWriter {
             if let Some(error) = &group.error {
                 break Err(error.clone());
             }
-            if !group.leader {
-                group.leader = true;
+            if !self.leading.load(Ordering::Relaxed) {
                 self.leading.store(true, Ordering::Relaxed);
                 drop(group);
                 self.lead(target, &waiter);
@@ -737,7 +734,6 @@ impl LogWriter {
         let mut wake = Vec::new();
         {
             let mut group = sync::lock(&self.group);
-            group.leader = false;
             self.leading.store(false, Ordering::Relaxed);
             self.take_ready(&mut group, &mut wake);
             if !group.waiters.is_empty() {
@@ -755,7 +751,6 @@ impl LogWriter {
                 group.error = Some(error);
             }
             self.failed.store(true, Ordering::Release);
-            group.leader = false;
             self.leading.store(false, Ordering::Relaxed);
             group
                 .waiters
