@@ -1170,45 +1170,106 @@ fn spare_files(fs: &FaultyFileSystem) -> Vec<std::path::PathBuf> {
 /// Before the preparer zeroed a spare's header and the writer synced the directory before
 /// writing a header, some outcomes left a valid header under another segment's name, and the
 /// open refused the log as one whose segments were swapped or copied.
+/// Segment size of [`a_crash_during_a_switch_into_a_recycled_segment_leaves_a_log_that_opens`].
+const SWITCH_SEGMENT: u64 = 4096;
+
+/// How many times that test sets up its switch (from a fresh file system) before it gives up:
+/// the background preparer's timing sometimes leaves a file zero-filled for an earlier
+/// request in place, and then the switch would not be into a recycled spare.
+const SWITCH_SETUP_ATTEMPTS_MAX: u32 = 20;
+
+/// A log about to switch into a recycled segment: the writer, the commits it acknowledged,
+/// the next transaction number, the first one the log must keep, and where it was truncated.
+struct RecycledSwitch {
+    fs: FaultyFileSystem,
+    writer: Arc<LogWriter>,
+    acked: BTreeSet<u64>,
+    next_txn: u64,
+    first_kept: u64,
+    truncated_to: Lsn,
+}
+
+/// Sets up [`RecycledSwitch`] on a fresh file system of `seed`, or returns why the prepared
+/// file ended up not being one of the spares (the preparer's timing; the caller tries again).
+fn set_up_recycled_switch(seed: u64) -> Result<RecycledSwitch, String> {
+    const SEGMENT: u64 = SWITCH_SEGMENT;
+    let fs = faulty(FaultyConfig::new(1_000 + seed));
+    let writer = open(&fs, config(4096, SEGMENT));
+    let mut acked = commit_until(&writer, |stats| stats.durable_lsn.0 > 12 * SEGMENT);
+    // Transactions from here on are numbered from 5,000,000.
+    let next_txn = std::cell::Cell::new(5_000_000);
+    let commit_while = |acked: &mut BTreeSet<u64>, more: &dyn Fn(u64) -> bool| {
+        while more(writer.durable_lsn().0 % SEGMENT) {
+            commit(&writer, next_txn.get()).unwrap();
+            acked.insert(next_txn.get());
+            next_txn.set(next_txn.get() + 1);
+        }
+    };
+    // Truncate a little before the current segment is half written, when the next file is
+    // requested: the spare it is made from then still has its old segment's name on disk
+    // (nothing has synced the directory since the truncation renamed it).
+    commit_while(&mut acked, &|offset| {
+        !(SEGMENT * 35 / 100..SEGMENT * 45 / 100).contains(&offset)
+    });
+    let truncated_to = writer.durable_lsn();
+    writer.remove_segments_before(truncated_to).unwrap();
+    // The commits the log must keep from here on (the reader starts at the truncation).
+    let first_kept = next_txn.get();
+    commit_while(&mut acked, &|offset| offset < SEGMENT * 3 / 4);
+    thread::sleep(Duration::from_millis(20));
+    let prepared = Path::new(DIR).join("next-segment.prepared");
+    if !fs.exists(&prepared).unwrap() {
+        return Err("no prepared file".into());
+    }
+    let spares = spare_files(&fs).len();
+    if spares != 3 {
+        return Err(format!(
+            "the prepared file is not one of the four spares ({spares} spares left)"
+        ));
+    }
+    Ok(RecycledSwitch {
+        fs,
+        writer,
+        acked,
+        next_txn: next_txn.get(),
+        first_kept,
+        truncated_to,
+    })
+}
+
+/// A crash in the middle of a segment switch into a recycled file, at the worst moments: the
+/// file renamed to the new segment's name, and then the directory's fsync failed, or its new
+/// header written and the header's fdatasync failed. Whatever of the file's names and header
+/// the crash keeps (each seed of the test file system keeps a different mix of old and new),
+/// the log must open again, with every acknowledged commit.
+/// Before the preparer zeroed a spare's header and the writer synced the directory before
+/// writing a header, some outcomes left a valid header under another segment's name, and the
+/// open refused the log as one whose segments were swapped or copied.
 #[test]
 fn a_crash_during_a_switch_into_a_recycled_segment_leaves_a_log_that_opens() {
-    const SEGMENT: u64 = 4096;
+    const SEGMENT: u64 = SWITCH_SEGMENT;
     for seed in 0..32 {
         let fail_dir_sync = seed % 2 == 1;
-        let fs = faulty(FaultyConfig::new(1_000 + seed));
-        let writer = open(&fs, config(4096, SEGMENT));
-        let mut acked = commit_until(&writer, |stats| stats.durable_lsn.0 > 12 * SEGMENT);
-        // Transactions from here on are numbered from 5,000,000.
-        let next_txn = std::cell::Cell::new(5_000_000);
-        let commit_while = |acked: &mut BTreeSet<u64>, more: &dyn Fn(u64) -> bool| {
-            while more(writer.durable_lsn().0 % SEGMENT) {
-                commit(&writer, next_txn.get()).unwrap();
-                acked.insert(next_txn.get());
-                next_txn.set(next_txn.get() + 1);
+        let mut attempts = 0;
+        let RecycledSwitch {
+            fs,
+            writer,
+            mut acked,
+            next_txn,
+            first_kept,
+            truncated_to,
+        } = loop {
+            attempts += 1;
+            match set_up_recycled_switch(seed) {
+                Ok(setup) => break setup,
+                Err(why) if attempts < SWITCH_SETUP_ATTEMPTS_MAX => {
+                    println!("seed {seed}, attempt {attempts}: {why}; setting up again");
+                }
+                Err(why) => panic!("seed {seed}: {why}, {attempts} times"),
             }
         };
-        // Truncate a little before the current segment is half written, when the next file is
-        // requested: the spare it is made from then still has its old segment's name on disk
-        // (nothing has synced the directory since the truncation renamed it).
-        commit_while(&mut acked, &|offset| {
-            !(SEGMENT * 35 / 100..SEGMENT * 45 / 100).contains(&offset)
-        });
-        let truncated_to = writer.durable_lsn();
-        writer.remove_segments_before(truncated_to).unwrap();
-        // The commits the log must keep from here on (the reader starts at the truncation).
-        let first_kept = next_txn.get();
-        commit_while(&mut acked, &|offset| offset < SEGMENT * 3 / 4);
-        thread::sleep(Duration::from_millis(20));
+        let next_txn = std::cell::Cell::new(next_txn);
         let prepared = Path::new(DIR).join("next-segment.prepared");
-        assert!(
-            fs.exists(&prepared).unwrap(),
-            "seed {seed}: no prepared file"
-        );
-        assert_eq!(
-            spare_files(&fs).len(),
-            3,
-            "seed {seed}: the prepared file is not one of the four spares"
-        );
         let next = (writer.durable_lsn().0 / SEGMENT + 1) * SEGMENT;
         let next_path = Path::new(DIR).join(format!("{next:016x}.wal"));
         fs.inject(if fail_dir_sync {
