@@ -42,6 +42,6 @@ pub use recovery::RecoveryStats;
 pub use schema::{
     ColumnDef, DefaultValue, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
 };
-pub use table::{InsertRow, KeyRange, Row, Table, TableCheck};
+pub use table::{InsertRow, KeyRange, PreparedInsert, Row, Table, TableCheck};
 pub use txn::{CommitTicket, Durability};
 pub use types::{DataType, Value};

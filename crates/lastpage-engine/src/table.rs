@@ -8,6 +8,7 @@
 //! - Non-unique nonclustered index: key = its columns followed by the clustered key; value empty.
 
 use crossbeam_utils::CachePadded;
+use smallvec::SmallVec;
 use std::cell::Cell;
 use std::ops::{Bound, Range};
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use lastpage_storage::btree::{
     TreeCheck, TreeOptions, batch_item_range,
 };
 use lastpage_storage::limits::{
-    BATCH_BUFFER_KEPT_BYTES, INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT,
-    MAX_RECORD_BYTES,
+    BATCH_BUFFER_KEPT_BYTES, BORROWED_ROW_INLINE_COLUMNS, INSERT_SCRATCH_KEPT_BYTES,
+    LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicI64, Ordering};
@@ -37,6 +38,60 @@ use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
 /// A row: one value per column, in column order.
 pub type Row = Vec<Value>;
 
+/// A row completed from values the caller keeps (see [`Table::complete_borrowed_into`]): a
+/// value its column's type holds as it is stays borrowed. Inline up to
+/// [`BORROWED_ROW_INLINE_COLUMNS`] columns, so that a single-row insert builds it without an
+/// allocation.
+type BorrowedRow<'v> = SmallVec<[Cow<'v, Value>; BORROWED_ROW_INLINE_COLUMNS]>;
+
+/// A completed row an identity-keyed insert takes: owned values ([`Row`]), or values borrowed
+/// from the caller where their types allow ([`BorrowedRow`], from a [`PreparedInsert`]).
+trait CompletedRow {
+    type Value: Borrow<Value>;
+
+    /// The values, in column order.
+    fn values(&self) -> &[Self::Value];
+
+    /// The row as owned values, which nonclustered entries are made from; `None` for borrowed
+    /// values, which only tables without nonclustered indexes take.
+    fn owned(&mut self) -> Option<&mut Row>;
+
+    /// The values, owned, for an error message.
+    fn owned_copy(&self) -> Cow<'_, [Value]>;
+}
+
+impl CompletedRow for Row {
+    type Value = Value;
+
+    fn values(&self) -> &[Value] {
+        self
+    }
+
+    fn owned(&mut self) -> Option<&mut Row> {
+        Some(self)
+    }
+
+    fn owned_copy(&self) -> Cow<'_, [Value]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl<'v> CompletedRow for BorrowedRow<'v> {
+    type Value = Cow<'v, Value>;
+
+    fn values(&self) -> &[Cow<'v, Value>] {
+        self
+    }
+
+    fn owned(&mut self) -> Option<&mut Row> {
+        None
+    }
+
+    fn owned_copy(&self) -> Cow<'_, [Value]> {
+        Cow::Owned(self.iter().map(|value| value.as_ref().clone()).collect())
+    }
+}
+
 /// The values an insert supplies, by column position. Columns left out get their identity
 /// value, their default, or NULL.
 #[derive(Clone, Debug, Default)]
@@ -54,6 +109,56 @@ impl InsertRow {
     pub fn set(mut self, column: usize, value: impl Into<Value>) -> Self {
         self.values.push((column, value.into()));
         self
+    }
+}
+
+/// An insert of a fixed list of columns into one table, checked once and run many times with
+/// values the caller keeps, as a prepared `INSERT ... VALUES (@p1, ...)` binds its parameters
+/// (made by [`Table::prepare_insert`]). Into a table clustered on its identity alone without
+/// nonclustered indexes (the table the seeds' workload inserts into), nothing is built per
+/// row: values their columns' types hold as they are are encoded where they lie. Into other
+/// tables each run copies the values into a row and inserts it as [`Table::insert`] does.
+#[derive(Clone)]
+pub struct PreparedInsert {
+    table: Arc<Table>,
+    columns: Vec<usize>,
+    /// For each of the table's columns, the position of its value in a row, if supplied.
+    slots: Vec<Option<usize>>,
+}
+
+impl PreparedInsert {
+    /// The table the insert goes into.
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// Inserts one row: `values` holds one value per prepared column, in their order. Returns
+    /// the row's identity value, if the table has an identity column. Autocommit or within the
+    /// session's transaction, atomic, and checked like [`Table::insert`]; a row with a
+    /// different number of values fails.
+    pub fn insert(&self, session: &Session, values: &[Value]) -> Result<Option<i64>> {
+        let table = &self.table;
+        if values.len() != self.columns.len() {
+            return Err(EngineError::InsertArity {
+                row: 1,
+                expected: self.columns.len(),
+                got: values.len(),
+            });
+        }
+        if table.identity_keyed && table.nonclustered.is_empty() {
+            return session.write(table, |scope| {
+                let mut row = BorrowedRow::new();
+                table.complete_borrowed_into(&self.slots, values, &mut row)?;
+                table.insert_with_identity_key(scope, &mut row).map(Some)
+            });
+        }
+        let values = self.columns.iter().copied().zip(values.iter().cloned());
+        table.insert(
+            session,
+            InsertRow {
+                values: values.collect(),
+            },
+        )
     }
 }
 
@@ -845,6 +950,18 @@ impl Table {
         session.write(self, |scope| self.insert_row(scope, row))
     }
 
+    /// Prepares an insert that supplies `columns` (by position, each once; the others get
+    /// their identity value, default or NULL), to run many times with
+    /// [`PreparedInsert::insert`]. The column list is checked here, once: an unknown column,
+    /// an identity or computed column, or a column named twice fails.
+    pub fn prepare_insert(self: &Arc<Self>, columns: &[usize]) -> Result<PreparedInsert> {
+        Ok(PreparedInsert {
+            slots: self.supplied_slots(columns)?,
+            columns: columns.to_vec(),
+            table: Arc::clone(self),
+        })
+    }
+
     /// Inserts one row, naming its columns.
     pub fn insert_named(
         self: &Arc<Self>,
@@ -912,7 +1029,7 @@ impl Table {
             if rows.len() > 0 && self.batches_at_tail() && self.nonclustered.is_empty() {
                 let row_count = rows.len();
                 self.insert_batch_at_tail(scope, row_count, |buffer, value_ends| {
-                    let mut values = Vec::with_capacity(self.columns.len());
+                    let mut values = BorrowedRow::new();
                     for row in rows {
                         self.complete_borrowed_into(&slots, row?, &mut values)?;
                         self.encode_clustered_value(&values, buffer)?;
@@ -1526,7 +1643,7 @@ impl Table {
         &self,
         slots: &[Option<usize>],
         row: &'v [Value],
-        values: &mut Vec<Cow<'v, Value>>,
+        values: &mut BorrowedRow<'v>,
     ) -> Result<()> {
         debug_assert!(self.computed_columns.is_empty());
         values.clear();
@@ -1741,13 +1858,13 @@ impl Table {
     /// When the row needs a lock, the callback takes it too, before the leaf's latch is
     /// released: from the moment a reader can see the row, the lock hides it until commit. The
     /// lock cannot wait, as nobody else can know the new key yet.
-    fn insert_with_identity_key(
+    fn insert_with_identity_key<R: CompletedRow>(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
-        values: &mut Row,
+        values: &mut R,
     ) -> Result<i64> {
         with_scratch(&VALUE_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |value| {
-            self.encode_clustered_value(values, value)?;
+            self.encode_clustered_value(values.values(), value)?;
             self.insert_encoded_with_identity_key(scope, values, value)
         })
     }
@@ -1755,10 +1872,10 @@ impl Table {
     /// [`Table::insert_with_identity_key`] once the row's value is encoded in `value`. The
     /// value is moved into the statement's change only if the change is kept (logged or
     /// undoable); otherwise the buffer goes back to its thread for the next insert.
-    fn insert_encoded_with_identity_key(
+    fn insert_encoded_with_identity_key<R: CompletedRow>(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
-        values: &mut Row,
+        values: &mut R,
         value: &mut Vec<u8>,
     ) -> Result<i64> {
         let (identity, data_type) = self.identity_and_type();
@@ -1794,20 +1911,21 @@ impl Table {
                     .map_err(|error| match error {
                         GeneratedKeyError::Key(error) => error,
                         GeneratedKeyError::Tree(error) => {
-                            self.storage_error(&self.clustered, error, values)
+                            self.storage_error(&self.clustered, error, &values.owned_copy())
                         }
                     })?;
-                values[identity.column] = identity_as_value(id, data_type)?;
-                let entries = match self.nonclustered_entries(values, key) {
-                    Ok(entries) => entries,
-                    Err(error) => {
-                        // Undo is best effort: a page that cannot be read leaves the entry behind,
-                        // and the statement's error says why.
-                        let _ = self.clustered.tree(0).delete(key);
-                        return Err(error);
-                    }
-                };
-                self.insert_nonclustered(0, values, key, &entries)?;
+                if let Some(values) = values.owned() {
+                    values[identity.column] = identity_as_value(id, data_type)?;
+                    self.insert_nonclustered_with_identity_key(values, key)?;
+                } else if !self.nonclustered.is_empty() {
+                    // Not reached: `PreparedInsert` borrows values only for tables without
+                    // nonclustered indexes. Should that change, the row must not go in
+                    // without its entries.
+                    let _ = self.clustered.tree(0).delete(key);
+                    return Err(EngineError::Storage(
+                        "a row of borrowed values cannot feed nonclustered indexes".into(),
+                    ));
+                }
                 if keep_change {
                     changes.push(RowChange::Insert {
                         partition: 0,
@@ -1822,6 +1940,25 @@ impl Table {
             scope.adopt_locks(locker);
         }
         id
+    }
+
+    /// The nonclustered entries of a row the clustered tree has just given its identity key
+    /// `key` (see [`Table::insert_encoded_with_identity_key`]); if they cannot be made, the
+    /// clustered record goes again.
+    fn insert_nonclustered_with_identity_key(&self, values: &Row, key: &[u8]) -> Result<()> {
+        if self.nonclustered.is_empty() {
+            return Ok(());
+        }
+        let entries = match self.nonclustered_entries(values, key) {
+            Ok(entries) => entries,
+            Err(error) => {
+                // Undo is best effort: a page that cannot be read leaves the entry behind, and
+                // the statement's error says why.
+                let _ = self.clustered.tree(0).delete(key);
+                return Err(error);
+            }
+        };
+        self.insert_nonclustered(0, values, key, &entries)
     }
 
     /// The nonclustered entries of a row whose clustered key is `key`, size-checked.

@@ -5,6 +5,8 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
+use rand::Rng;
+
 use lastpage_engine::schema::ComputeFn;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, Direction, EngineError, IndexDef,
@@ -854,6 +856,88 @@ fn borrowed_batch_table(db: &Database, name: &str, shape: &str) -> Arc<lastpage_
     db.create_table(table).unwrap()
 }
 
+/// A generator seeded from `LASTPAGE_TEST_SEED`, or at random; the test prints its seed.
+fn seeded_rng(test: &str) -> (u64, rand::rngs::StdRng) {
+    use rand::SeedableRng;
+    let seed = std::env::var("LASTPAGE_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("{test}: seed {seed}");
+    (seed, rand::rngs::StdRng::seed_from_u64(seed))
+}
+
+/// A column list for [`borrowed_batch_table`]: the payload and any of the other three
+/// columns, in any order.
+fn random_insert_columns(rng: &mut rand::rngs::StdRng) -> Vec<usize> {
+    let mut columns: Vec<usize> = vec![1];
+    for column in [2, 3, 4] {
+        if rng.random_bool(0.5) {
+            columns.insert(rng.random_range(0..=columns.len()), column);
+        }
+    }
+    columns
+}
+
+/// Values for `columns` of [`borrowed_batch_table`]: mostly good ones, some that need
+/// converting, NULLs, and about one in `bad_in` bad: a NULL or too long a payload, or text
+/// that is no number for the int column.
+fn random_insert_values(
+    rng: &mut rand::rngs::StdRng,
+    columns: &[usize],
+    bad_in: u32,
+) -> Vec<Value> {
+    columns
+        .iter()
+        .map(|&column| match column {
+            1 => match rng.random_range(0..bad_in) {
+                0 => Value::Null,
+                1 => Value::from("x".repeat(21)),
+                2 => Value::Int(rng.random_range(-99..99)),
+                _ => Value::from(format!("p{}", rng.random_range(0..1000))),
+            },
+            2 => match rng.random_range(0..3) {
+                0 => Value::Null,
+                1 => Value::from("ab"),
+                _ => Value::from("abcd"),
+            },
+            3 => match rng.random_range(0..3) {
+                0 => Value::Null,
+                1 => Value::from("€uro"),
+                _ => Value::from("note  "),
+            },
+            _ if rng.random_range(0..bad_in) == 0 => Value::from("seven"),
+            _ => match rng.random_range(0..3) {
+                0 => Value::Null,
+                1 => Value::from(rng.random_range(-5..5).to_string().as_str()),
+                _ => Value::Int(rng.random_range(-1000..1000)),
+            },
+        })
+        .collect()
+}
+
+/// `row`'s values for `columns` as an `InsertRow`.
+fn insert_row(columns: &[usize], row: &[Value]) -> InsertRow {
+    columns
+        .iter()
+        .zip(row)
+        .fold(InsertRow::new(), |insert, (&column, value)| {
+            insert.set(column, value.clone())
+        })
+}
+
+/// Every row of `table`, in key order.
+fn all_rows(
+    session: &lastpage_engine::Session,
+    table: &Arc<lastpage_engine::Table>,
+) -> Vec<Vec<Value>> {
+    table
+        .scan(session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// `insert_batch_values` stores exactly what `insert_batch` stores for the same rows, on the
 /// path at the tail (values borrowed) and on the copying paths (a nonclustered index, a
 /// computed column): random column lists in any order, values that need converting (an int
@@ -861,13 +945,7 @@ fn borrowed_batch_table(db: &Database, name: &str, shape: &str) -> Arc<lastpage_
 /// and batches with a bad row, which fail the same way and leave nothing behind.
 #[test]
 fn borrowed_batches_store_what_owned_batches_store() {
-    use rand::{Rng, SeedableRng};
-    let seed = std::env::var("LASTPAGE_TEST_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("borrowed_batches_store_what_owned_batches_store: seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = seeded_rng("borrowed_batches_store_what_owned_batches_store");
     let db = database();
     for shape in ["tail", "nonclustered", "computed"] {
         let owned = borrowed_batch_table(&db, &format!("Owned_{shape}"), shape);
@@ -875,54 +953,11 @@ fn borrowed_batches_store_what_owned_batches_store() {
         let session = db.session();
         let (mut failed, mut inserted) = (0, 0);
         for _ in 0..150 {
-            let mut columns: Vec<usize> = vec![1];
-            for column in [2, 3, 4] {
-                if rng.random_bool(0.5) {
-                    columns.insert(rng.random_range(0..=columns.len()), column);
-                }
-            }
-            let value_for = |rng: &mut rand::rngs::StdRng, column: usize| match column {
-                1 => match rng.random_range(0..300) {
-                    0 => Value::Null,
-                    1 => Value::from("x".repeat(21)),
-                    2 => Value::Int(rng.random_range(-99..99)),
-                    _ => Value::from(format!("p{}", rng.random_range(0..1000))),
-                },
-                2 => match rng.random_range(0..3) {
-                    0 => Value::Null,
-                    1 => Value::from("ab"),
-                    _ => Value::from("abcd"),
-                },
-                3 => match rng.random_range(0..3) {
-                    0 => Value::Null,
-                    1 => Value::from("€uro"),
-                    _ => Value::from("note  "),
-                },
-                _ => match rng.random_range(0..3) {
-                    0 => Value::Null,
-                    1 => Value::from(rng.random_range(-5..5).to_string().as_str()),
-                    _ => Value::Int(rng.random_range(-1000..1000)),
-                },
-            };
+            let columns = random_insert_columns(&mut rng);
             let rows: Vec<Vec<Value>> = (0..rng.random_range(1..40))
-                .map(|_| {
-                    columns
-                        .iter()
-                        .map(|&column| value_for(&mut rng, column))
-                        .collect()
-                })
+                .map(|_| random_insert_values(&mut rng, &columns, 300))
                 .collect();
-            let owned_rows = rows
-                .iter()
-                .map(|row| {
-                    columns
-                        .iter()
-                        .zip(row)
-                        .fold(InsertRow::new(), |insert, (&column, value)| {
-                            insert.set(column, value.clone())
-                        })
-                })
-                .collect();
+            let owned_rows = rows.iter().map(|row| insert_row(&columns, row)).collect();
             let from_owned = owned.insert_batch(&session, owned_rows);
             let from_borrowed =
                 borrowed.insert_batch_values(&session, &columns, rows.iter().map(Vec::as_slice));
@@ -946,14 +981,11 @@ fn borrowed_batches_store_what_owned_batches_store() {
             failed > 3 && inserted > 1000,
             "seed {seed}: {failed} {inserted}"
         );
-        let all = |table: &Arc<lastpage_engine::Table>| -> Vec<Vec<Value>> {
-            table
-                .scan(&session, &KeyRange::all(), Direction::Forward)
-                .unwrap()
-                .map(Result::unwrap)
-                .collect()
-        };
-        assert_eq!(all(&owned), all(&borrowed), "seed {seed}: {shape}");
+        assert_eq!(
+            all_rows(&session, &owned),
+            all_rows(&session, &borrowed),
+            "seed {seed}: {shape}"
+        );
         assert_eq!(borrowed.row_count(), inserted as u64);
         assert_eq!(owned.next_identity(), borrowed.next_identity());
     }
@@ -1017,6 +1049,194 @@ fn borrowed_batches_check_their_column_list_once() {
         assert!(error.to_string().contains("to data type int"), "{error}");
         assert_eq!(table.row_count(), 0);
     }
+}
+
+/// `PreparedInsert::insert` stores exactly what `Table::insert` stores for the same row, on
+/// the borrowed path (identity key, no nonclustered index) and on the copying paths (a
+/// nonclustered index, a computed column): random column lists in any order, each prepared
+/// once and run for several rows, values that need converting, defaults, NULLs, and rows that
+/// fail, the same way. A rolled-back transaction of prepared inserts leaves nothing behind
+/// and does not give its identity values out again.
+#[test]
+fn prepared_inserts_store_what_single_row_inserts_store() {
+    let (seed, mut rng) = seeded_rng("prepared_inserts_store_what_single_row_inserts_store");
+    let db = database();
+    for shape in ["tail", "nonclustered", "computed"] {
+        let owned = borrowed_batch_table(&db, &format!("Owned_{shape}"), shape);
+        let prepared_table = borrowed_batch_table(&db, &format!("Prepared_{shape}"), shape);
+        let session = db.session();
+        let (mut failed, mut inserted) = (0, 0);
+        for _ in 0..60 {
+            let columns = random_insert_columns(&mut rng);
+            let prepared = prepared_table.prepare_insert(&columns).unwrap();
+            for _ in 0..rng.random_range(1..10) {
+                let row = random_insert_values(&mut rng, &columns, 12);
+                let owned_row = insert_row(&columns, &row);
+                let from_owned = owned.insert(&session, owned_row);
+                let from_prepared = prepared.insert(&session, &row);
+                match (&from_owned, &from_prepared) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b, "seed {seed}: {shape}");
+                        inserted += 1;
+                    }
+                    (Err(a), Err(b)) => {
+                        assert_eq!(
+                            a.to_string().replace("Owned_", ""),
+                            b.to_string().replace("Prepared_", ""),
+                            "seed {seed}: {shape}"
+                        );
+                        failed += 1;
+                    }
+                    _ => panic!("seed {seed}: {shape}: {from_owned:?} against {from_prepared:?}"),
+                }
+            }
+        }
+        assert!(
+            failed > 3 && inserted > 100,
+            "seed {seed}: {failed} {inserted}"
+        );
+        // A transaction of prepared inserts that rolls back.
+        let prepared = prepared_table.prepare_insert(&[1]).unwrap();
+        let rows_before = prepared_table.row_count();
+        session.begin().unwrap();
+        let mut rolled_back = Vec::new();
+        for _ in 0..3 {
+            rolled_back.push(prepared.insert(&session, &[Value::from("gone")]).unwrap());
+            owned
+                .insert(&session, InsertRow::new().set(1, "gone"))
+                .unwrap();
+        }
+        session.rollback().unwrap();
+        assert_eq!(
+            prepared_table.row_count(),
+            rows_before,
+            "seed {seed}: {shape}"
+        );
+        let after = prepared.insert(&session, &[Value::from("kept")]).unwrap();
+        let owned_after = owned
+            .insert(&session, InsertRow::new().set(1, "kept"))
+            .unwrap();
+        assert_eq!(after, owned_after, "seed {seed}: {shape}");
+        assert!(
+            after > rolled_back.into_iter().max().flatten(),
+            "seed {seed}: {shape}: a rolled-back identity value was given out again"
+        );
+        assert_eq!(
+            all_rows(&session, &owned),
+            all_rows(&session, &prepared_table),
+            "seed {seed}: {shape}"
+        );
+        assert_eq!(prepared_table.row_count(), inserted as u64 + 1);
+    }
+    db.check_integrity().unwrap();
+}
+
+/// A bad column list fails `prepare_insert`, and a row of the wrong length fails the prepared
+/// insert, each with an error that says so, before anything goes in or any identity value is
+/// used.
+#[test]
+fn prepared_inserts_check_their_column_list_once_and_every_row_length() {
+    let db = database();
+    for shape in ["tail", "nonclustered"] {
+        let table = borrowed_batch_table(&db, &format!("Checked_{shape}"), shape);
+        let session = db.session();
+        let error = table.prepare_insert(&[1, 1]).err().unwrap();
+        assert!(
+            matches!(&error, EngineError::DuplicateInsertColumn { column } if column == "Payload"),
+            "{error}"
+        );
+        let error = table.prepare_insert(&[0, 1]).err().unwrap();
+        assert!(
+            matches!(error, EngineError::ExplicitIdentity { .. }),
+            "{error}"
+        );
+        let error = table.prepare_insert(&[1, 9]).err().unwrap();
+        assert!(
+            matches!(error, EngineError::UnknownColumn { .. }),
+            "{error}"
+        );
+        let prepared = table.prepare_insert(&[1, 4]).unwrap();
+        let error = prepared.insert(&session, &[Value::from("b")]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                EngineError::InsertArity {
+                    row: 1,
+                    expected: 2,
+                    got: 1
+                }
+            ),
+            "{error}"
+        );
+        // NOT NULL and conversion failures, then a good row that gets the first identity.
+        let error = prepared
+            .insert(&session, &[Value::Null, Value::Int(1)])
+            .unwrap_err();
+        assert!(
+            matches!(error, EngineError::NullNotAllowed { .. }),
+            "{error}"
+        );
+        let error = prepared
+            .insert(&session, &[Value::from("a"), Value::from("x")])
+            .unwrap_err();
+        assert!(error.to_string().contains("to data type int"), "{error}");
+        assert_eq!(table.row_count(), 0);
+        assert_eq!(table.next_identity(), Some(1));
+        let row = [Value::from("a"), Value::from("12")];
+        assert_eq!(prepared.insert(&session, &row).unwrap(), Some(1));
+        assert_eq!(
+            all_rows(&session, &table),
+            vec![vec![
+                Value::Int(1),
+                Value::from("a"),
+                Value::from("zz  "),
+                Value::Null,
+                Value::Int(12)
+            ]]
+        );
+    }
+    db.check_integrity().unwrap();
+}
+
+/// A table wider than a borrowed row holds on the stack takes prepared inserts the same way:
+/// the row spills to the heap.
+#[test]
+fn prepared_inserts_into_a_wide_table_store_every_column() {
+    let db = database();
+    let mut definition =
+        TableDef::new("Wide").column(ColumnDef::new("InsertID", DataType::BigInt).identity(1, 1));
+    for column in 1..=40 {
+        definition = definition.column(ColumnDef::new(format!("C{column}"), DataType::Int));
+    }
+    let table = db
+        .create_table(definition.clustered(IndexDef::new(
+            "PK_Wide",
+            &["InsertID"],
+            Uniqueness::PrimaryKey,
+        )))
+        .unwrap();
+    let columns: Vec<usize> = (1..=40).rev().collect();
+    let prepared = table.prepare_insert(&columns).unwrap();
+    let session = db.session();
+    for row in 0..3 {
+        let values: Vec<Value> = columns
+            .iter()
+            .map(|&column| Value::Int(row * 100 + column as i32))
+            .collect();
+        assert_eq!(
+            prepared.insert(&session, &values).unwrap(),
+            Some(i64::from(row) + 1)
+        );
+    }
+    let rows = all_rows(&session, &table);
+    assert_eq!(rows.len(), 3);
+    for (row, stored) in rows.iter().enumerate() {
+        let expected: Vec<Value> = std::iter::once(Value::BigInt(row as i64 + 1))
+            .chain((1..=40).map(|column| Value::Int(row as i32 * 100 + column)))
+            .collect();
+        assert_eq!(stored, &expected);
+    }
+    db.check_integrity().unwrap();
 }
 
 /// A unique nonclustered key another transaction inserted and has not committed makes an

@@ -216,6 +216,11 @@ pub const INSERT_SCRATCH_KEPT_BYTES: usize = 16 << 10;
 /// a kilobyte.
 pub const BATCH_BUFFER_KEPT_BYTES: usize = 1 << 20;
 
+/// Columns a row of borrowed values (the engine's `BorrowedRow`, which a prepared insert
+/// completes per row) holds on the stack; a wider table's rows spill to the heap, one
+/// allocation per row, and work the same.
+pub const BORROWED_ROW_INLINE_COLUMNS: usize = 16;
+
 /// How many bytes a log reader asks the file system for at a time.
 pub const WAL_READ_CHUNK_BYTES: usize = 256 << 10;
 

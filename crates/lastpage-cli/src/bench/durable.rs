@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use lastpage_engine::{CommitTicket, InsertRow, WaitType};
+use lastpage_engine::{CommitTicket, WaitType};
 use lastpage_storage::wal::WalConfig;
 use serde::Serialize;
 
@@ -506,6 +506,9 @@ fn lastpage_cell(
     let table = db
         .create_table(workload.table.clone())
         .map_err(|error| failed("cannot create the table", &error))?;
+    let insert = table
+        .prepare_insert(&[workload.payload_column])
+        .map_err(|error| failed("cannot prepare the insert", &error))?;
     db.clear_wait_stats();
     let wal_before = durable::wal_counters(&db);
     let cost_probe = CostProbe::start(device);
@@ -515,15 +518,15 @@ fn lastpage_cell(
     let driven = drive(threads as usize, budget, rows_per_commit, |thread| {
         let session = db.session();
         let payload = workload.payload(thread, ROW_BYTES);
-        let (table, column) = (&table, workload.payload_column);
+        let (table, insert, column) = (&table, &insert, workload.payload_column);
         let acknowledgements = &acknowledgements;
         // The pipelined batches whose commits are not yet known to be durable, oldest first,
         // with when each was committed.
         let mut in_flight: VecDeque<(Instant, CommitTicket)> =
             VecDeque::with_capacity(PIPELINED_BATCHES_IN_FLIGHT + 1);
         move || {
-            // A batch lends the thread's payload to each of its rows, as a program binds one
-            // buffer per parameter: nothing is built per row.
+            // A statement lends the thread's payload to its rows, as a program binds one buffer
+            // per parameter: nothing is built per row.
             let columns = [column];
             let batch = || {
                 let rows =
@@ -531,10 +534,9 @@ fn lastpage_cell(
                 table.insert_batch_values(&session, &columns, rows)
             };
             match (rows_per_commit, commit) {
-                (1, _) => {
-                    let row = InsertRow::new().set(column, payload.clone());
-                    table.insert(&session, row).map(|_| ())
-                }
+                (1, _) => insert
+                    .insert(&session, std::slice::from_ref(&payload))
+                    .map(|_| ()),
                 (_, Commit::Full) => batch().map(|_| ()),
                 (_, Commit::Pipelined) => (|| {
                     session.begin()?;

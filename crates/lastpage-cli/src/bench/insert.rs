@@ -23,8 +23,8 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, IndexDef, IndexOptions,
-    InsertPath, InsertRow, LatchPolicy, Table, TableDef, Uniqueness, Value, WaitSnapshot, WaitStat,
-    WaitType,
+    InsertPath, LatchPolicy, PreparedInsert, Table, TableDef, Uniqueness, Value, WaitSnapshot,
+    WaitStat, WaitType,
 };
 use lastpage_storage::limits::PAGE_SIZE_BYTES;
 use serde::Serialize;
@@ -766,16 +766,16 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
     let table = db
         .create_table(definition)
         .map_err(|error| failed("cannot create the table", &error))?;
+    let insert = table
+        .prepare_insert(&[workload.payload_column])
+        .map_err(|error| failed("cannot prepare the insert", &error))?;
 
     if config.warmup_rows > 0 {
         let session = db.session();
-        let payload = workload.payload(0, config.row_bytes);
+        let payload = [workload.payload(0, config.row_bytes)];
         for _ in 0..config.warmup_rows {
-            table
-                .insert(
-                    &session,
-                    InsertRow::new().set(workload.payload_column, payload.clone()),
-                )
+            insert
+                .insert(&session, &payload)
                 .map_err(|error| failed("warm-up insert failed", &error))?;
         }
     }
@@ -794,6 +794,7 @@ pub fn run_insert_bench(requested: &InsertConfig) -> Result<InsertReport, BenchE
         let worker = Worker {
             db: db.clone(),
             table: Arc::clone(&table),
+            insert: insert.clone(),
             gate: Arc::clone(&gate),
             stop: Arc::clone(&stop),
             payload_column: workload.payload_column,
@@ -1017,6 +1018,8 @@ pub(crate) fn round6(value: f64) -> f64 {
 struct Worker {
     db: Database,
     table: Arc<Table>,
+    /// The single-row insert of the payload column, prepared once for every session.
+    insert: PreparedInsert,
     gate: Arc<StartGate>,
     stop: Arc<AtomicBool>,
     payload_column: usize,
@@ -1039,14 +1042,13 @@ impl Worker {
                 if self.stop.load(Ordering::Relaxed) {
                     break;
                 }
-                // The statement's rows are built before the clock starts, as the single row is.
+                // A statement lends the session's payload to its rows, as a program binds one
+                // buffer per parameter: nothing is built per row.
                 let (started, inserted) = if per_statement == 1 {
-                    let row = InsertRow::new().set(self.payload_column, payload.clone());
                     let started = Instant::now();
-                    (started, self.table.insert(&session, row).map(|_| ()))
+                    let row = std::slice::from_ref(&payload);
+                    (started, self.insert.insert(&session, row).map(|_| ()))
                 } else {
-                    // The statement lends the session's payload to each of its rows, as a
-                    // program binds one buffer per parameter: nothing is built per row.
                     let rows =
                         std::iter::repeat_n(std::slice::from_ref(&payload), per_statement as usize);
                     let columns = [self.payload_column];
