@@ -1,9 +1,10 @@
 //! `lastpage crash-test`: durability checked by killing a real process.
 //!
 //! The parent re-executes its own binary as `lastpage crash-child`, which opens the database
-//! with `Durability::Full` and inserts from many threads: single rows, multi-row batches and
-//! explicit transactions, some rolled back and some committed with a pipelined commit (whose
-//! rows are acknowledged once its ticket's wait returns, after the thread's next statement).
+//! with `Durability::Full` and inserts from many threads: single rows (half of them through a
+//! prepared insert of borrowed values), multi-row batches and explicit transactions, some
+//! rolled back and some committed with a pipelined commit (whose rows are acknowledged once
+//! its ticket's wait returns, after the thread's next statement).
 //! Right after a row's commit returns `Ok`, the child writes the row's identity value to
 //! stdout, one line per row: that line is the acknowledgement a client would have received.
 //! The parent reads the lines through a pipe, kills the child with SIGKILL at a random moment,
@@ -53,6 +54,9 @@ const THREAD: usize = 3;
 const SEQ: usize = 4;
 const PAYLOAD: usize = 5;
 
+/// The columns every insert supplies, in this order (the identity fills `ID`).
+const PREPARED_COLUMNS: [usize; 5] = [RUN, CYCLE, THREAD, SEQ, PAYLOAD];
+
 /// How long the parent waits for a child to open the database and start inserting.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -99,12 +103,23 @@ impl Provenance {
     }
 
     fn row(&self) -> InsertRow {
-        InsertRow::new()
-            .set(RUN, Value::BigInt(self.run))
-            .set(CYCLE, Value::Int(self.cycle))
-            .set(THREAD, Value::Int(self.thread))
-            .set(SEQ, Value::BigInt(self.seq))
-            .set(PAYLOAD, Value::String(self.payload()))
+        PREPARED_COLUMNS
+            .iter()
+            .zip(self.values())
+            .fold(InsertRow::new(), |row, (&column, value)| {
+                row.set(column, value)
+            })
+    }
+
+    /// The row's values for a [`lastpage_engine::PreparedInsert`] of [`PREPARED_COLUMNS`].
+    fn values(&self) -> [Value; 5] {
+        [
+            Value::BigInt(self.run),
+            Value::Int(self.cycle),
+            Value::Int(self.thread),
+            Value::BigInt(self.seq),
+            Value::String(self.payload()),
+        ]
     }
 
     /// The provenance a stored row claims, and whether its payload matches it.
@@ -264,6 +279,9 @@ fn child_thread(
     seed: u64,
 ) -> Result<(), String> {
     let session = db.session();
+    let prepared = table
+        .prepare_insert(&PREPARED_COLUMNS)
+        .map_err(|error| format!("cannot prepare the insert: {error}"))?;
     let mut rng = Rng::new(seed);
     let mut seq = 0i64;
     let next = |seq: &mut i64| {
@@ -284,10 +302,15 @@ fn child_thread(
         let previous = in_flight.take();
         let choice = rng.below(100);
         if choice < 75 {
+            // Half through a prepared insert of borrowed values, half as an `InsertRow`: the
+            // two single-row paths the engine has.
             let provenance = next(&mut seq);
-            let id = table
-                .insert(&session, provenance.row())
-                .map_err(|error| format!("insert failed: {error}"))?;
+            let id = if choice < 37 {
+                prepared.insert(&session, &provenance.values())
+            } else {
+                table.insert(&session, provenance.row())
+            }
+            .map_err(|error| format!("insert failed: {error}"))?;
             write_lines(out, &ack_line(id_of(id)?, &provenance))?;
         } else if choice < 87 {
             let rows = 2 + rng.below(30);
