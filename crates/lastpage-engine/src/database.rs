@@ -793,7 +793,13 @@ impl Database {
             .tables
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .retain(|_, table| table.id() != table_id);
+            .retain(|_, table| {
+                let dropped = table.id() == table_id;
+                if dropped {
+                    table.mark_dropped();
+                }
+                !dropped
+            });
     }
 
     /// Raises the next transaction id above one seen in the log.
@@ -815,7 +821,10 @@ impl Database {
     }
 
     /// Removes a table from the catalog. Its pages are not reused yet (page reuse arrives with
-    /// a free-space map). In a durable database the drop is logged and flushed.
+    /// a free-space map). In a durable database the drop is logged and flushed. A handle of
+    /// the table kept from before refuses writes from then on (`UnknownTable`, SQL Server's
+    /// "Invalid object name"); a statement already past that check when the drop happens
+    /// completes, as if it had run just before the drop, and its rows go with the table.
     pub fn drop_table(&self, name: &str) -> Result<()> {
         self.check_usable()?;
         let _gate = self.enter_gate();
@@ -836,6 +845,7 @@ impl Database {
             .and_then(|end| wal.wait_durable(end))
             .map_err(|error| self.fail(error))?;
         }
+        table.mark_dropped();
         tables.remove(&key);
         Ok(())
     }

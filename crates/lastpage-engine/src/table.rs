@@ -22,7 +22,7 @@ use lastpage_storage::limits::{
     LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
-use lastpage_storage::sync::{AtomicI64, Ordering};
+use lastpage_storage::sync::{AtomicBool, AtomicI64, Ordering};
 use lastpage_storage::wal::{Record, TxnId, record};
 use std::borrow::{Borrow, Cow};
 
@@ -582,6 +582,9 @@ pub struct Table {
     partitioning: Option<Partitioning>,
     /// The definition the table was created from, for the catalog.
     definition: TableDef,
+    /// Set once the table is dropped: a handle kept from before then refuses writes, which
+    /// would go to a table nobody can reach again (see `Database::drop_table`).
+    dropped: AtomicBool,
 }
 
 /// How a partitioned table spreads its rows: by the value of an integer column modulo the
@@ -823,6 +826,7 @@ impl Table {
         };
         Ok(Table {
             definition,
+            dropped: AtomicBool::new(false),
             value_columns_range,
             partitioning,
             identity_keyed,
@@ -852,6 +856,16 @@ impl Table {
     /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the table has been dropped (this handle was taken before).
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    /// Marks the table dropped: from now on writes through any handle of it fail.
+    pub(crate) fn mark_dropped(&self) {
+        self.dropped.store(true, Ordering::Release);
     }
 
     /// The columns, in order.

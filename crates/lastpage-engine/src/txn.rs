@@ -428,6 +428,9 @@ impl Session {
     ) -> Result<T> {
         let db = self.db();
         db.check_usable()?;
+        if table.is_dropped() {
+            return Err(EngineError::UnknownTable(table.name().to_owned()));
+        }
         let _attribution = self.attribute();
         let mut slot = self.txn_slot();
         let mut autocommit = None;

@@ -190,6 +190,66 @@ fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
     }
 }
 
+/// Dropped tables stay dropped after a crash, whether the drop is only in the log or also in
+/// a checkpoint's image, and a table created under a dropped one's name afterwards comes back
+/// with its own rows only. A write through a handle of the dropped table kept from before is
+/// refused and leaves nothing in the log for recovery to apply.
+#[test]
+fn a_dropped_table_stays_dropped_after_a_crash_and_its_name_can_be_reused() {
+    for checkpoint_after_drop in [false, true] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+        let db = open(&fs);
+        let old = db.create_table(orders()).unwrap();
+        let gone = db.create_table(accounts()).unwrap();
+        let session = db.session();
+        for id in 0..50 {
+            old.insert(&session, InsertRow::new().set(1, "old"))
+                .unwrap();
+            gone.insert(&session, InsertRow::new().set(0, id).set(1, id))
+                .unwrap();
+        }
+        db.checkpoint().unwrap();
+        db.drop_table("Accounts").unwrap();
+        for _ in 0..50 {
+            old.insert(&session, InsertRow::new().set(1, "old"))
+                .unwrap();
+        }
+        db.drop_table("Orders").unwrap();
+        assert!(matches!(
+            old.insert(&session, InsertRow::new().set(1, "lost")),
+            Err(EngineError::UnknownTable(_))
+        ));
+        let new = db.create_table(orders()).unwrap();
+        for _ in 0..3 {
+            new.insert(&session, InsertRow::new().set(1, "new"))
+                .unwrap();
+        }
+        if checkpoint_after_drop {
+            db.checkpoint().unwrap();
+        }
+        let after = crash(
+            &fs,
+            CrashMode::LoseUnsynced,
+            db,
+            (old, gone, new, session),
+            (),
+        );
+        let db = open(&after);
+        assert!(
+            matches!(db.table("Accounts"), Err(EngineError::UnknownTable(_))),
+            "checkpoint after the drop: {checkpoint_after_drop}"
+        );
+        let rows = orders_rows(&db);
+        assert_eq!(
+            rows.values().collect::<Vec<_>>(),
+            vec!["new", "new", "new"],
+            "checkpoint after the drop: {checkpoint_after_drop}"
+        );
+        assert_eq!(db.tables().len(), 1);
+        db.check_integrity().unwrap();
+    }
+}
+
 #[test]
 fn recovery_replays_updates_deletes_and_undoes_losers_over_a_checkpoint() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(7));

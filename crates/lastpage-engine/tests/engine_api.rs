@@ -1460,3 +1460,85 @@ fn identity_batches_with_nonclustered_indexes_go_in_at_the_tail() {
     assert!(next[0].unwrap() > before);
     check(total + 1);
 }
+
+/// A dropped table is gone from the catalog, and a handle of it kept from before refuses every
+/// write with "Invalid object name" instead of writing rows nobody can reach; a new table of
+/// the same name starts empty.
+#[test]
+fn a_dropped_table_refuses_writes_through_handles_kept_from_before() {
+    let db = database();
+    let table = borrowed_batch_table(&db, "Dropped", "tail");
+    let session = db.session();
+    let prepared = table.prepare_insert(&[1]).unwrap();
+    table
+        .insert(&session, InsertRow::new().set(1, "kept"))
+        .unwrap();
+    assert!(!table.is_dropped());
+    db.drop_table("dropped").unwrap();
+    assert!(table.is_dropped());
+    assert!(matches!(
+        db.table("Dropped"),
+        Err(EngineError::UnknownTable(name)) if name == "Dropped"
+    ));
+    let refused = |result: lastpage_engine::Result<()>, what: &str| match result {
+        Err(EngineError::UnknownTable(name)) => {
+            assert_eq!(name, "Dropped", "{what}");
+        }
+        other => panic!("{what} into a dropped table: {other:?}"),
+    };
+    refused(
+        table
+            .insert(&session, InsertRow::new().set(1, "lost"))
+            .map(|_| ()),
+        "insert",
+    );
+    refused(
+        prepared
+            .insert(&session, &[Value::from("lost")])
+            .map(|_| ()),
+        "prepared insert",
+    );
+    refused(
+        table
+            .insert_batch(&session, vec![InsertRow::new().set(1, "lost")])
+            .map(|_| ()),
+        "batch",
+    );
+    refused(
+        table
+            .update(&session, &[Value::Int(1)], &[(1, Value::from("lost"))])
+            .map(|_| ()),
+        "update",
+    );
+    refused(
+        table.delete(&session, &[Value::Int(1)]).map(|_| ()),
+        "delete",
+    );
+    // Inside an explicit transaction too, which stays usable.
+    session.begin().unwrap();
+    refused(
+        table
+            .insert(&session, InsertRow::new().set(1, "lost"))
+            .map(|_| ()),
+        "insert in a transaction",
+    );
+    session.commit().unwrap();
+    assert!(matches!(
+        db.drop_table("Dropped"),
+        Err(EngineError::UnknownTable(_))
+    ));
+    let again = borrowed_batch_table(&db, "Dropped", "tail");
+    assert_eq!(again.row_count(), 0);
+    assert_eq!(
+        again
+            .insert(&session, InsertRow::new().set(1, "new"))
+            .unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        table.row_count(),
+        1,
+        "the old handle still sees its old rows"
+    );
+    db.check_integrity().unwrap();
+}
