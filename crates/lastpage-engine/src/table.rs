@@ -118,7 +118,7 @@ impl InsertRow {
 /// nonclustered indexes (the table the seeds' workload inserts into), nothing is built per
 /// row: values their columns' types hold as they are are encoded where they lie. Into other
 /// tables each run copies the values into a row and inserts it as [`Table::insert`] does.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct PreparedInsert {
     table: Arc<Table>,
     columns: Vec<usize>,
