@@ -822,9 +822,10 @@ impl Database {
 
     /// Removes a table from the catalog. Its pages are not reused yet (page reuse arrives with
     /// a free-space map). In a durable database the drop is logged and flushed. A handle of
-    /// the table kept from before refuses writes from then on (`UnknownTable`, SQL Server's
-    /// "Invalid object name"); a statement already past that check when the drop happens
-    /// completes, as if it had run just before the drop, and its rows go with the table.
+    /// the table kept from before refuses reads and writes from then on (`UnknownTable`, SQL
+    /// Server's "Invalid object name"); a statement already past that check when the drop
+    /// happens completes, as if it had run just before the drop, and its rows go with the
+    /// table.
     pub fn drop_table(&self, name: &str) -> Result<()> {
         self.check_usable()?;
         let _gate = self.enter_gate();

@@ -582,8 +582,8 @@ pub struct Table {
     partitioning: Option<Partitioning>,
     /// The definition the table was created from, for the catalog.
     definition: TableDef,
-    /// Set once the table is dropped: a handle kept from before then refuses writes, which
-    /// would go to a table nobody can reach again (see `Database::drop_table`).
+    /// Set once the table is dropped: a handle kept from before then refuses reads, and writes
+    /// that would go to a table nobody can reach again (see `Database::drop_table`).
     dropped: AtomicBool,
 }
 
@@ -863,9 +863,18 @@ impl Table {
         self.dropped.load(Ordering::Acquire)
     }
 
-    /// Marks the table dropped: from now on writes through any handle of it fail.
+    /// Marks the table dropped: from now on reads and writes through any handle of it fail.
     pub(crate) fn mark_dropped(&self) {
         self.dropped.store(true, Ordering::Release);
+    }
+
+    /// Fails with `UnknownTable` (SQL Server's "Invalid object name") if the table has been
+    /// dropped: a statement through a handle kept from before finds no table.
+    pub(crate) fn check_not_dropped(&self) -> Result<()> {
+        if self.is_dropped() {
+            return Err(EngineError::UnknownTable(self.name.clone()));
+        }
+        Ok(())
     }
 
     /// The columns, in order.
@@ -2108,6 +2117,7 @@ impl Table {
     pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
+        self.check_not_dropped()?;
         let rollbacks = session.db().rollbacks();
         let Some((partition, key, value)) = self.find_record(key)? else {
             return Ok(None);
@@ -2178,6 +2188,7 @@ impl Table {
     ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
+        self.check_not_dropped()?;
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
             return Ok(Vec::new());
@@ -2236,6 +2247,7 @@ impl Table {
     ) -> Result<RowIter<'a>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
+        self.check_not_dropped()?;
         let full = |key: &[Value]| self.is_exact_clustered_key(key);
         let lower = match &range.lower {
             Bound::Unbounded => Bound::Unbounded,

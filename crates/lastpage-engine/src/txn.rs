@@ -428,9 +428,7 @@ impl Session {
     ) -> Result<T> {
         let db = self.db();
         db.check_usable()?;
-        if table.is_dropped() {
-            return Err(EngineError::UnknownTable(table.name().to_owned()));
-        }
+        table.check_not_dropped()?;
         let _attribution = self.attribute();
         let mut slot = self.txn_slot();
         let mut autocommit = None;

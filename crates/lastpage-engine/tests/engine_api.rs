@@ -1462,8 +1462,8 @@ fn identity_batches_with_nonclustered_indexes_go_in_at_the_tail() {
 }
 
 /// A dropped table is gone from the catalog, and a handle of it kept from before refuses every
-/// write with "Invalid object name" instead of writing rows nobody can reach; a new table of
-/// the same name starts empty.
+/// write with "Invalid object name" instead of writing rows nobody can reach, and every read;
+/// a new table of the same name starts empty.
 #[test]
 fn a_dropped_table_refuses_writes_through_handles_kept_from_before() {
     let db = database();
@@ -1535,10 +1535,18 @@ fn a_dropped_table_refuses_writes_through_handles_kept_from_before() {
             .unwrap(),
         Some(1)
     );
-    assert_eq!(
-        table.row_count(),
-        1,
-        "the old handle still sees its old rows"
-    );
+    // Reads through the old handle are refused too.
+    assert!(matches!(
+        table.get(&session, &[Value::Int(1)]),
+        Err(EngineError::UnknownTable(_))
+    ));
+    assert!(matches!(
+        table.scan(&session, &KeyRange::all(), Direction::Forward),
+        Err(EngineError::UnknownTable(_))
+    ));
+    assert!(matches!(
+        table.get_by_index(&session, "PK_Dropped", &[Value::Int(1)]),
+        Err(EngineError::UnknownTable(_))
+    ));
     db.check_integrity().unwrap();
 }
