@@ -110,6 +110,18 @@ impl InsertRow {
         self.values.push((column, value.into()));
         self
     }
+
+    /// A row supplying a copy of `values[i]` for `columns[i]`: what an insert of borrowed
+    /// values takes into a table it cannot write them to as they are.
+    fn copied(columns: &[usize], values: &[Value]) -> Self {
+        InsertRow {
+            values: columns
+                .iter()
+                .copied()
+                .zip(values.iter().cloned())
+                .collect(),
+        }
+    }
 }
 
 /// An insert of a fixed list of columns into one table, checked once and run many times with
@@ -138,13 +150,7 @@ impl PreparedInsert {
     /// different number of values fails.
     pub fn insert(&self, session: &Session, values: &[Value]) -> Result<Option<i64>> {
         let table = &self.table;
-        if values.len() != self.columns.len() {
-            return Err(EngineError::InsertArity {
-                row: 1,
-                expected: self.columns.len(),
-                got: values.len(),
-            });
-        }
+        let values = supplied_row(&self.columns, 1, values)?;
         if table.identity_keyed && table.nonclustered.is_empty() {
             return session.write(table, |scope| {
                 let mut row = BorrowedRow::new();
@@ -152,13 +158,21 @@ impl PreparedInsert {
                 table.insert_with_identity_key(scope, &mut row).map(Some)
             });
         }
-        let values = self.columns.iter().copied().zip(values.iter().cloned());
-        table.insert(
-            session,
-            InsertRow {
-                values: values.collect(),
-            },
-        )
+        table.insert(session, InsertRow::copied(&self.columns, values))
+    }
+}
+
+/// `row`, the `row_number`-th (from 1) of an insert that supplies `columns`, if it has one
+/// value per column.
+fn supplied_row<'v>(columns: &[usize], row_number: usize, row: &'v [Value]) -> Result<&'v [Value]> {
+    if row.len() == columns.len() {
+        Ok(row)
+    } else {
+        Err(EngineError::InsertArity {
+            row: row_number,
+            expected: columns.len(),
+            got: row.len(),
+        })
     }
 }
 
@@ -1035,17 +1049,10 @@ impl Table {
         I::IntoIter: ExactSizeIterator,
     {
         let slots = self.supplied_slots(columns)?;
-        let rows = rows.into_iter().enumerate().map(|(index, row)| {
-            if row.len() == columns.len() {
-                Ok(row)
-            } else {
-                Err(EngineError::InsertArity {
-                    row: index + 1,
-                    expected: columns.len(),
-                    got: row.len(),
-                })
-            }
-        });
+        let rows = rows
+            .into_iter()
+            .enumerate()
+            .map(|(index, row)| supplied_row(columns, index + 1, row));
         session.write(self, |scope| {
             // With nonclustered indexes the batch keeps every completed row until its identity
             // values are known: those rows own their values (the copying path below).
@@ -1062,12 +1069,7 @@ impl Table {
                 })
             } else {
                 let rows = rows
-                    .map(|row| {
-                        let values = columns.iter().copied().zip(row?.iter().cloned());
-                        Ok(InsertRow {
-                            values: values.collect(),
-                        })
-                    })
+                    .map(|row| Ok(InsertRow::copied(columns, row?)))
                     .collect::<Result<Vec<_>>>()?;
                 self.insert_batch_in(scope, rows)
             }

@@ -716,9 +716,8 @@ impl File for FaultyFile {
         Ok(state.inodes[&self.inode].volatile.len() as u64)
     }
 
-    /// The simulated disk belongs to one process, which is all the locks guard against: every
-    /// attempt succeeds (as long as the file system has not crashed).
-    /// Like `flock`: one handle at a time holds a file's lock, until it is dropped.
+    /// Like `flock`: one handle at a time holds a file's lock, until it is dropped (asking
+    /// again through the holding handle succeeds). Fails once the file system has crashed.
     fn try_lock(&self) -> io::Result<bool> {
         let mut state = self.fs.state();
         state.check_alive()?;
