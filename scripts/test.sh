@@ -12,4 +12,4 @@ cargo test --workspace --doc
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${LOOM_TARGET_DIR:-target-loom}" \
     cargo test -p lastpage-storage --release --test latch_loom --test btree_loom --test wal_loom --test page_memory_loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${LOOM_TARGET_DIR:-target-loom}" \
-    cargo test -p lastpage-engine --release --test locks_loom
+    cargo test -p lastpage-engine --release --test locks_loom --test pending_loom

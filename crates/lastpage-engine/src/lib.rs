@@ -26,6 +26,8 @@ pub mod database;
 pub mod encoding;
 pub mod error;
 pub mod locks;
+#[doc(hidden)]
+pub mod pending;
 pub mod recovery;
 mod row_bytes;
 pub mod schema;

@@ -30,6 +30,7 @@ use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
+use crate::pending::PendingDeletes;
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
 use crate::txn::WriteScope;
@@ -599,6 +600,8 @@ pub struct Table {
     /// Set once the table is dropped: a handle kept from before then refuses reads, and writes
     /// that would go to a table nobody can reach again (see `Database::drop_table`).
     dropped: AtomicBool,
+    /// Rows deleted by transactions that have not ended, for READ COMMITTED lookups.
+    pending_deletes: PendingDeletes,
 }
 
 /// How a partitioned table spreads its rows: by the value of an integer column modulo the
@@ -841,6 +844,7 @@ impl Table {
         Ok(Table {
             definition,
             dropped: AtomicBool::new(false),
+            pending_deletes: PendingDeletes::default(),
             value_columns_range,
             partitioning,
             identity_keyed,
@@ -870,6 +874,11 @@ impl Table {
     /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Rows of this table deleted by transactions that have not ended (see `pending.rs`).
+    pub(crate) fn pending_deletes(&self) -> &PendingDeletes {
+        &self.pending_deletes
     }
 
     /// Whether the table has been dropped (this handle was taken before).
@@ -2115,19 +2124,86 @@ impl Table {
         Ok(first)
     }
 
-    /// Looks up a row by its clustered key.
+    /// [`Table::find_record`] for READ COMMITTED: a row that a transaction other than `me`
+    /// deleted and has not ended, lying where it would have been found, is waited for (LCK_M_S)
+    /// and the lookup made again, so that a miss, or a first match, is a committed one (see
+    /// `pending.rs`). Also returns the database's rollback count read before the tree read that
+    /// found the record, for [`Table::committed_value`].
+    fn find_record_waiting(
+        &self,
+        session: &Session,
+        me: Option<TxnId>,
+        key: &[Value],
+    ) -> Result<(Option<FoundRecord>, u64)> {
+        let db = session.db();
+        let mut waited_for = None;
+        loop {
+            let rollbacks = db.rollbacks();
+            let version = self.pending_deletes.version();
+            let found = self.find_record(key)?;
+            if self.pending_deletes.quiet_since(version) {
+                return Ok((found, rollbacks));
+            }
+            // Read again with the set held still, and look for a deleted row where the read
+            // found nothing: from the search key up to the match, or to the search's end.
+            let held = self.pending_deletes.hold();
+            let found = self.find_record(key)?;
+            let Some(encoded) = self.encode_lookup_key(&self.clustered, key)? else {
+                return Ok((found, rollbacks));
+            };
+            let search_end = if self.is_exact_clustered_key(key) {
+                Some(encoded.clone())
+            } else {
+                prefix_end(&encoded)
+            };
+            let upper = match (&found, &search_end) {
+                (Some((_, found_key, _)), _) => Bound::Excluded(found_key.as_slice()),
+                (None, Some(end)) if self.is_exact_clustered_key(key) => {
+                    Bound::Included(end.as_slice())
+                }
+                (None, Some(end)) => Bound::Excluded(end.as_slice()),
+                (None, None) => Bound::Unbounded,
+            };
+            let Some(deleted) = held.first_of_others(me, Bound::Included(&encoded), upper) else {
+                return Ok((found, rollbacks));
+            };
+            drop(held);
+            // A deleter clears its notes before it releases its locks, so once the wait below
+            // returns, the same note cannot be found again; if it were, waiting again would
+            // spin.
+            if waited_for.as_ref() == Some(&deleted) {
+                return Err(EngineError::Storage(format!(
+                    "table '{}': a row deleted by transaction {} is still noted after its lock \
+                     was released",
+                    self.name, deleted.1.0
+                )));
+            }
+            db.locks().wait_for_shared(
+                me,
+                &crate::txn::lock_key(self.id, 0, &deleted.0),
+                db.lock_timeout(),
+            )?;
+            waited_for = Some(deleted);
+        }
+    }
+
+    /// Looks up a row by its clustered key (the first match of a key prefix). A row another
+    /// transaction inserted, changed or deleted and has not committed is waited for.
     pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
         self.check_not_dropped()?;
-        let rollbacks = session.db().rollbacks();
-        let Some((partition, key, value)) = self.find_record(key)? else {
-            return Ok(None);
-        };
-        let revalidate = session.db().rollbacks() != rollbacks;
-        match self.committed_value(session, partition, &key, value, revalidate)? {
-            Some(value) => Ok(Some(self.decode_record(&key, &value)?)),
-            None => Ok(None),
+        let me = session.current_txn_id();
+        loop {
+            let (found, rollbacks) = self.find_record_waiting(session, me, key)?;
+            let Some((partition, key, value)) = found else {
+                return Ok(None);
+            };
+            match self.committed_value(session, partition, &key, value, Some(rollbacks))? {
+                Some(value) => return Ok(Some(self.decode_record(&key, &value)?)),
+                // Gone once its writer ended: look again (a later match may be committed).
+                None => continue,
+            }
         }
     }
 
@@ -2136,23 +2212,28 @@ impl Table {
     ///
     /// A row is committed when no other transaction holds an exclusive lock on it, because
     /// writers lock a row before it becomes visible and release the lock only once the row is
-    /// final. The quick check (lock table only) is enough unless a rollback ran since the value
-    /// was read (`revalidate`): a rollback can remove a row and release its lock between the
-    /// read and the check. Otherwise the row is read again with the lock checked under the
-    /// leaf's latch; a locked row is waited for (LCK_M_S) and read again.
+    /// final. The quick check (lock table only) is enough if no rollback ran since the read
+    /// (`read_at`: the database's rollback count before it; `None` when unknown): a rollback
+    /// can remove a row and release its lock between the read and the check, and it counts
+    /// itself before it releases its locks, so the count is read after the lock check.
+    /// Otherwise the row is read again with the lock checked under the leaf's latch; a locked
+    /// row is waited for (LCK_M_S) and read again.
     fn committed_value(
         &self,
         session: &Session,
         partition: usize,
         key: &[u8],
         value: Vec<u8>,
-        revalidate: bool,
+        read_at: Option<u64>,
     ) -> Result<Option<Vec<u8>>> {
         let db = session.db();
         let reader = session.current_txn_id();
         let lock = crate::txn::lock_key(self.id, 0, key);
         let locks = db.locks();
-        if !revalidate && !locks.is_locked_by_other(reader, &lock) {
+        if let Some(read_at) = read_at
+            && !locks.is_locked_by_other(reader, &lock)
+            && db.rollbacks() == read_at
+        {
             return Ok(Some(value));
         }
         loop {
@@ -2206,7 +2287,7 @@ impl Table {
             for (index_key, index_value) in range.by_ref() {
                 if std::ptr::eq(index, &self.clustered) {
                     if let Some(value) =
-                        self.committed_value(session, partition, &index_key, index_value, true)?
+                        self.committed_value(session, partition, &index_key, index_value, None)?
                     {
                         rows.push(self.decode_record(&index_key, &value)?);
                     }
@@ -2219,7 +2300,7 @@ impl Table {
                     .get(&locator)
                     .map_err(storage_failure)?
                     && let Some(value) =
-                        self.committed_value(session, partition, &locator, value, true)?
+                        self.committed_value(session, partition, &locator, value, None)?
                 {
                     rows.push(self.decode_record(&locator, &value)?);
                 }
@@ -2344,6 +2425,7 @@ impl Table {
                 let entries = self.nonclustered_entries(&new_row, &key)?;
                 self.lock_entries(scope, &key, &entries)?;
                 let new_partition = self.partition_of_row(&new_row);
+                scope.note_pending_delete(self, partition, &record_key);
                 scope.logged(self, |changes| {
                     let delete = RowChange::Delete {
                         partition,
@@ -2391,7 +2473,9 @@ impl Table {
         key: &[Value],
     ) -> Result<Option<FoundRecord>> {
         loop {
-            let Some((partition, record_key, value)) = self.find_record(key)? else {
+            let (session, me) = scope.reader();
+            let (found, _) = self.find_record_waiting(session, Some(me), key)?;
+            let Some((partition, record_key, value)) = found else {
                 return Ok(None);
             };
             self.lock_row_entries(scope, &record_key, &value)?;
@@ -2564,6 +2648,7 @@ impl Table {
             let Some((partition, record_key, value)) = self.find_locked(scope, key)? else {
                 return Ok(false);
             };
+            scope.note_pending_delete(self, partition, &record_key);
             let delete = RowChange::Delete {
                 partition,
                 key: record_key.into(),
@@ -2817,10 +2902,9 @@ impl Iterator for RowIter<'_> {
             };
             let next = self.partitions[best].next();
             let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
-            let revalidate = self.session.db().rollbacks() != self.rollbacks;
             match self
                 .table
-                .committed_value(self.session, best, &key, value, revalidate)
+                .committed_value(self.session, best, &key, value, Some(self.rollbacks))
             {
                 Ok(Some(value)) => return Some(self.table.decode_record(&key, &value)),
                 Ok(None) => continue,

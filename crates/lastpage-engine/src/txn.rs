@@ -110,6 +110,9 @@ pub(crate) struct Transaction {
     last_lsn: Option<Lsn>,
     undo: Vec<UndoEntry>,
     locks: TxnLocks,
+    /// Tables in which the transaction noted rows it deleted (see `pending.rs`), to be cleared
+    /// when it ends.
+    deleted_from: Vec<Arc<Table>>,
 }
 
 /// A session's slot in the database's table of active transactions: the LSN of the first log
@@ -243,6 +246,27 @@ impl<'s> WriteScope<'s> {
             db.lock_timeout(),
         )?;
         Ok(())
+    }
+
+    /// The session the statement runs in, and its transaction.
+    pub(crate) fn reader(&self) -> (&'s Session, TxnId) {
+        (self.session, self.txn.id)
+    }
+
+    /// Notes that this transaction is about to delete the clustered record `key` of
+    /// `partition` from `table`, so that lookups wait for the transaction instead of reporting
+    /// the row missing (see `pending.rs`). Must be called after the row is locked and before
+    /// it leaves the tree; the note lasts until the transaction ends.
+    pub(crate) fn note_pending_delete(&mut self, table: &Arc<Table>, partition: usize, key: &[u8]) {
+        table.pending_deletes().note(self.txn.id, partition, key);
+        if !self
+            .txn
+            .deleted_from
+            .iter()
+            .any(|noted| Arc::ptr_eq(noted, table))
+        {
+            self.txn.deleted_from.push(Arc::clone(table));
+        }
     }
 
     /// A locker for clustered keys made under a leaf latch (see [`FreshLocker`]).
@@ -560,6 +584,11 @@ impl Session {
             .first_lsn
             .store(NO_ACTIVE_LSN, Ordering::Release);
         let mut txn = txn;
+        // After a rollback's undo and before the locks go: a lookup that finds a deleted row
+        // noted waits for its lock, and then reads the outcome.
+        for table in txn.deleted_from.drain(..) {
+            table.pending_deletes().clear(txn.id);
+        }
         txn.locks.release_all(self.db().locks());
         self.return_spare_undo(std::mem::take(&mut txn.undo));
     }
@@ -597,6 +626,7 @@ impl Database {
             last_lsn: None,
             undo,
             locks: TxnLocks::new(id),
+            deleted_from: Vec::new(),
         }
     }
 }

@@ -599,6 +599,218 @@ fn writers_wait_on_row_locks_and_time_out_with_sql_servers_message() {
     assert_eq!(row[1], Value::Int(10));
 }
 
+/// `Lines(OrderId INT, Line INT, Qty INT NOT NULL)`, clustered on (OrderId, Line) without
+/// being unique: a lookup by OrderId alone is a prefix lookup.
+fn lines() -> TableDef {
+    TableDef::new("Lines")
+        .column(ColumnDef::new("OrderId", DataType::Int).not_null())
+        .column(ColumnDef::new("Line", DataType::Int).not_null())
+        .column(ColumnDef::new("Qty", DataType::Int).not_null())
+        .clustered(IndexDef::new(
+            "CIX_Lines",
+            &["OrderId", "Line"],
+            Uniqueness::NonUnique,
+        ))
+}
+
+#[test]
+fn a_row_deleted_by_an_open_transaction_is_waited_for_not_reported_missing() {
+    for durable in [false, true] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+        let options = DatabaseOptions {
+            lock_timeout: Some(Duration::from_millis(50)),
+            ..if durable {
+                options(&fs)
+            } else {
+                DatabaseOptions::default()
+            }
+        };
+        let db = if durable {
+            Database::open(DIR, options).unwrap()
+        } else {
+            Database::create(options).unwrap()
+        };
+        let accounts = db.create_table(accounts()).unwrap();
+        let lines = db.create_table(lines()).unwrap();
+        let (deleter, other) = (db.session(), db.session());
+        for id in 1..=3 {
+            accounts
+                .insert(&deleter, InsertRow::new().set(0, id).set(1, id * 10))
+                .unwrap();
+        }
+        for line in 1..=2 {
+            lines
+                .insert(
+                    &deleter,
+                    InsertRow::new().set(0, 7).set(1, line).set(2, line),
+                )
+                .unwrap();
+        }
+        let timeout = "Lock request time out period exceeded.";
+        let key = |id: i32| [Value::Int(id)];
+        let waits_before = other.waits().wait(WaitType::LckMS).waiting_tasks_count;
+
+        // A delete, then a move (an update of the key), each rolled back: until then the
+        // other session's lookups of the old key wait and time out instead of missing.
+        deleter.begin().unwrap();
+        assert!(accounts.delete(&deleter, &key(2)).unwrap());
+        assert!(
+            accounts
+                .update(&deleter, &key(3), &[(0, Value::Int(30))])
+                .unwrap()
+        );
+        for id in [2, 3, 30] {
+            let error = accounts.get(&other, &key(id)).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                timeout,
+                "durable={durable}: lookup of {id}"
+            );
+        }
+        // A writer waits too, rather than finding nothing to change.
+        let error = accounts
+            .update(&other, &key(2), &[(1, Value::Int(0))])
+            .unwrap_err();
+        assert_eq!(error.to_string(), timeout, "durable={durable}: update of 2");
+        // Rows nobody touched are read as usual, and the deleter sees its own deletes.
+        assert!(accounts.get(&other, &key(1)).unwrap().is_some());
+        assert_eq!(accounts.get(&deleter, &key(2)).unwrap(), None);
+        assert_eq!(accounts.get(&deleter, &key(3)).unwrap(), None);
+        deleter.rollback().unwrap();
+        assert_eq!(
+            accounts.get(&other, &key(2)).unwrap(),
+            Some(vec![Value::Int(2), Value::Int(20)])
+        );
+        assert_eq!(
+            accounts.get(&other, &key(3)).unwrap(),
+            Some(vec![Value::Int(3), Value::Int(30)])
+        );
+        assert_eq!(accounts.get(&other, &key(30)).unwrap(), None);
+
+        // A prefix lookup does not skip a deleted first match to report the next one.
+        deleter.begin().unwrap();
+        assert!(
+            lines
+                .delete(&deleter, &[Value::Int(7), Value::Int(1)])
+                .unwrap()
+        );
+        let error = lines.get(&other, &key(7)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            timeout,
+            "durable={durable}: prefix lookup"
+        );
+        deleter.rollback().unwrap();
+        assert_eq!(
+            lines.get(&other, &key(7)).unwrap(),
+            Some(vec![Value::Int(7), Value::Int(1), Value::Int(1)])
+        );
+        assert!(other.waits().wait(WaitType::LckMS).waiting_tasks_count >= waits_before + 5);
+
+        // Once the delete commits, the row is missing for everyone, without a wait.
+        deleter.begin().unwrap();
+        assert!(accounts.delete(&deleter, &key(2)).unwrap());
+        deleter.commit().unwrap();
+        assert_eq!(accounts.get(&other, &key(2)).unwrap(), None);
+        db.check_integrity().unwrap();
+    }
+}
+
+#[test]
+fn a_lookup_blocked_by_a_delete_returns_the_row_when_the_delete_rolls_back() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let deleter = db.session();
+    table
+        .insert(&deleter, InsertRow::new().set(0, 1).set(1, 10))
+        .unwrap();
+    deleter.begin().unwrap();
+    assert!(table.delete(&deleter, &[Value::Int(1)]).unwrap());
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let session = db.session();
+            table.get(&session, &[Value::Int(1)]).unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !reader.is_finished(),
+            "the lookup returned while the delete was still open"
+        );
+        deleter.rollback().unwrap();
+        assert_eq!(
+            reader.join().unwrap(),
+            Some(vec![Value::Int(1), Value::Int(10)])
+        );
+    });
+}
+
+#[test]
+fn lookups_never_miss_a_committed_row_while_others_delete_it_and_roll_back() {
+    const ROWS: i32 = 40;
+    let seed = seed();
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let setup = db.session();
+    for id in 1..=ROWS {
+        table
+            .insert(&setup, InsertRow::new().set(0, id).set(1, id))
+            .unwrap();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let lookups = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        let mut writers = Vec::new();
+        for writer in 0..3u64 {
+            let (db, table) = (&db, &table);
+            writers.push(scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ writer);
+                let session = db.session();
+                for _ in 0..400 {
+                    session.begin().unwrap();
+                    let id = rng.random_range(1..=ROWS);
+                    // Deleting or moving it, then rolling back: every row stays committed.
+                    if rng.random_bool(0.5) {
+                        assert!(table.delete(&session, &[Value::Int(id)]).unwrap());
+                    } else {
+                        let moved = Value::Int(id + 1000 * (writer as i32 + 1));
+                        assert!(
+                            table
+                                .update(&session, &[Value::Int(id)], &[(0, moved)])
+                                .unwrap()
+                        );
+                    }
+                    std::thread::yield_now();
+                    session.rollback().unwrap();
+                }
+            }));
+        }
+        for reader in 0..2u64 {
+            let (db, table, stop, lookups) = (&db, &table, &stop, &lookups);
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ (100 + reader));
+                let session = db.session();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = rng.random_range(1..=ROWS);
+                    let row = table.get(&session, &[Value::Int(id)]).unwrap();
+                    assert_eq!(
+                        row,
+                        Some(vec![Value::Int(id), Value::Int(id)]),
+                        "a committed row was reported missing (seed {seed})"
+                    );
+                    lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(lookups.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(table.row_count(), ROWS as u64);
+    db.check_integrity().unwrap();
+}
+
 #[test]
 fn an_uncommitted_batch_is_hidden_by_one_range_lock_until_it_commits() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(3));
