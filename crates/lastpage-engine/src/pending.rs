@@ -1,39 +1,49 @@
-//! Rows that transactions still open have deleted: what a READ COMMITTED lookup must wait for
-//! rather than report missing.
+//! Rows that transactions still open have deleted, or changed so that entries of them left a
+//! nonclustered index: what a READ COMMITTED reader must wait for rather than miss.
 //!
 //! Why: a delete removes the row from its tree at once (there are no ghost records) and keeps
 //! its exclusive lock until the transaction ends. A reader that finds a row waits for such a
 //! lock, but a reader that does not find one has no row to ask about, and without this set it
-//! reported the row missing while the deleter could still roll back. SQL Server's reader waits
-//! for the deleter (LCK_M_S) and then sees the committed outcome; so does a lookup here.
+//! skipped the row while the deleter could still roll back. SQL Server's reader waits for the
+//! deleter (LCK_M_S) and then sees the committed outcome; so do lookups and scans here.
 //!
-//! The protocol:
-//! - A deleting transaction notes the row here *before* it removes the row from the tree (see
-//!   `WriteScope::note_pending_delete`), and the row stays noted until the transaction ends:
-//!   its entries are cleared after a rollback has put the rows back and before its locks are
-//!   released.
+//! The protocol (`docs/locking.md` says where each reader looks):
+//! - A writer notes the row, with its committed value, *before* anything of it leaves a tree
+//!   (see `WriteScope::note_pending_delete`), and the row stays noted until the transaction
+//!   ends: its notes are cleared after a rollback has put the rows back and before its locks
+//!   are released.
 //! - Every note and every clear moves [`PendingDeletes::version`] on, under the mutex.
-//! - A lookup reads the version, reads the tree, and then accepts a miss (or its first match)
-//!   without the mutex only if the set was empty and the version did not move meanwhile: then
-//!   no row of the table was deleted-but-uncommitted at any moment of its read. Otherwise it
-//!   reads the tree again holding the mutex, so that the set cannot change during that read,
-//!   and waits for the first noted row of another transaction that lies where its read found
-//!   nothing. Tree reads take latches only, and nobody takes this mutex while holding a latch or
-//!   waits for a lock while holding it, so holding it across a read cannot deadlock.
+//! - A reader reads the version, reads the tree, and then accepts what it read without the
+//!   mutex only if the set was empty and the version did not move meanwhile: then no row of the
+//!   table was deleted-but-uncommitted at any moment of its read. Otherwise it reads the tree
+//!   again holding the mutex, so that the set cannot change during that read, and waits for the
+//!   first noted row of another transaction that lies where its read found nothing. Tree reads
+//!   take latches only, and nobody takes this mutex while holding a latch or waits for a lock
+//!   while holding it, so holding it across a read cannot deadlock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
 use lastpage_storage::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use lastpage_storage::wal::TxnId;
 
+/// The noted rows.
+#[derive(Default)]
+struct Noted {
+    /// Clustered record key and partition → the transaction that noted the row, and the row's
+    /// committed value (its clustered record value before that transaction changed it).
+    rows: BTreeMap<(Vec<u8>, usize), (TxnId, Vec<u8>)>,
+    /// The keys of `rows` each transaction noted, so that a transaction's end removes its own
+    /// notes without walking everybody's (one long delete would make every other end slow).
+    by_txn: HashMap<TxnId, Vec<(Vec<u8>, usize)>>,
+}
+
 /// The rows of one table deleted by transactions that have not ended (see the module
 /// documentation).
 #[derive(Default)]
 pub struct PendingDeletes {
-    /// Clustered record key and partition → the transaction that deleted it.
-    rows: Mutex<BTreeMap<(Vec<u8>, usize), TxnId>>,
-    /// `rows.len()`, readable without the mutex.
+    noted: Mutex<Noted>,
+    /// `noted.rows.len()`, readable without the mutex.
     count: AtomicUsize,
     /// Moves on with every note and clear.
     version: AtomicU64,
@@ -41,22 +51,30 @@ pub struct PendingDeletes {
 
 /// The set held still, for a read that must not race with a note or a clear.
 pub struct HeldPendingDeletes<'a> {
-    rows: MutexGuard<'a, BTreeMap<(Vec<u8>, usize), TxnId>>,
+    noted: MutexGuard<'a, Noted>,
 }
 
 impl PendingDeletes {
-    /// Notes that `txn` is about to delete the clustered record `key` of `partition`.
-    pub fn note(&self, txn: TxnId, partition: usize, key: &[u8]) {
-        let mut rows = sync::lock(&self.rows);
-        rows.insert((key.to_vec(), partition), txn);
-        self.publish(rows.len());
+    /// Notes that `txn` is about to delete the clustered record `key` of `partition`, whose
+    /// value is `value`, or to change it so that entries of it leave a nonclustered index. A
+    /// row noted twice by one transaction keeps the first value: the committed one.
+    pub fn note(&self, txn: TxnId, partition: usize, key: &[u8], value: &[u8]) {
+        let mut noted = sync::lock(&self.noted);
+        let row = (key.to_vec(), partition);
+        if !noted.rows.contains_key(&row) {
+            noted.rows.insert(row.clone(), (txn, value.to_vec()));
+            noted.by_txn.entry(txn).or_default().push(row);
+        }
+        self.publish(noted.rows.len());
     }
 
     /// Forgets every row `txn` deleted: it is ending.
     pub fn clear(&self, txn: TxnId) {
-        let mut rows = sync::lock(&self.rows);
-        rows.retain(|_, deleter| *deleter != txn);
-        self.publish(rows.len());
+        let mut noted = sync::lock(&self.noted);
+        for row in noted.by_txn.remove(&txn).unwrap_or_default() {
+            noted.rows.remove(&row);
+        }
+        self.publish(noted.rows.len());
     }
 
     /// Moves the version on, then publishes the new count. In this order: a lookup that reads
@@ -85,7 +103,7 @@ impl PendingDeletes {
     /// Holds the set still until the returned guard is dropped.
     pub fn hold(&self) -> HeldPendingDeletes<'_> {
         HeldPendingDeletes {
-            rows: sync::lock(&self.rows),
+            noted: sync::lock(&self.noted),
         }
     }
 }
@@ -119,10 +137,26 @@ impl HeldPendingDeletes<'_> {
         {
             return None;
         }
-        self.rows
+        self.noted
+            .rows
             .range((lower, upper))
-            .find(|(_, deleter)| Some(**deleter) != me)
-            .map(|((key, _), deleter)| (key.clone(), *deleter))
+            .find(|(_, (deleter, _))| Some(*deleter) != me)
+            .map(|((key, _), (deleter, _))| (key.clone(), *deleter))
+    }
+
+    /// Every row noted by a transaction other than `me`: its clustered key, partition, that
+    /// transaction and the row's committed value.
+    pub fn of_others(
+        &self,
+        me: Option<TxnId>,
+    ) -> impl Iterator<Item = (&[u8], usize, TxnId, &[u8])> + '_ {
+        self.noted
+            .rows
+            .iter()
+            .filter(move |(_, (deleter, _))| Some(*deleter) != me)
+            .map(|((key, partition), (deleter, value))| {
+                (key.as_slice(), *partition, *deleter, value.as_slice())
+            })
     }
 }
 
@@ -135,8 +169,9 @@ mod tests {
         let pending = PendingDeletes::default();
         let before = pending.version();
         assert!(pending.quiet_since(before));
-        pending.note(TxnId(7), 0, b"b");
-        pending.note(TxnId(8), 3, b"d");
+        pending.note(TxnId(7), 0, b"b", b"old");
+        pending.note(TxnId(7), 0, b"b", b"newer");
+        pending.note(TxnId(8), 3, b"d", b"");
         assert!(!pending.quiet_since(before));
         let held = pending.hold();
         let all = (Bound::Unbounded, Bound::Unbounded);
@@ -158,8 +193,21 @@ mod tests {
             held.first_of_others(None, Bound::Excluded(b"d"), Bound::Included(b"a")),
             None
         );
+        let others: Vec<_> = held.of_others(Some(TxnId(8))).collect();
+        assert_eq!(
+            others,
+            [(&b"b"[..], 0, TxnId(7), &b"old"[..])],
+            "the first value noted is kept"
+        );
         drop(held);
         pending.clear(TxnId(7));
+        let held = pending.hold();
+        assert_eq!(
+            held.first_of_others(None, all.0, all.1),
+            d,
+            "clear removes its own only"
+        );
+        drop(held);
         let version = pending.version();
         pending.clear(TxnId(8));
         assert!(

@@ -2168,23 +2168,36 @@ impl Table {
                 return Ok((found, rollbacks));
             };
             drop(held);
-            // A deleter clears its notes before it releases its locks, so once the wait below
-            // returns, the same note cannot be found again; if it were, waiting again would
-            // spin.
-            if waited_for.as_ref() == Some(&deleted) {
-                return Err(EngineError::Storage(format!(
-                    "table '{}': a row deleted by transaction {} is still noted after its lock \
-                     was released",
-                    self.name, deleted.1.0
-                )));
-            }
-            db.locks().wait_for_shared(
-                me,
-                &crate::txn::lock_key(self.id, 0, &deleted.0),
-                db.lock_timeout(),
-            )?;
-            waited_for = Some(deleted);
+            self.wait_for_deleter(session, me, deleted, &mut waited_for)?;
         }
+    }
+
+    /// Waits (LCK_M_S) for the transaction that noted `deleted` (a clustered key and that
+    /// transaction) to end; `waited_for` is the note this reader waited for last. A deleter
+    /// clears its notes before it releases its locks, so the same note cannot be found again
+    /// once a wait for it returned: if it were, waiting again would spin, and it is reported.
+    fn wait_for_deleter(
+        &self,
+        session: &Session,
+        me: Option<TxnId>,
+        deleted: (Vec<u8>, TxnId),
+        waited_for: &mut Option<(Vec<u8>, TxnId)>,
+    ) -> Result<()> {
+        if waited_for.as_ref() == Some(&deleted) {
+            return Err(EngineError::Storage(format!(
+                "table '{}': a row deleted by transaction {} is still noted after its lock was \
+                 released",
+                self.name, deleted.1.0
+            )));
+        }
+        let db = session.db();
+        db.locks().wait_for_shared(
+            me,
+            &crate::txn::lock_key(self.id, 0, &deleted.0),
+            db.lock_timeout(),
+        )?;
+        *waited_for = Some(deleted);
+        Ok(())
     }
 
     /// Looks up a row by its clustered key (the first match of a key prefix). A row another
@@ -2217,7 +2230,8 @@ impl Table {
     /// can remove a row and release its lock between the read and the check, and it counts
     /// itself before it releases its locks, so the count is read after the lock check.
     /// Otherwise the row is read again with the lock checked under the leaf's latch; a locked
-    /// row is waited for (LCK_M_S) and read again.
+    /// row is waited for (LCK_M_S) and read again, and so is a row gone meanwhile that a
+    /// transaction still open deleted (see `pending.rs`).
     fn committed_value(
         &self,
         session: &Session,
@@ -2245,7 +2259,27 @@ impl Table {
                 })
                 .map_err(storage_failure)?;
             match read {
-                None => return Ok(None),
+                None => {
+                    // Gone since it was read: deleted (by a transaction that may still roll
+                    // back) or a rolled-back insert. Only a deletion not yet committed is noted;
+                    // ask with the set held still and the row read again under it.
+                    let held = self.pending_deletes.hold();
+                    if self
+                        .clustered
+                        .tree(partition)
+                        .get(key)
+                        .map_err(storage_failure)?
+                        .is_some()
+                    {
+                        continue;
+                    }
+                    let exact = Bound::Included(key);
+                    if held.first_of_others(reader, exact, exact).is_none() {
+                        return Ok(None);
+                    }
+                    drop(held);
+                    locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
+                }
                 Some((false, current)) => return Ok(Some(current)),
                 Some((true, _)) => locks.wait_for_shared(reader, &lock, db.lock_timeout())?,
             }
@@ -2262,7 +2296,9 @@ impl Table {
             })
     }
 
-    /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key.
+    /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key. A
+    /// row another transaction inserted, changed or deleted and has not committed is waited
+    /// for, and a row is returned only if its committed values match.
     pub fn get_by_index(
         &self,
         session: &Session,
@@ -2270,27 +2306,75 @@ impl Table {
         key: &[Value],
     ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
-        session.db().check_usable()?;
+        let db = session.db();
+        db.check_usable()?;
         self.check_not_dropped()?;
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
             return Ok(Vec::new());
         };
-        let upper = prefix_end(&encoded);
-        let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let me = session.current_txn_id();
+        let mut waited_for = None;
+        let candidates = loop {
+            // As `find_record_waiting` does for the clustered index: accept the read if the
+            // set of deleted rows was quiet, else read again with it held and wait for a noted
+            // row whose committed entry the read did not find.
+            let version = self.pending_deletes.version();
+            let candidates = self.index_candidates(index, &encoded)?;
+            if self.pending_deletes.quiet_since(version) {
+                break candidates;
+            }
+            let held = self.pending_deletes.hold();
+            let candidates = self.index_candidates(index, &encoded)?;
+            let mut missing = None;
+            for (record_key, partition, deleter, value) in held.of_others(me) {
+                if candidates.iter().any(|(found_partition, found_key, _)| {
+                    *found_partition == partition && found_key == record_key
+                }) {
+                    continue;
+                }
+                let row = self.decode_record(record_key, value)?;
+                if self.row_in_index_prefix(index, &row, record_key, &encoded)? {
+                    missing = Some((record_key.to_vec(), deleter));
+                    break;
+                }
+            }
+            drop(held);
+            let Some(missing) = missing else {
+                break candidates;
+            };
+            self.wait_for_deleter(session, me, missing, &mut waited_for)?;
+        };
         let mut rows = Vec::new();
+        for (partition, record_key, value) in candidates {
+            let Some(value) = self.committed_value(session, partition, &record_key, value, None)?
+            else {
+                continue;
+            };
+            let row = self.decode_record(&record_key, &value)?;
+            // A row whose change was rolled back while this lookup waited for it may no longer
+            // match.
+            if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// The clustered records whose entries in `index` start with `prefix`, in every partition,
+    /// as read now (committed or not).
+    fn index_candidates(&self, index: &Index, prefix: &[u8]) -> Result<Vec<FoundRecord>> {
+        let upper = prefix_end(prefix);
+        let upper = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut candidates = Vec::new();
         for partition in 0..self.partition_count() {
             let mut range =
                 index
                     .tree(partition)
-                    .range(Bound::Included(&encoded), upper, Direction::Forward);
+                    .range(Bound::Included(prefix), upper, Direction::Forward);
             for (index_key, index_value) in range.by_ref() {
                 if std::ptr::eq(index, &self.clustered) {
-                    if let Some(value) =
-                        self.committed_value(session, partition, &index_key, index_value, None)?
-                    {
-                        rows.push(self.decode_record(&index_key, &value)?);
-                    }
+                    candidates.push((partition, index_key, index_value));
                     continue;
                 }
                 let locator = self.locator(index, &index_key, &index_value)?;
@@ -2299,17 +2383,31 @@ impl Table {
                     .tree(partition)
                     .get(&locator)
                     .map_err(storage_failure)?
-                    && let Some(value) =
-                        self.committed_value(session, partition, &locator, value, None)?
                 {
-                    rows.push(self.decode_record(&locator, &value)?);
+                    candidates.push((partition, locator, value));
                 }
             }
             if let Some(error) = range.take_error() {
                 return Err(storage_failure(error));
             }
         }
-        Ok(rows)
+        Ok(candidates)
+    }
+
+    /// Whether `row` (clustered key `record_key`) has an entry in `index` that starts with
+    /// `prefix`.
+    fn row_in_index_prefix(
+        &self,
+        index: &Index,
+        row: &[Value],
+        record_key: &[u8],
+        prefix: &[u8],
+    ) -> Result<bool> {
+        if std::ptr::eq(index, &self.clustered) {
+            return Ok(record_key.starts_with(prefix));
+        }
+        let (entry_key, _) = self.nonclustered_entry(index, row, record_key)?;
+        Ok(entry_key.starts_with(prefix))
     }
 
     /// The clustered key a nonclustered entry points at.
@@ -2342,7 +2440,7 @@ impl Table {
                 } else {
                     match prefix_end(&encoded) {
                         Some(end) => Bound::Included(end),
-                        None => return Ok(RowIter::empty(self, session)),
+                        None => return Ok(RowIter::empty(self, session, direction)),
                     }
                 }
             }
@@ -2359,19 +2457,7 @@ impl Table {
                 }
             }
         };
-        let partitions = self
-            .clustered
-            .trees
-            .iter()
-            .map(|tree| {
-                tree.range(
-                    lower.as_ref().map(Vec::as_slice),
-                    upper.as_ref().map(Vec::as_slice),
-                    direction,
-                )
-            })
-            .collect();
-        Ok(RowIter::new(self, session, partitions, direction))
+        Ok(RowIter::new(self, session, lower, upper, direction))
     }
 
     /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
@@ -2425,7 +2511,7 @@ impl Table {
                 let entries = self.nonclustered_entries(&new_row, &key)?;
                 self.lock_entries(scope, &key, &entries)?;
                 let new_partition = self.partition_of_row(&new_row);
-                scope.note_pending_delete(self, partition, &record_key);
+                scope.note_pending_delete(self, partition, &record_key, &old_value);
                 scope.logged(self, |changes| {
                     let delete = RowChange::Delete {
                         partition,
@@ -2450,6 +2536,10 @@ impl Table {
             // again only finds it held).
             let new_entries = self.nonclustered_entries(&new_row, &record_key)?;
             self.lock_entries(scope, &record_key, &new_entries)?;
+            if !self.nonclustered.is_empty() {
+                // Entries of the old values may leave their indexes: lookups through them wait.
+                scope.note_pending_delete(self, partition, &record_key, &old_value);
+            }
             let update = RowChange::Update {
                 partition,
                 key: record_key.into(),
@@ -2648,7 +2738,7 @@ impl Table {
             let Some((partition, record_key, value)) = self.find_locked(scope, key)? else {
                 return Ok(false);
             };
-            scope.note_pending_delete(self, partition, &record_key);
+            scope.note_pending_delete(self, partition, &record_key, &value);
             let delete = RowChange::Delete {
                 partition,
                 key: record_key.into(),
@@ -2831,6 +2921,14 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 /// Rows of a scan, in key order. For a partitioned table it merges the partitions' scans,
 /// which are each in key order, by always taking the smallest (or, backwards, the largest)
 /// next key.
+///
+/// READ COMMITTED: a row read ahead is returned only once it is committed (see
+/// [`Table::committed_value`]), and a row that a transaction still open deleted is waited for
+/// rather than skipped: before returning a row (or ending), the scan looks for such a row in
+/// the gap between the row it returned last and this one. The gap check is consistent with
+/// the rows read ahead only if nothing was noted or cleared since they were read (see
+/// `pending.rs`); when something was, the scan reads ahead again, from just past the last row it
+/// returned, with the set of deleted rows held still.
 pub struct RowIter<'a> {
     table: &'a Table,
     session: &'a Session,
@@ -2838,33 +2936,135 @@ pub struct RowIter<'a> {
     /// The next record of each partition's scan, read ahead; `None` once that scan is done.
     heads: Vec<Option<(Vec<u8>, Vec<u8>)>>,
     direction: Direction,
+    /// The scan's bounds (encoded clustered keys); the one the scan starts from moves past
+    /// each row returned.
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
     /// The database's rollback count when the scan started: once it changes, every record
     /// read ahead may be a rolled-back one, so each is read again (see
     /// [`Table::committed_value`]).
     rollbacks: u64,
+    /// The table's version of deleted rows (`PendingDeletes::version`) read before the rows
+    /// read ahead were.
+    pending_version: u64,
+    /// The range holds no key (the bounds above then mean nothing).
+    empty: bool,
 }
 
 impl<'a> RowIter<'a> {
     fn new(
         table: &'a Table,
         session: &'a Session,
-        mut partitions: Vec<RangeIter<'a>>,
+        lower: Bound<Vec<u8>>,
+        upper: Bound<Vec<u8>>,
         direction: Direction,
     ) -> Self {
-        let rollbacks = session.db().rollbacks();
-        let heads = partitions.iter_mut().map(Iterator::next).collect();
+        let mut iter = RowIter {
+            table,
+            session,
+            partitions: Vec::new(),
+            heads: Vec::new(),
+            direction,
+            lower,
+            upper,
+            rollbacks: session.db().rollbacks(),
+            pending_version: table.pending_deletes.version(),
+            empty: false,
+        };
+        iter.read_ahead();
+        iter
+    }
+
+    /// A scan of a range that holds no key.
+    fn empty(table: &'a Table, session: &'a Session, direction: Direction) -> Self {
         RowIter {
             table,
             session,
-            partitions,
-            heads,
+            partitions: Vec::new(),
+            heads: Vec::new(),
             direction,
-            rollbacks,
+            lower: Bound::Unbounded,
+            upper: Bound::Unbounded,
+            rollbacks: 0,
+            pending_version: 0,
+            empty: true,
         }
     }
 
-    fn empty(table: &'a Table, session: &'a Session) -> Self {
-        RowIter::new(table, session, Vec::new(), Direction::Forward)
+    /// Starts each partition's scan within the current bounds and reads its first record.
+    fn read_ahead(&mut self) {
+        let (table, lower, upper) = (self.table, &self.lower, &self.upper);
+        self.partitions = table
+            .clustered
+            .trees
+            .iter()
+            .map(|tree| {
+                tree.range(
+                    lower.as_ref().map(Vec::as_slice),
+                    upper.as_ref().map(Vec::as_slice),
+                    self.direction,
+                )
+            })
+            .collect();
+        self.heads = self.partitions.iter_mut().map(Iterator::next).collect();
+    }
+
+    /// The partition whose head comes next in the scan's order, if any.
+    fn best_head(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (position, head) in self.heads.iter().enumerate() {
+            let Some((key, _)) = head else {
+                continue;
+            };
+            let better = best.is_none_or(|best| {
+                let best_key = &self.heads[best]
+                    .as_ref()
+                    .expect("only heads that exist are chosen")
+                    .0;
+                match self.direction {
+                    Direction::Forward => key < best_key,
+                    Direction::Backward => key > best_key,
+                }
+            });
+            if better {
+                best = Some(position);
+            }
+        }
+        best
+    }
+
+    /// A row that a transaction other than the reader deleted and has not ended, lying between
+    /// the last row returned and the head `best` (or the scan's end), if any; the rows read ahead
+    /// are read again first if the set changed since they were read.
+    fn deleted_in_gap(&mut self, best: &mut Option<usize>) -> Option<Vec<u8>> {
+        let pending = &self.table.pending_deletes;
+        if pending.quiet_since(self.pending_version) {
+            return None;
+        }
+        let held = pending.hold();
+        let version = pending.version();
+        if version != self.pending_version {
+            self.pending_version = version;
+            self.rollbacks = self.session.db().rollbacks();
+            self.read_ahead();
+            *best = self.best_head();
+        }
+        let head = best.map(|best| {
+            let key = &self.heads[best].as_ref().expect("a chosen head exists").0;
+            Bound::Excluded(key.as_slice())
+        });
+        let (lower, upper) = match self.direction {
+            Direction::Forward => (
+                self.lower.as_ref().map(Vec::as_slice),
+                head.unwrap_or(self.upper.as_ref().map(Vec::as_slice)),
+            ),
+            Direction::Backward => (
+                head.unwrap_or(self.lower.as_ref().map(Vec::as_slice)),
+                self.upper.as_ref().map(Vec::as_slice),
+            ),
+        };
+        held.first_of_others(self.session.current_txn_id(), lower, upper)
+            .map(|(key, _)| key)
     }
 }
 
@@ -2872,25 +3072,24 @@ impl Iterator for RowIter<'_> {
     type Item = Result<Row>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.empty {
+            return None;
+        }
         loop {
-            let mut best: Option<usize> = None;
-            for (position, head) in self.heads.iter().enumerate() {
-                let Some((key, _)) = head else {
-                    continue;
-                };
-                let better = best.is_none_or(|best| {
-                    let best_key = &self.heads[best]
-                        .as_ref()
-                        .expect("only heads that exist are chosen")
-                        .0;
-                    match self.direction {
-                        Direction::Forward => key < best_key,
-                        Direction::Backward => key > best_key,
-                    }
-                });
-                if better {
-                    best = Some(position);
+            let mut best = self.best_head();
+            if let Some(deleted) = self.deleted_in_gap(&mut best) {
+                let db = self.session.db();
+                let waited = db.locks().wait_for_shared(
+                    self.session.current_txn_id(),
+                    &crate::txn::lock_key(self.table.id, 0, &deleted),
+                    db.lock_timeout(),
+                );
+                if let Err(error) = waited {
+                    return Some(Err(error.into()));
                 }
+                // The deleter's clear moved the version on: the next round reads ahead again
+                // and finds the row if the delete was rolled back.
+                continue;
             }
             let Some(best) = best else {
                 // Every partition's scan ended; one that ended on a read error says so.
@@ -2902,13 +3101,24 @@ impl Iterator for RowIter<'_> {
             };
             let next = self.partitions[best].next();
             let (key, value) = std::mem::replace(&mut self.heads[best], next)?;
-            match self
-                .table
-                .committed_value(self.session, best, &key, value, Some(self.rollbacks))
-            {
-                Ok(Some(value)) => return Some(self.table.decode_record(&key, &value)),
-                Ok(None) => continue,
+            let row = match self.table.committed_value(
+                self.session,
+                best,
+                &key,
+                value,
+                Some(self.rollbacks),
+            ) {
+                Ok(Some(value)) => Some(self.table.decode_record(&key, &value)),
+                Ok(None) => None,
                 Err(error) => return Some(Err(error)),
+            };
+            // The scan resumes past this row if it has to read ahead again.
+            match self.direction {
+                Direction::Forward => self.lower = Bound::Excluded(key),
+                Direction::Backward => self.upper = Bound::Excluded(key),
+            }
+            if row.is_some() {
+                return row;
             }
         }
     }

@@ -254,11 +254,20 @@ impl<'s> WriteScope<'s> {
     }
 
     /// Notes that this transaction is about to delete the clustered record `key` of
-    /// `partition` from `table`, so that lookups wait for the transaction instead of reporting
-    /// the row missing (see `pending.rs`). Must be called after the row is locked and before
-    /// it leaves the tree; the note lasts until the transaction ends.
-    pub(crate) fn note_pending_delete(&mut self, table: &Arc<Table>, partition: usize, key: &[u8]) {
-        table.pending_deletes().note(self.txn.id, partition, key);
+    /// `partition` from `table`, whose committed value is `value` (or to change it so that
+    /// nonclustered entries of it go), so that lookups wait for the transaction instead of
+    /// missing the row (see `pending.rs`). Must be called after the row is locked and before
+    /// anything of it leaves a tree; the note lasts until the transaction ends.
+    pub(crate) fn note_pending_delete(
+        &mut self,
+        table: &Arc<Table>,
+        partition: usize,
+        key: &[u8],
+        value: &[u8],
+    ) {
+        table
+            .pending_deletes()
+            .note(self.txn.id, partition, key, value);
         if !self
             .txn
             .deleted_from

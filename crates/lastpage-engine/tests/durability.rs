@@ -614,7 +614,7 @@ fn lines() -> TableDef {
 }
 
 #[test]
-fn a_row_deleted_by_an_open_transaction_is_waited_for_not_reported_missing() {
+fn a_row_deleted_by_an_open_transaction_is_waited_for_not_skipped() {
     for durable in [false, true] {
         let fs = FaultyFileSystem::new(FaultyConfig::new(5));
         let options = DatabaseOptions {
@@ -686,6 +686,18 @@ fn a_row_deleted_by_an_open_transaction_is_waited_for_not_reported_missing() {
             Some(vec![Value::Int(3), Value::Int(30)])
         );
         assert_eq!(accounts.get(&other, &key(30)).unwrap(), None);
+        for direction in [Direction::Forward, Direction::Backward] {
+            let ids: Vec<Value> = accounts
+                .scan(&other, &KeyRange::all(), direction)
+                .unwrap()
+                .map(|row| row.unwrap()[0].clone())
+                .collect();
+            let mut expected: Vec<Value> = (1..=3).map(Value::Int).collect();
+            if direction == Direction::Backward {
+                expected.reverse();
+            }
+            assert_eq!(ids, expected, "durable={durable}: {direction:?} scan");
+        }
 
         // A prefix lookup does not skip a deleted first match to report the next one.
         deleter.begin().unwrap();
@@ -707,13 +719,135 @@ fn a_row_deleted_by_an_open_transaction_is_waited_for_not_reported_missing() {
         );
         assert!(other.waits().wait(WaitType::LckMS).waiting_tasks_count >= waits_before + 5);
 
-        // Once the delete commits, the row is missing for everyone, without a wait.
+        // Scans wait too, either way, rather than skip the deleted row.
         deleter.begin().unwrap();
         assert!(accounts.delete(&deleter, &key(2)).unwrap());
+        for direction in [Direction::Forward, Direction::Backward] {
+            let error = accounts
+                .scan(&other, &KeyRange::all(), direction)
+                .unwrap()
+                .find_map(Result::err)
+                .expect("the scan waits for the deleted row and times out");
+            assert_eq!(
+                error.to_string(),
+                timeout,
+                "durable={durable}: {direction:?} scan"
+            );
+        }
+        // Once the delete commits, the row is missing for everyone, without a wait.
         deleter.commit().unwrap();
         assert_eq!(accounts.get(&other, &key(2)).unwrap(), None);
+        let ids: Vec<Value> = accounts
+            .scan(&other, &KeyRange::all(), Direction::Forward)
+            .unwrap()
+            .map(|row| row.unwrap()[0].clone())
+            .collect();
+        assert_eq!(ids, [Value::Int(1), Value::Int(3)], "durable={durable}");
         db.check_integrity().unwrap();
     }
+}
+
+/// `Accounts` with a non-unique nonclustered index on Balance.
+fn accounts_by_balance() -> TableDef {
+    accounts().nonclustered(IndexDef::new(
+        "IX_Balance",
+        &["Balance"],
+        Uniqueness::NonUnique,
+    ))
+}
+
+#[test]
+fn index_lookups_wait_for_rows_deleted_or_rekeyed_by_an_open_transaction() {
+    let db = Database::create(DatabaseOptions {
+        lock_timeout: Some(Duration::from_millis(50)),
+        ..DatabaseOptions::default()
+    })
+    .unwrap();
+    let table = db.create_table(accounts_by_balance()).unwrap();
+    let (writer, other) = (db.session(), db.session());
+    for id in 1..=3 {
+        table
+            .insert(&writer, InsertRow::new().set(0, id).set(1, id * 10))
+            .unwrap();
+    }
+    let by_balance =
+        |session, balance: i32| table.get_by_index(session, "IX_Balance", &[Value::Int(balance)]);
+    let timeout = "Lock request time out period exceeded.";
+    writer.begin().unwrap();
+    assert!(table.delete(&writer, &[Value::Int(2)]).unwrap());
+    assert!(
+        table
+            .update(&writer, &[Value::Int(3)], &[(1, Value::Int(31))])
+            .unwrap()
+    );
+    // The deleted row's entry and the changed row's old entry are gone from the index, and the
+    // changed row's new entry is not committed: each lookup waits.
+    for balance in [20, 30, 31] {
+        let error = by_balance(&other, balance).unwrap_err();
+        assert_eq!(error.to_string(), timeout, "lookup of balance {balance}");
+    }
+    assert_eq!(by_balance(&other, 10).unwrap().len(), 1);
+    assert_eq!(
+        by_balance(&writer, 31).unwrap(),
+        [vec![Value::Int(3), Value::Int(31)]]
+    );
+    writer.rollback().unwrap();
+    assert_eq!(
+        by_balance(&other, 20).unwrap(),
+        [vec![Value::Int(2), Value::Int(20)]]
+    );
+    assert_eq!(
+        by_balance(&other, 30).unwrap(),
+        [vec![Value::Int(3), Value::Int(30)]]
+    );
+    assert_eq!(by_balance(&other, 31).unwrap(), Vec::<Vec<Value>>::new());
+    // Committed, the change moves the row from one key to the other for everyone.
+    writer.begin().unwrap();
+    assert!(
+        table
+            .update(&writer, &[Value::Int(3)], &[(1, Value::Int(31))])
+            .unwrap()
+    );
+    writer.commit().unwrap();
+    assert_eq!(by_balance(&other, 30).unwrap(), Vec::<Vec<Value>>::new());
+    assert_eq!(
+        by_balance(&other, 31).unwrap(),
+        [vec![Value::Int(3), Value::Int(31)]]
+    );
+    db.check_integrity().unwrap();
+}
+
+#[test]
+fn an_index_lookup_blocked_by_a_change_that_rolls_back_returns_only_matching_rows() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db.create_table(accounts_by_balance()).unwrap();
+    let writer = db.session();
+    table
+        .insert(&writer, InsertRow::new().set(0, 1).set(1, 10))
+        .unwrap();
+    writer.begin().unwrap();
+    assert!(
+        table
+            .update(&writer, &[Value::Int(1)], &[(1, Value::Int(11))])
+            .unwrap()
+    );
+    std::thread::scope(|scope| {
+        // It finds the new entry, waits for the row, and then reads the committed row, which
+        // the rollback left at balance 10.
+        let reader = scope.spawn(|| {
+            let session = db.session();
+            table
+                .get_by_index(&session, "IX_Balance", &[Value::Int(11)])
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !reader.is_finished(),
+            "the lookup did not wait for the change"
+        );
+        writer.rollback().unwrap();
+        assert_eq!(reader.join().unwrap(), Vec::<Vec<Value>>::new());
+    });
 }
 
 #[test]
@@ -745,7 +879,7 @@ fn a_lookup_blocked_by_a_delete_returns_the_row_when_the_delete_rolls_back() {
 }
 
 #[test]
-fn lookups_never_miss_a_committed_row_while_others_delete_it_and_roll_back() {
+fn lookups_and_scans_never_miss_a_committed_row_while_others_delete_it_and_roll_back() {
     const ROWS: i32 = 40;
     let seed = seed();
     let db = Database::create(DatabaseOptions::default()).unwrap();
@@ -783,6 +917,38 @@ fn lookups_never_miss_a_committed_row_while_others_delete_it_and_roll_back() {
                     session.rollback().unwrap();
                 }
             }));
+        }
+        {
+            let (db, table, stop, lookups) = (&db, &table, &stop, &lookups);
+            scope.spawn(move || {
+                let session = db.session();
+                let all: Vec<i32> = (1..=ROWS).collect();
+                let mut backward = false;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let direction = if backward {
+                        Direction::Backward
+                    } else {
+                        Direction::Forward
+                    };
+                    let mut ids: Vec<i32> = table
+                        .scan(&session, &KeyRange::all(), direction)
+                        .unwrap()
+                        .map(|row| match row.unwrap()[0] {
+                            Value::Int(id) => id,
+                            ref other => panic!("not an INT id: {other:?}"),
+                        })
+                        .collect();
+                    if backward {
+                        ids.reverse();
+                    }
+                    assert_eq!(
+                        ids, all,
+                        "a {direction:?} scan missed or added rows (seed {seed})"
+                    );
+                    lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    backward = !backward;
+                }
+            });
         }
         for reader in 0..2u64 {
             let (db, table, stop, lookups) = (&db, &table, &stop, &lookups);

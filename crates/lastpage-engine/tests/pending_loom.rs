@@ -72,7 +72,7 @@ fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
             let world = Arc::clone(&world);
             thread::spawn(move || {
                 world.locked.store(true, Ordering::Release);
-                world.pending.note(TxnId(1), 0, KEY);
+                world.pending.note(TxnId(1), 0, KEY, b"");
                 *world.row_present.lock().unwrap() = false;
                 // Rolled back: the row goes back, then the note, then the lock.
                 *world.row_present.lock().unwrap() = true;
