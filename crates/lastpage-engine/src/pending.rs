@@ -12,19 +12,21 @@
 //!   (see `WriteScope::note_pending_delete`), and the row stays noted until the transaction
 //!   ends: its notes are cleared after a rollback has put the rows back and before its locks
 //!   are released.
-//! - Every note and every clear moves [`PendingDeletes::version`] on, under the mutex.
+//! - Every note and every clear moves [`PendingDeletes::version`] on, holding the set's lock
+//!   exclusively.
 //! - A reader reads the version, reads the tree, and then accepts what it read without the
-//!   mutex only if the set was empty and the version did not move meanwhile: then no row of the
+//!   lock only if the set was empty and the version did not move meanwhile: then no row of the
 //!   table was deleted-but-uncommitted at any moment of its read. Otherwise it reads the tree
-//!   again holding the mutex, so that the set cannot change during that read, and waits for the
-//!   first noted row of another transaction that lies where its read found nothing. Tree reads
-//!   take latches only, and nobody takes this mutex while holding a latch or waits for a lock
-//!   while holding it, so holding it across a read cannot deadlock.
+//!   again holding the lock shared, so that the set cannot change during that read (other
+//!   readers share it), and waits for the first noted row of another transaction that lies
+//!   where its read found nothing. Tree reads take latches only, and nobody takes this lock
+//!   while holding a latch or waits for a row lock while holding it, so holding it across a
+//!   read cannot deadlock.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
-use lastpage_storage::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use lastpage_storage::sync::{self, AtomicU64, AtomicUsize, Ordering, RwLock, RwLockReadGuard};
 use lastpage_storage::wal::TxnId;
 
 /// The noted rows.
@@ -42,8 +44,11 @@ struct Noted {
 /// documentation).
 #[derive(Default)]
 pub struct PendingDeletes {
-    noted: Mutex<Noted>,
-    /// `noted.rows.len()`, readable without the mutex.
+    /// Readers hold it shared across their tree reads, so lookups of one table run side by side
+    /// while a transaction that deleted rows from it is open; notes and clears take it
+    /// exclusively.
+    noted: RwLock<Noted>,
+    /// `noted.rows.len()`, readable without the lock.
     count: AtomicUsize,
     /// Moves on with every note and clear.
     version: AtomicU64,
@@ -51,7 +56,7 @@ pub struct PendingDeletes {
 
 /// The set held still, for a read that must not race with a note or a clear.
 pub struct HeldPendingDeletes<'a> {
-    noted: MutexGuard<'a, Noted>,
+    noted: RwLockReadGuard<'a, Noted>,
 }
 
 impl PendingDeletes {
@@ -59,7 +64,7 @@ impl PendingDeletes {
     /// value is `value`, or to change it so that entries of it leave a nonclustered index. A
     /// row noted twice by one transaction keeps the first value: the committed one.
     pub fn note(&self, txn: TxnId, partition: usize, key: &[u8], value: &[u8]) {
-        let mut noted = sync::lock(&self.noted);
+        let mut noted = sync::write(&self.noted);
         let row = (key.to_vec(), partition);
         if !noted.rows.contains_key(&row) {
             noted.rows.insert(row.clone(), (txn, value.to_vec()));
@@ -70,7 +75,7 @@ impl PendingDeletes {
 
     /// Forgets every row `txn` deleted: it is ending.
     pub fn clear(&self, txn: TxnId) {
-        let mut noted = sync::lock(&self.noted);
+        let mut noted = sync::write(&self.noted);
         for row in noted.by_txn.remove(&txn).unwrap_or_default() {
             noted.rows.remove(&row);
         }
@@ -103,7 +108,7 @@ impl PendingDeletes {
     /// Holds the set still until the returned guard is dropped.
     pub fn hold(&self) -> HeldPendingDeletes<'_> {
         HeldPendingDeletes {
-            noted: sync::lock(&self.noted),
+            noted: sync::read(&self.noted),
         }
     }
 }

@@ -11,7 +11,7 @@ pub use loom::sync::atomic::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(loom)]
-pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(loom)]
 pub use loom::thread::{self, Thread};
 
@@ -20,7 +20,7 @@ pub use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(not(loom))]
-pub use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(loom))]
 pub use std::thread::{self, Thread};
 
@@ -54,6 +54,33 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     {
         mutex
             .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Locks a reader-writer lock for reading, ignoring poisoning as [`lock`] does.
+#[inline]
+pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    #[cfg(loom)]
+    {
+        lock.read().unwrap()
+    }
+    #[cfg(not(loom))]
+    {
+        lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Locks a reader-writer lock for writing, ignoring poisoning as [`lock`] does.
+#[inline]
+pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    #[cfg(loom)]
+    {
+        lock.write().unwrap()
+    }
+    #[cfg(not(loom))]
+    {
+        lock.write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
