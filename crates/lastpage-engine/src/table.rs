@@ -2940,9 +2940,9 @@ pub struct RowIter<'a> {
     /// each row returned.
     lower: Bound<Vec<u8>>,
     upper: Bound<Vec<u8>>,
-    /// The database's rollback count when the scan started: once it changes, every record
-    /// read ahead may be a rolled-back one, so each is read again (see
-    /// [`Table::committed_value`]).
+    /// The database's rollback count before the rows read ahead were (when the scan started,
+    /// or when it last read ahead again): once it changes, every record read ahead may be a
+    /// rolled-back one, so each is read again (see [`Table::committed_value`]).
     rollbacks: u64,
     /// The table's version of deleted rows (`PendingDeletes::version`) read before the rows
     /// read ahead were.
