@@ -30,7 +30,7 @@ use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
-use crate::pending::PendingDeletes;
+use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
 use crate::txn::WriteScope;
@@ -2136,36 +2136,52 @@ impl Table {
         key: &[Value],
     ) -> Result<(Option<FoundRecord>, u64)> {
         let db = session.db();
-        let mut waited_for = None;
-        loop {
+        let read = || {
             let rollbacks = db.rollbacks();
-            let version = self.pending_deletes.version();
-            let found = self.find_record(key)?;
-            if self.pending_deletes.quiet_since(version) {
-                return Ok((found, rollbacks));
-            }
-            // Read again with the set held still, and look for a deleted row where the read
-            // found nothing: from the search key up to the match, or to the search's end.
-            let held = self.pending_deletes.hold();
-            let found = self.find_record(key)?;
+            Ok((self.find_record(key)?, rollbacks))
+        };
+        // A deleted row where the read found nothing: from the search key up to the match, or
+        // to the search's end.
+        let missed = |held: &HeldPendingDeletes<'_>, (found, _): &(Option<FoundRecord>, u64)| {
             let Some(encoded) = self.encode_lookup_key(&self.clustered, key)? else {
-                return Ok((found, rollbacks));
+                return Ok(None);
             };
-            let search_end = if self.is_exact_clustered_key(key) {
-                Some(encoded.clone())
-            } else {
-                prefix_end(&encoded)
-            };
-            let upper = match (&found, &search_end) {
+            let exact = self.is_exact_clustered_key(key);
+            let search_end = if exact { None } else { prefix_end(&encoded) };
+            let upper = match (found, &search_end) {
                 (Some((_, found_key, _)), _) => Bound::Excluded(found_key.as_slice()),
-                (None, Some(end)) if self.is_exact_clustered_key(key) => {
-                    Bound::Included(end.as_slice())
-                }
+                (None, _) if exact => Bound::Included(encoded.as_slice()),
                 (None, Some(end)) => Bound::Excluded(end.as_slice()),
                 (None, None) => Bound::Unbounded,
             };
-            let Some(deleted) = held.first_of_others(me, Bound::Included(&encoded), upper) else {
-                return Ok((found, rollbacks));
+            Ok(held.first_of_others(me, Bound::Included(&encoded), upper))
+        };
+        self.read_waiting_for_deleters(session, me, read, missed)
+    }
+
+    /// Runs a read under the READ COMMITTED protocol of `pending.rs`. The read (`read`) is
+    /// accepted if the table's set of deleted rows was quiet meanwhile; otherwise it is made
+    /// again with the set held still, and `missed` names a row that a transaction other than
+    /// `me` deleted and has not ended, which that read would have found. Its deleter is waited
+    /// for, and everything starts again.
+    fn read_waiting_for_deleters<T>(
+        &self,
+        session: &Session,
+        me: Option<TxnId>,
+        read: impl Fn() -> Result<T>,
+        missed: impl Fn(&HeldPendingDeletes<'_>, &T) -> Result<Option<(Vec<u8>, TxnId)>>,
+    ) -> Result<T> {
+        let mut waited_for = None;
+        loop {
+            let version = self.pending_deletes.version();
+            let result = read()?;
+            if self.pending_deletes.quiet_since(version) {
+                return Ok(result);
+            }
+            let held = self.pending_deletes.hold();
+            let result = read()?;
+            let Some(deleted) = missed(&held, &result)? else {
+                return Ok(result);
             };
             drop(held);
             self.wait_for_deleter(session, me, deleted, &mut waited_for)?;
@@ -2306,27 +2322,16 @@ impl Table {
         key: &[Value],
     ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
-        let db = session.db();
-        db.check_usable()?;
+        session.db().check_usable()?;
         self.check_not_dropped()?;
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
             return Ok(Vec::new());
         };
         let me = session.current_txn_id();
-        let mut waited_for = None;
-        let candidates = loop {
-            // As `find_record_waiting` does for the clustered index: accept the read if the
-            // set of deleted rows was quiet, else read again with it held and wait for a noted
-            // row whose committed entry the read did not find.
-            let version = self.pending_deletes.version();
-            let candidates = self.index_candidates(index, &encoded)?;
-            if self.pending_deletes.quiet_since(version) {
-                break candidates;
-            }
-            let held = self.pending_deletes.hold();
-            let candidates = self.index_candidates(index, &encoded)?;
-            let mut missing = None;
+        // A noted row whose committed values have an entry under the search key that the read
+        // did not find.
+        let missed = |held: &HeldPendingDeletes<'_>, candidates: &Vec<FoundRecord>| {
             for (record_key, partition, deleter, value) in held.of_others(me) {
                 if candidates.iter().any(|(found_partition, found_key, _)| {
                     *found_partition == partition && found_key == record_key
@@ -2335,16 +2340,17 @@ impl Table {
                 }
                 let row = self.decode_record(record_key, value)?;
                 if self.row_in_index_prefix(index, &row, record_key, &encoded)? {
-                    missing = Some((record_key.to_vec(), deleter));
-                    break;
+                    return Ok(Some((record_key.to_vec(), deleter)));
                 }
             }
-            drop(held);
-            let Some(missing) = missing else {
-                break candidates;
-            };
-            self.wait_for_deleter(session, me, missing, &mut waited_for)?;
+            Ok(None)
         };
+        let candidates = self.read_waiting_for_deleters(
+            session,
+            me,
+            || self.index_candidates(index, &encoded),
+            missed,
+        )?;
         let mut rows = Vec::new();
         for (partition, record_key, value) in candidates {
             let Some(value) = self.committed_value(session, partition, &record_key, value, None)?
@@ -2949,6 +2955,8 @@ pub struct RowIter<'a> {
     pending_version: u64,
     /// The range holds no key (the bounds above then mean nothing).
     empty: bool,
+    /// The deleted row this scan waited for last (see [`Table::wait_for_deleter`]).
+    waited_for: Option<(Vec<u8>, TxnId)>,
 }
 
 impl<'a> RowIter<'a> {
@@ -2970,6 +2978,7 @@ impl<'a> RowIter<'a> {
             rollbacks: session.db().rollbacks(),
             pending_version: table.pending_deletes.version(),
             empty: false,
+            waited_for: None,
         };
         iter.read_ahead();
         iter
@@ -2988,6 +2997,7 @@ impl<'a> RowIter<'a> {
             rollbacks: 0,
             pending_version: 0,
             empty: true,
+            waited_for: None,
         }
     }
 
@@ -3036,7 +3046,7 @@ impl<'a> RowIter<'a> {
     /// A row that a transaction other than the reader deleted and has not ended, lying between
     /// the last row returned and the head `best` (or the scan's end), if any; the rows read ahead
     /// are read again first if the set changed since they were read.
-    fn deleted_in_gap(&mut self, best: &mut Option<usize>) -> Option<Vec<u8>> {
+    fn deleted_in_gap(&mut self, best: &mut Option<usize>) -> Option<(Vec<u8>, TxnId)> {
         let pending = &self.table.pending_deletes;
         if pending.quiet_since(self.pending_version) {
             return None;
@@ -3064,7 +3074,6 @@ impl<'a> RowIter<'a> {
             ),
         };
         held.first_of_others(self.session.current_txn_id(), lower, upper)
-            .map(|(key, _)| key)
     }
 }
 
@@ -3078,14 +3087,12 @@ impl Iterator for RowIter<'_> {
         loop {
             let mut best = self.best_head();
             if let Some(deleted) = self.deleted_in_gap(&mut best) {
-                let db = self.session.db();
-                let waited = db.locks().wait_for_shared(
-                    self.session.current_txn_id(),
-                    &crate::txn::lock_key(self.table.id, 0, &deleted),
-                    db.lock_timeout(),
-                );
+                let me = self.session.current_txn_id();
+                let waited =
+                    self.table
+                        .wait_for_deleter(self.session, me, deleted, &mut self.waited_for);
                 if let Err(error) = waited {
-                    return Some(Err(error.into()));
+                    return Some(Err(error));
                 }
                 // The deleter's clear moved the version on: the next round reads ahead again
                 // and finds the row if the delete was rolled back.

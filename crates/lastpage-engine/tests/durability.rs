@@ -967,10 +967,13 @@ fn lookups_and_scans_never_miss_a_committed_row_while_others_delete_it_and_roll_
                 }
             });
         }
-        for writer in writers {
-            writer.join().unwrap();
-        }
+        // The readers stop even if a writer failed, so that a failure fails the test rather
+        // than hanging it.
+        let written: Vec<_> = writers.into_iter().map(|writer| writer.join()).collect();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for result in written {
+            result.unwrap();
+        }
     });
     assert!(lookups.load(std::sync::atomic::Ordering::Relaxed) > 0);
     assert_eq!(table.row_count(), ROWS as u64);
