@@ -344,6 +344,14 @@ impl Database {
                 db.recreate_table(&table.catalog_entry())?;
             }
         }
+        // Each table's first identity reservation goes to the disk now, so that its first
+        // insert need not wait for a flush of its own (see `identity.rs`).
+        for table in db.tables() {
+            table.reserve_identity_ahead(&db)?;
+        }
+        if let Some(wal) = db.wal() {
+            wal.flush_now().map_err(|error| db.fail(error))?;
+        }
         // After a clean shutdown a checkpoint still clears the image's clean mark, so that a
         // crash from here on is told apart from a clean shutdown.
         let checkpoint = if replayed || clean {
@@ -705,8 +713,11 @@ impl Database {
             wal.append(&Record::Schema {
                 description: description.into(),
             })
-            .and_then(|end| wal.wait_durable(end))
             .map_err(|error| self.fail(error))?;
+            // The first identity reservation goes to the disk with the table, so that the
+            // first insert need not wait for a flush of its own (see `identity.rs`).
+            table.reserve_identity_ahead(self)?;
+            wal.flush_now().map_err(|error| self.fail(error))?;
         }
         tables.insert(key, Arc::clone(&table));
         Ok(table)

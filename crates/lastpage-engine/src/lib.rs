@@ -25,6 +25,8 @@ pub mod catalog;
 pub mod database;
 pub mod encoding;
 pub mod error;
+#[doc(hidden)]
+pub mod identity;
 pub mod locks;
 #[doc(hidden)]
 pub mod pending;

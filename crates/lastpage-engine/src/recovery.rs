@@ -18,7 +18,8 @@
 //! transaction's change to those rows lies between its records and its commit.
 //!
 //! Every insert record raises its table's identity counter above the value it holds, whether
-//! or not its transaction committed: an identity value is never handed out twice.
+//! or not its transaction committed, and every identity reservation raises it past the values
+//! the reservation covers: an identity value is never handed out twice (see `identity.rs`).
 //!
 //! The log's end is the first record that fails its checksum or is cut short (a torn tail).
 
@@ -122,6 +123,7 @@ pub(crate) fn replay(
         ..RecoveryStats::default()
     };
     let mut trees = tree_map(db);
+    let mut tables = table_map(db);
     let mut pending: HashMap<u64, PendingTxn> = HashMap::new();
     while let Some(entry) = reader.next_record().map_err(storage)? {
         stats.records += 1;
@@ -161,9 +163,16 @@ pub(crate) fn replay(
                     }
                 }
             }
+            Record::IdentityReserve { table_id, up_to } => {
+                // A reservation of a table dropped later in the log names no table here.
+                if let Some(table) = tables.get(&table_id) {
+                    table.note_identity_reservation(up_to);
+                }
+            }
             Record::Schema { description } if lsn >= checkpoint_lsn => {
                 apply_schema(db, &description, lsn)?;
                 trees = tree_map(db);
+                tables = table_map(db);
             }
             _ => {}
         }
@@ -187,6 +196,14 @@ fn corrupt(lsn: u64, reason: String) -> EngineError {
     EngineError::Storage(format!(
         "recovery cannot continue at log position {lsn}: {reason}"
     ))
+}
+
+/// Every table by its id (identity reservations name tables).
+fn table_map(db: &Database) -> HashMap<u32, Arc<Table>> {
+    db.tables()
+        .into_iter()
+        .map(|table| (table.id(), table))
+        .collect()
 }
 
 /// Every tree's index id, mapped to its table and partition (log records name trees).

@@ -7,7 +7,6 @@
 //! - Unique nonclustered index: key = its columns; value = the clustered key (the locator).
 //! - Non-unique nonclustered index: key = its columns followed by the clustered key; value empty.
 
-use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 use std::cell::Cell;
 use std::ops::{Bound, Range};
@@ -22,7 +21,7 @@ use lastpage_storage::limits::{
     LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
-use lastpage_storage::sync::{AtomicBool, AtomicI64, Ordering};
+use lastpage_storage::sync::{AtomicBool, Ordering};
 use lastpage_storage::wal::{Record, TxnId, record};
 use std::borrow::{Borrow, Cow};
 
@@ -30,6 +29,7 @@ use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
 use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
+use crate::identity::{IdentityState, ReservationLog};
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
@@ -258,43 +258,11 @@ impl Index {
 /// Where an insert's identity value comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IdentityFill {
-    /// Take the next value now.
-    TakeNext,
     /// A value taken earlier (a batch takes a block at once).
     Preassigned(i64),
-    /// Leave the column NULL: the clustered tree makes the value as it inserts the row.
+    /// Leave the column NULL: the clustered tree makes the value as it inserts the row. (What
+    /// a table without an identity column passes too.)
     LeaveToTree,
-}
-
-struct IdentityState {
-    column: usize,
-    /// The next value to hand out. On a cache line of its own: every insert writes it, and the
-    /// table's read-mostly fields around it would otherwise miss after each write.
-    next: CachePadded<AtomicI64>,
-    increment: i64,
-}
-
-impl IdentityState {
-    /// Takes `count` consecutive values and returns the first. Fails, taking none, if the
-    /// values would run past the end of BIGINT's range (SQL Server's error 8115): the counter
-    /// stays where it is, so every later insert fails the same way rather than wrapping around
-    /// to negative values. (The counter holds the next value to hand out, so the range's very
-    /// last value is never handed out.) Narrower types are checked where a value is converted
-    /// to the column's type.
-    fn take(&self, count: u64, data_type: DataType) -> Result<i64> {
-        let overflow = || EngineError::IdentityOverflow {
-            data_type: data_type.name(),
-        };
-        let span = i64::try_from(count)
-            .ok()
-            .and_then(|count| count.checked_mul(self.increment))
-            .ok_or_else(overflow)?;
-        self.next
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-                next.checked_add(span)
-            })
-            .map_err(|_| overflow())
-    }
 }
 
 /// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
@@ -816,11 +784,12 @@ impl Table {
             .collect();
         let identity = identities.first().map(|&column| {
             let identity = def.columns[column].identity.expect("filtered on identity");
-            IdentityState {
+            IdentityState::new(
                 column,
-                next: CachePadded::new(AtomicI64::new(identity.seed)),
-                increment: identity.increment,
-            }
+                def.columns[column].data_type,
+                identity.seed,
+                identity.increment,
+            )
         });
         let identity_keyed = identity.as_ref().is_some_and(|identity| {
             identity.increment > 0
@@ -986,9 +955,7 @@ impl Table {
 
     /// The identity value the next insert would get (SQL Server's IDENT_CURRENT + increment).
     pub fn next_identity(&self) -> Option<i64> {
-        self.identity
-            .as_ref()
-            .map(|identity| identity.next.load(Ordering::Relaxed))
+        self.identity.as_ref().map(IdentityState::next)
     }
 
     /// Inserts one row; returns its identity value, if the table has an identity column.
@@ -1112,7 +1079,11 @@ impl Table {
             .identity
             .as_ref()
             .map(|identity| {
-                identity.take(rows.len() as u64, self.columns[identity.column].data_type)
+                identity.take(
+                    rows.len() as u64,
+                    self.columns[identity.column].data_type,
+                    self.reservation_log(scope),
+                )
             })
             .transpose()?;
         // One buffer of values serves every row in turn: the records are what the batch keeps
@@ -1128,7 +1099,7 @@ impl Table {
             if let (Some(next), Some(identity)) = (next_identity.as_mut(), self.identity.as_ref()) {
                 *next += identity.increment;
             }
-            let identity = preassigned.map_or(IdentityFill::TakeNext, IdentityFill::Preassigned);
+            let identity = preassigned.map_or(IdentityFill::LeaveToTree, IdentityFill::Preassigned);
             identities.push(self.complete_row_into(row, identity, &mut values)?);
             let key_start = buffer.len();
             self.encode_clustered_key(&values, &mut buffer)?;
@@ -1228,13 +1199,14 @@ impl Table {
             .collect();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
         let keep_changes = scope.keeps_changes();
+        let reservation_log = self.reservation_log(scope);
         let tree = self.clustered.tree(0);
         let mut first_id = 0;
         let applied = scope.logged(self, |changes| {
             let mut keys = Vec::with_capacity(row_count * 9);
             let mut key_ends = Vec::with_capacity(row_count);
             let make_keys = |keys: &mut Vec<u8>, ends: &mut Vec<usize>| {
-                first_id = identity.take(row_count as u64, data_type)?;
+                first_id = identity.take(row_count as u64, data_type, reservation_log)?;
                 // `take` reserved the whole block, so no value of it overflows an i64.
                 for row in 0..row_count as i64 {
                     let id = first_id + row * identity.increment;
@@ -1434,7 +1406,16 @@ impl Table {
                 self.insert_with_identity_key(scope, values).map(Some)
             });
         }
-        let (values, identity) = self.complete_row(row, IdentityFill::TakeNext)?;
+        let taken = self
+            .identity
+            .as_ref()
+            .map(|state| {
+                let data_type = self.columns[state.column].data_type;
+                state.take(1, data_type, self.reservation_log(scope))
+            })
+            .transpose()?;
+        let fill = taken.map_or(IdentityFill::LeaveToTree, IdentityFill::Preassigned);
+        let (values, identity) = self.complete_row(row, fill)?;
         let key = self.clustered_key(&values)?;
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
@@ -1591,7 +1572,6 @@ impl Table {
                         let value = match identity {
                             IdentityFill::LeaveToTree => None,
                             IdentityFill::Preassigned(value) => Some(value),
-                            IdentityFill::TakeNext => Some(state.take(1, definition.data_type)?),
                         };
                         identity_value = value;
                         match value {
@@ -1915,6 +1895,7 @@ impl Table {
         let (identity, data_type) = self.identity_and_type();
         let keep_change = scope.keeps_changes();
         let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
+        let reservation_log = self.reservation_log(scope);
         let id = scope.logged(self, |changes| {
             with_scratch(&KEY_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |key| {
                 let make_key = |id: i64, key: &mut Vec<u8>| {
@@ -1938,7 +1919,7 @@ impl Table {
                     .insert_with_sequence_key(
                         value,
                         step,
-                        |rows| identity.take(rows, data_type),
+                        |rows| identity.take(rows, data_type, reservation_log),
                         make_key,
                         key,
                     )
@@ -2758,6 +2739,33 @@ impl Table {
         })
     }
 
+    /// Appends a reservation of identity values ahead to `db`'s log, without waiting for it,
+    /// if the table is logged and has an identity column (see `identity.rs`).
+    pub(crate) fn reserve_identity_ahead(&self, db: &crate::database::Database) -> Result<()> {
+        match (&self.identity, db.wal()) {
+            (Some(identity), Some(wal)) if self.is_logged() => {
+                identity.reserve_ahead(ReservationLog {
+                    db,
+                    wal,
+                    table_id: self.id,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Where identity values taken for a write through `scope` are reserved: the log, if the
+    /// write is logged. Not borrowed from the scope, so that a closure given the scope can use
+    /// it.
+    fn reservation_log<'s>(&self, scope: &WriteScope<'s>) -> Option<ReservationLog<'s>> {
+        let db = scope.logging_db()?;
+        Some(ReservationLog {
+            db,
+            wal: db.wal()?,
+            table_id: self.id,
+        })
+    }
+
     /// Whether the table's changes are logged.
     pub(crate) fn is_logged(&self) -> bool {
         self.definition.logged
@@ -2777,18 +2785,22 @@ impl Table {
                     rows_per_partition: index.trees.iter().map(BTree::row_count).collect(),
                 })
                 .collect(),
-            next_identity: self.next_identity(),
+            next_identity: self.identity.as_ref().map(IdentityState::restart_value),
         }
     }
 
     /// Raises the identity counter to at least `next`.
     pub(crate) fn raise_identity(&self, next: i64) {
         if let Some(identity) = &self.identity {
-            if identity.increment > 0 {
-                identity.next.fetch_max(next, Ordering::Relaxed);
-            } else {
-                identity.next.fetch_min(next, Ordering::Relaxed);
-            }
+            identity.raise(next);
+        }
+    }
+
+    /// Raises the identity counter past the values an identity reservation (a log record)
+    /// covers: up to and including `up_to`.
+    pub(crate) fn note_identity_reservation(&self, up_to: i64) {
+        if let Some(identity) = &self.identity {
+            self.raise_identity(up_to.saturating_add(identity.increment));
         }
     }
 

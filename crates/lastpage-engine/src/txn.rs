@@ -213,6 +213,12 @@ impl<'s> WriteScope<'s> {
         self.txn.explicit || self.log_changes
     }
 
+    /// The database, if the changes made through this scope are written to its log. It is
+    /// the session's, not borrowed from the scope.
+    pub(crate) fn logging_db(&self) -> Option<&'s Database> {
+        self.log_changes.then(|| self.session.db())
+    }
+
     /// Whether the changes made through this scope are written to the log.
     pub(crate) fn logs_changes(&self) -> bool {
         self.log_changes
