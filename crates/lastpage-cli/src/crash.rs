@@ -13,8 +13,11 @@
 //! - **lost**: every row ever acknowledged (in this cycle or any earlier one) is there;
 //! - **duplicates**: no identity value and no logical row (run, cycle, thread, sequence number)
 //!   is in the table twice;
-//! - **reused**: no identity value acknowledged now was acknowledged before or was already in
-//!   the table at the last check (a recovered identity counter must not go backwards);
+//! - **reused**: no identity value handed out now (acknowledged or rolled back) was handed out
+//!   before or was already in the table at the last check (a recovered identity counter must
+//!   not go backwards). Values handed out before include those an explicit transaction was
+//!   given and the kill cut short: the child writes each one as soon as its insert returns,
+//!   before the commit, as an application could have used it from that moment;
 //! - every row's contents match what was inserted, rolled-back rows never appear, and the
 //!   integrity check passes.
 //!
@@ -174,9 +177,16 @@ impl Rng {
 
 /// What the child writes to stdout, one line each:
 /// `ready` once it inserts; `a ID THREAD SEQ` for each acknowledged row;
-/// `r ID THREAD SEQ` for a row inserted by a transaction that was then rolled back.
+/// `r ID THREAD SEQ` for a row inserted by a transaction that was then rolled back;
+/// `s ID` for an identity value an explicit transaction was given, before it ends.
 fn ack_line(id: i64, provenance: &Provenance) -> String {
     format!("a {id} {} {}\n", provenance.thread, provenance.seq)
+}
+
+/// `s ID`: an identity value an insert inside an explicit transaction returned (the
+/// application has it, whatever becomes of the transaction).
+fn seen_line(id: i64) -> String {
+    format!("s {id}\n")
 }
 
 /// `r ID THREAD SEQ`: a row a transaction inserted and then rolled back.
@@ -338,6 +348,7 @@ fn child_thread(
                 let id = table
                     .insert(&session, provenance.row())
                     .map_err(|error| format!("insert in a transaction failed: {error}"))?;
+                write_lines(out, &seen_line(id_of(id)?))?;
                 let line = if commit {
                     ack_line(id_of(id)?, &provenance)
                 } else {
@@ -380,6 +391,8 @@ enum Event {
     Ready,
     Ack(i64, Provenance),
     RolledBack(i64, Provenance),
+    /// An identity value given to an explicit transaction before it ended.
+    Seen(i64),
     /// A line that does not parse (a torn last line is dropped before this).
     Garbage(String),
     Eof,
@@ -584,12 +597,14 @@ fn one_cycle(
     };
     let mut acks = Vec::new();
     let mut rolled_back = Vec::new();
+    let mut seen = Vec::new();
     let mut garbage = Vec::new();
     let mut eof = false;
     let mut handle = |event: Event, eof: &mut bool| match event {
         Event::Ready => {}
         Event::Ack(id, provenance) => acks.push((id, provenance)),
         Event::RolledBack(id, provenance) => rolled_back.push((id, provenance)),
+        Event::Seen(id) => seen.push(id),
         Event::Garbage(line) => garbage.push(line),
         Event::Eof => *eof = true,
     };
@@ -664,9 +679,11 @@ fn one_cycle(
     }
 
     // Identity values handed out this cycle (acknowledged or rolled back) must be new: above
-    // everything acknowledged, rolled back or seen in the table before this cycle, and never
-    // handed out twice. SQL Server never gives an identity value out again, not even one a
-    // rolled-back transaction used.
+    // everything acknowledged, rolled back, given to an explicit transaction or seen in the
+    // table before this cycle, and never handed out twice. SQL Server never gives an identity
+    // value out again, not even one a rolled-back transaction used. (A value given to an
+    // explicit transaction is acknowledged or rolled back too if the transaction ended, so
+    // values given are not counted twice here; they raise the mark below.)
     let tag = |thread_seq: Provenance| Provenance {
         run: ledger.run,
         cycle: cycle as i32,
@@ -685,6 +702,9 @@ fn one_cycle(
     for &(id, thread_seq) in &rolled_back {
         ledger.rolled_back.push((id, tag(thread_seq)));
         ledger.high_water = ledger.high_water.max(id);
+    }
+    if let Some(&max_seen) = seen.iter().max() {
+        ledger.high_water = ledger.high_water.max(max_seen);
     }
     let mut report = verify(&args.db, args.log, ledger)?;
     report.acked = acks.len() as u64;
@@ -779,6 +799,10 @@ fn parse_line(line: &str) -> Event {
                 Err(_) => Event::Garbage(line.to_owned()),
             },
             _ => Event::Garbage(line.to_owned()),
+        },
+        Some("s") if fields.len() == 2 => match number(1) {
+            Some(id) => Event::Seen(id),
+            None => Event::Garbage(line.to_owned()),
         },
         Some("r") if fields.len() == 4 => match (number(1), number(2), number(3)) {
             (Some(id), Some(thread), Some(seq)) => match i32::try_from(thread) {
@@ -960,7 +984,19 @@ mod tests {
                 }
             )
         ));
-        for bad in ["", "a 1 2", "a x 2 3", "b 1", "a 1 2 3 4", "r", "r 9"] {
+        assert!(matches!(parse_line("s 17"), Event::Seen(17)));
+        for bad in [
+            "",
+            "a 1 2",
+            "a x 2 3",
+            "b 1",
+            "a 1 2 3 4",
+            "r",
+            "r 9",
+            "s",
+            "s x",
+            "s 1 2",
+        ] {
             assert!(matches!(parse_line(bad), Event::Garbage(_)), "{bad:?}");
         }
     }
