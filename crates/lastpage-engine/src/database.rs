@@ -344,14 +344,6 @@ impl Database {
                 db.recreate_table(&table.catalog_entry())?;
             }
         }
-        // Each table's first identity reservation goes to the disk now, so that its first
-        // insert need not wait for a flush of its own (see `identity.rs`).
-        for table in db.tables() {
-            table.reserve_identity_ahead(&db)?;
-        }
-        if let Some(wal) = db.wal() {
-            wal.flush_now().map_err(|error| db.fail(error))?;
-        }
         // After a clean shutdown a checkpoint still clears the image's clean mark, so that a
         // crash from here on is told apart from a clean shutdown.
         let checkpoint = if replayed || clean {

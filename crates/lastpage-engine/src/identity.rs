@@ -14,15 +14,17 @@
 //! The reservation is kept ahead of the counter: when the values taken come within half a
 //! reservation of the end of those logged, the next reservation is appended without waiting,
 //! and a later flush (any commit's, or the background flusher's) makes it durable, usually long
-//! before a value from it is needed. An insert waits (WRITELOG) only if it catches up with a
-//! reservation not yet on disk, the first after the database opens, or when values are taken
-//! faster than the log is flushed; then the reservation doubles, up to a limit. A wait can
+//! before a value from it is needed. An insert waits (WRITELOG) only for a table's first
+//! reservation after the database opens (a new table's goes to the disk with the table), or
+//! when it catches up with one not yet on disk because values are taken faster than the log
+//! is flushed; then the reservation doubles, up to a limit. A wait can
 //! happen under the last leaf's latch (tables clustered on the identity take their values
 //! there), which is why reservations are kept ahead. The common take checks one atomic on the
 //! counter's own cache line.
 //!
-//! What it costs: one 36-byte record per reservation, and up to one and a half reservations of
-//! values skipped after every restart, clean or not (SQL Server skips its cache after a crash).
+//! What it costs: one 40-byte record per reservation, and up to one and a half reservations of
+//! values skipped after a restart, clean or not, of a table that had inserts (SQL Server skips
+//! its cache after a crash).
 //!
 //! The log is reached through [`ReservationSink`], so that `tests/identity_loom.rs` can check
 //! the protocol (the take's one-atomic check against reservations appended, waited for and
@@ -199,9 +201,8 @@ impl IdentityState {
     }
 
     /// Appends a reservation for the values the next takes will need, without waiting for it
-    /// to reach the disk: what a new table, or a table of a database just opened, does before
-    /// the log is flushed anyway, so that its first insert need not wait for a flush of its
-    /// own.
+    /// to reach the disk: what a new table does before the flush that makes it durable, so
+    /// that its first insert need not wait for a flush of its own.
     pub fn reserve_ahead(&self, log: impl ReservationSink) -> Result<()> {
         self.cover(self.advance(self.next(), 1), log, false)
     }
