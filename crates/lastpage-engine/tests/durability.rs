@@ -347,6 +347,44 @@ fn a_restart_skips_identity_values_only_after_inserts_and_at_most_a_reservation_
     assert_eq!(insert_order(&db, &session).unwrap(), next);
 }
 
+/// A fast load stops waiting for identity reservations: each wait for one appended ahead
+/// doubles the reservation. With DELAYED commits and no background flush, only those waits
+/// flush the log, so the log's flushes count them: 200 batches of 1,000 INT values wait nine
+/// times (the reservation grows from 1,000 values to 512,000), where a fixed size would wait
+/// 100 times (once per two batches).
+#[test]
+fn identity_reservations_grow_until_a_fast_load_stops_waiting_for_them() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(23));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            durability: Durability::Delayed,
+            delayed_flush_interval: Duration::from_secs(3600),
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Events")
+                .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
+                .column(ColumnDef::new("Kind", DataType::TinyInt).not_null())
+                .clustered(IndexDef::new("PK_Events", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let flushes_before = db.wal_stats().unwrap().flushes;
+    for _ in 0..200 {
+        let rows = (0..1000).map(|_| InsertRow::new().set(1, 1)).collect();
+        table.insert_batch(&session, rows).unwrap();
+    }
+    let flushes = db.wal_stats().unwrap().flushes - flushes_before;
+    assert!(
+        (1..=12).contains(&flushes),
+        "200,000 values waited for {flushes} flushes of identity reservations"
+    );
+}
+
 /// Dropped tables stay dropped after a crash, whether the drop is only in the log or also in
 /// a checkpoint's image, and a table created under a dropped one's name afterwards comes back
 /// with its own rows only. A write through a handle of the dropped table kept from before is
