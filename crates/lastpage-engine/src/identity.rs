@@ -16,11 +16,11 @@
 //! and a later flush (any commit's, or the background flusher's) makes it durable, usually long
 //! before a value from it is needed. An insert waits (WRITELOG) only for a table's first
 //! reservation after the database opens (a new table's goes to the disk with the table), or
-//! when it catches up with one not yet on disk because values are taken faster than the log
-//! is flushed; then the reservation doubles, up to a limit. A wait can
-//! happen under the last leaf's latch (tables clustered on the identity take their values
-//! there), which is why reservations are kept ahead. The common take checks one atomic on the
-//! counter's own cache line.
+//! when it catches up with one not yet on disk because values are taken faster than the log is
+//! flushed; then the reservation doubles, up to a limit. A wait can happen under the last
+//! leaf's latch (tables clustered on the identity take their values there), which is why
+//! reservations are kept ahead. The common take checks one atomic on the counter's own cache
+//! line.
 //!
 //! What it costs: one 40-byte record per reservation, and up to one and a half reservations of
 //! values skipped after a restart, clean or not, of a table that had inserts (SQL Server skips
