@@ -235,9 +235,9 @@ impl BTree {
         // The leaf still covers the lane's next key if it holds the lane's last key (the
         // common case: as the leaf's last key), or if it has not split since the lane last
         // inserted there (see the module documentation).
-        let covers_next_key = (count > 0
-            && (page.key(count - 1) == state.last_key.as_slice()
-                || page.search(&state.last_key).is_ok()))
+        let last_is_lanes = count > 0 && page.key(count - 1) == state.last_key.as_slice();
+        let covers_next_key = last_is_lanes
+            || (count > 0 && page.search(&state.last_key).is_ok())
             || page.next() == state.page_next;
         if !covers_next_key
             || page.total_free_bytes() < leaf_entry_bytes(state.last_key.len(), value.len())
@@ -257,7 +257,9 @@ impl BTree {
             self.insert_classic(key, value)?;
             return Ok(Some(number));
         }
-        let position = if count == 0 || key.as_slice() > page.key(count - 1) {
+        // The new key is past the lane's last key (checked above), so when that is the leaf's
+        // last key the row goes at the end without comparing again.
+        let position = if last_is_lanes || count == 0 || key.as_slice() > page.key(count - 1) {
             count
         } else {
             match page.search(key) {
