@@ -116,6 +116,8 @@ struct Reservations {
 pub struct IdentityState {
     /// The column's position.
     pub(crate) column: usize,
+    /// The column's type: its name goes into the overflow error, and it sizes reservations.
+    pub(crate) data_type: DataType,
     pub(crate) increment: i64,
     /// On a cache line of its own: every insert writes it, and the table's read-mostly fields
     /// around it would otherwise miss after each write.
@@ -133,6 +135,7 @@ impl IdentityState {
         };
         IdentityState {
             column,
+            data_type,
             increment,
             counter: CachePadded::new(Counter {
                 next: AtomicI64::new(seed),
@@ -170,14 +173,9 @@ impl IdentityState {
     ///
     /// With `log` (a logged table of a durable database), returns only once a durable
     /// reservation covers the values; fails if the log fails.
-    pub fn take<L: ReservationSink>(
-        &self,
-        count: u64,
-        data_type: DataType,
-        log: Option<L>,
-    ) -> Result<i64> {
+    pub fn take<L: ReservationSink>(&self, count: u64, log: Option<L>) -> Result<i64> {
         let overflow = || EngineError::IdentityOverflow {
-            data_type: data_type.name(),
+            data_type: self.data_type.name(),
         };
         let span = i64::try_from(count)
             .ok()

@@ -1075,17 +1075,7 @@ impl Table {
                 Ok(kept)
             });
         }
-        let mut next_identity = self
-            .identity
-            .as_ref()
-            .map(|identity| {
-                identity.take(
-                    rows.len() as u64,
-                    self.columns[identity.column].data_type,
-                    self.reservation_log(scope),
-                )
-            })
-            .transpose()?;
+        let mut next_identity = self.take_identity(scope, rows.len() as u64)?;
         // One buffer of values serves every row in turn: the records are what the batch keeps
         // (a failed row's values are decoded from its record for the error message). Every
         // row's clustered key and value are encoded into one shared buffer (see `RowBytes`).
@@ -1152,7 +1142,16 @@ impl Table {
             .identity
             .as_ref()
             .expect("identity_keyed implies an identity column");
-        (identity, self.columns[identity.column].data_type)
+        (identity, identity.data_type)
+    }
+
+    /// Takes `count` consecutive identity values for a write through `scope` and returns the
+    /// first, or `None` if the table has no identity column (see `IdentityState::take`).
+    fn take_identity(&self, scope: &WriteScope<'_>, count: u64) -> Result<Option<i64>> {
+        self.identity
+            .as_ref()
+            .map(|identity| identity.take(count, self.reservation_log(scope)))
+            .transpose()
     }
 
     /// Whether a multi-row insert goes in at the tail with keys made there (see
@@ -1206,7 +1205,7 @@ impl Table {
             let mut keys = Vec::with_capacity(row_count * 9);
             let mut key_ends = Vec::with_capacity(row_count);
             let make_keys = |keys: &mut Vec<u8>, ends: &mut Vec<usize>| {
-                first_id = identity.take(row_count as u64, data_type, reservation_log)?;
+                first_id = identity.take(row_count as u64, reservation_log)?;
                 // `take` reserved the whole block, so no value of it overflows an i64.
                 for row in 0..row_count as i64 {
                     let id = first_id + row * identity.increment;
@@ -1406,14 +1405,7 @@ impl Table {
                 self.insert_with_identity_key(scope, values).map(Some)
             });
         }
-        let taken = self
-            .identity
-            .as_ref()
-            .map(|state| {
-                let data_type = self.columns[state.column].data_type;
-                state.take(1, data_type, self.reservation_log(scope))
-            })
-            .transpose()?;
+        let taken = self.take_identity(scope, 1)?;
         let fill = taken.map_or(IdentityFill::LeaveToTree, IdentityFill::Preassigned);
         let (values, identity) = self.complete_row(row, fill)?;
         let key = self.clustered_key(&values)?;
@@ -1919,7 +1911,7 @@ impl Table {
                     .insert_with_sequence_key(
                         value,
                         step,
-                        |rows| identity.take(rows, data_type, reservation_log),
+                        |rows| identity.take(rows, reservation_log),
                         make_key,
                         key,
                     )

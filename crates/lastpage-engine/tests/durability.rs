@@ -45,6 +45,20 @@ fn open(fs: &FaultyFileSystem) -> Database {
     Database::open(DIR, options(fs)).unwrap()
 }
 
+/// Opens with DELAYED durability by default and no background flush in practice (an hour's
+/// interval): the log reaches the disk only when something flushes it.
+fn open_delayed(fs: &FaultyFileSystem) -> Database {
+    Database::open(
+        DIR,
+        DatabaseOptions {
+            durability: Durability::Delayed,
+            delayed_flush_interval: Duration::from_secs(3600),
+            ..options(fs)
+        },
+    )
+    .unwrap()
+}
+
 /// Pulls the plug on `fs` (in `mode`) while `db` is open, then lets go of the old handle so that
 /// the crashed copy can be opened: `held` (the sessions and tables that keep the handle alive)
 /// is dropped before `db`, and `abandoned` (sessions with a transaction still open) is leaked,
@@ -355,15 +369,7 @@ fn a_restart_skips_identity_values_only_after_inserts_and_at_most_a_reservation_
 #[test]
 fn identity_reservations_grow_until_a_fast_load_stops_waiting_for_them() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(23));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            durability: Durability::Delayed,
-            delayed_flush_interval: Duration::from_secs(3600),
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = open_delayed(&fs);
     let table = db
         .create_table(
             TableDef::new("Events")
@@ -1418,15 +1424,7 @@ fn a_non_logged_table_is_emptied_by_crash_recovery_and_kept_by_a_clean_close() {
 #[test]
 fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(6).sync_delay(Duration::from_millis(2)));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            durability: Durability::Delayed,
-            delayed_flush_interval: Duration::from_secs(3600),
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = open_delayed(&fs);
     db.create_table(orders()).unwrap();
     let session = db.session();
     let fsyncs_before = db.wal_stats().unwrap().fsyncs;
@@ -1652,15 +1650,7 @@ fn a_torn_log_tail_is_cut_and_the_database_opens() {
         let fs = FaultyFileSystem::new(
             FaultyConfig::new(seed.wrapping_add(round)).tear(lastpage_io::Tear::Bytes),
         );
-        let db = Database::open(
-            DIR,
-            DatabaseOptions {
-                durability: Durability::Delayed,
-                delayed_flush_interval: Duration::from_secs(3600),
-                ..options(&fs)
-            },
-        )
-        .unwrap();
+        let db = open_delayed(&fs);
         db.create_table(orders()).unwrap();
         let session = db.session();
         for _ in 0..300 {

@@ -70,9 +70,7 @@ impl ReservationSink for &ModelLog {
 fn session(identity: &IdentityState, log: &ModelLog) -> i64 {
     let mut last = 0;
     for _ in 0..TAKES_PER_SESSION {
-        let first = identity
-            .take(VALUES_PER_TAKE, DataType::TinyInt, Some(log))
-            .unwrap();
+        let first = identity.take(VALUES_PER_TAKE, Some(log)).unwrap();
         last = first + VALUES_PER_TAKE as i64 - 1;
         let covered = log.durable_up_to();
         assert!(
