@@ -283,7 +283,7 @@ impl IdentityState {
     }
 
     /// The later of `a` and `b` in the order values are handed out.
-    fn farther(&self, a: i64, b: i64) -> i64 {
+    pub(crate) fn farther(&self, a: i64, b: i64) -> i64 {
         if self.beyond(a, b) { a } else { b }
     }
 

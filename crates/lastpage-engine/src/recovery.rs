@@ -147,10 +147,14 @@ pub(crate) fn replay(
                 } else {
                     &mut slot.in_image
                 };
-                for change in RowChange::from_record(partition, record)? {
-                    table.note_recovered_identity(&change)?;
-                    held.push((Arc::clone(&table), change));
-                }
+                let changes = RowChange::from_record(partition, record)?;
+                table.note_recovered_identities(&changes)?;
+                held.reserve(changes.len());
+                held.extend(
+                    changes
+                        .into_iter()
+                        .map(|change| (Arc::clone(&table), change)),
+                );
             }
             Record::Commit { txn } | Record::Abort { txn } => {
                 if let Some(done) = pending.remove(&txn.0) {

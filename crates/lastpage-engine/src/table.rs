@@ -27,7 +27,7 @@ use std::borrow::{Borrow, Cow};
 
 use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
-use crate::encoding::{decode_key, decode_row, encode_key_value, encode_row};
+use crate::encoding::{decode_key, decode_key_column, decode_row, encode_key_value, encode_row};
 use crate::error::{EngineError, Result};
 use crate::identity::{IdentityState, ReservationLog};
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
@@ -2796,32 +2796,41 @@ impl Table {
         }
     }
 
-    /// Raises the identity counter past the value of a row a log record inserted.
-    pub(crate) fn note_recovered_identity(&self, change: &RowChange) -> Result<()> {
-        let (Some(identity), RowChange::Insert { key, value, .. }) = (&self.identity, change)
-        else {
+    /// Raises the identity counter past the identity values of the rows `changes` insert (the
+    /// changes of one log record). The farthest value is found first and raised once: a raise
+    /// takes the reservation mutex, and one record of a batch holds hundreds of rows (replaying
+    /// a 1 GiB log spent about an eighth of its time raising row by row). When the identity is
+    /// a key column, only that column of each key is decoded.
+    pub(crate) fn note_recovered_identities(&self, changes: &[RowChange]) -> Result<()> {
+        let Some(identity) = &self.identity else {
             return Ok(());
         };
-        let used_value = match self
+        let key_position = self
             .clustered
             .column_ids
             .iter()
-            .position(|&column| column == identity.column)
-        {
-            // The identity is in the key (the usual case): decode the key alone.
-            Some(position) => decode_key(&self.clustered.types, key)?
-                .0
-                .swap_remove(position),
-            None => self.decode_record(key, value)?.swap_remove(identity.column),
-        };
-        let used = match &used_value {
-            Value::TinyInt(v) => i64::from(*v),
-            Value::SmallInt(v) => i64::from(*v),
-            Value::Int(v) => i64::from(*v),
-            Value::BigInt(v) => *v,
-            _ => return Ok(()),
-        };
-        self.raise_identity(used.saturating_add(identity.increment));
+            .position(|&column| column == identity.column);
+        let mut farthest = None;
+        for change in changes {
+            let RowChange::Insert { key, value, .. } = change else {
+                continue;
+            };
+            let used_value = match key_position {
+                Some(position) => decode_key_column(&self.clustered.types, key, position)?,
+                None => self.decode_record(key, value)?.swap_remove(identity.column),
+            };
+            let used = match used_value {
+                Value::TinyInt(v) => i64::from(v),
+                Value::SmallInt(v) => i64::from(v),
+                Value::Int(v) => i64::from(v),
+                Value::BigInt(v) => v,
+                _ => continue,
+            };
+            farthest = Some(farthest.map_or(used, |far| identity.farther(far, used)));
+        }
+        if let Some(used) = farthest {
+            self.raise_identity(used.saturating_add(identity.increment));
+        }
         Ok(())
     }
 
@@ -3145,7 +3154,44 @@ fn storage_failure(error: BTreeError) -> EngineError {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{RowChange, prefix_end};
+    use crate::encoding::encode_key;
+    use crate::{
+        ColumnDef, DataType, Database, DatabaseOptions, IndexDef, TableDef, Uniqueness, Value,
+    };
+
+    /// Replay raises a table's identity once per log record: past the farthest value the
+    /// record's rows hold, whichever row holds it, for ascending and descending identities.
+    #[test]
+    fn recovered_identities_raise_the_counter_past_the_farthest_value_of_a_record() {
+        let db = Database::create(DatabaseOptions::default()).unwrap();
+        for (name, increment, values, restart) in
+            [("Up", 1, [5, 9, 7], 10), ("Down", -1, [-5, -9, -7], -10)]
+        {
+            let table = db
+                .create_table(
+                    TableDef::new(name)
+                        .column(ColumnDef::new("Id", DataType::Int).identity(increment, increment))
+                        .clustered(IndexDef::new("PK", &["Id"], Uniqueness::PrimaryKey)),
+                )
+                .unwrap();
+            let changes: Vec<RowChange> = values
+                .iter()
+                .map(|&value| {
+                    let mut key = Vec::new();
+                    encode_key(&[DataType::Int], &[Value::Int(value)], &mut key).unwrap();
+                    RowChange::Insert {
+                        partition: 0,
+                        key: key.into(),
+                        value: Vec::new().into(),
+                    }
+                })
+                .collect();
+            table.note_recovered_identities(&changes).unwrap();
+            let identity = table.identity.as_ref().unwrap();
+            assert_eq!(identity.restart_value(), restart, "{name}");
+        }
+    }
 
     #[test]
     fn prefix_end_is_the_next_string_after_every_extension() {

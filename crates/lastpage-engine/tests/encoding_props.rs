@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use lastpage_engine::encoding::{
-    decode_key, decode_row, decode_row_column, encode_key, encode_row, key_prefix_len,
+    decode_key, decode_key_column, decode_row, decode_row_column, encode_key, encode_row,
+    key_prefix_len,
 };
 use lastpage_engine::types::{DataType, Date, DateTime2, Decimal, TICKS_PER_DAY, Uuid, Value};
 use rand::rngs::StdRng;
@@ -351,6 +352,18 @@ fn key_round_trips() {
         assert_eq!(
             key_prefix_len(&types, &bytes).unwrap(),
             len,
+            "seed {seed}: {types:?}"
+        );
+        // Each column decodes alone to the value the whole key decodes to, and a position
+        // past the last column is an error, not a panic.
+        for (position, value) in want.iter().enumerate() {
+            let column = decode_key_column(&types, &bytes, position).unwrap_or_else(|e| {
+                panic!("seed {seed}: decode_key_column {types:?} at {position}: {e}")
+            });
+            assert_eq!(&column, value, "seed {seed}: {types:?} at {position}");
+        }
+        assert!(
+            decode_key_column(&types, &bytes, types.len()).is_err(),
             "seed {seed}: {types:?}"
         );
         // The normalized values encode to the same key.

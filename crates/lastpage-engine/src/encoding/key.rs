@@ -195,6 +195,20 @@ pub fn decode_key(types: &[DataType], bytes: &[u8]) -> Result<(Vec<Value>, usize
     Ok((values, r.pos))
 }
 
+/// The value of key column `position` of a key encoded with `types`: the columns before it are
+/// skipped without building their values, and none after it is read.
+pub fn decode_key_column(
+    types: &[DataType],
+    bytes: &[u8],
+    position: usize,
+) -> Result<Value, ValueError> {
+    let ty = types
+        .get(position)
+        .ok_or_else(|| corrupt("a key column past the key's columns"))?;
+    let start = key_prefix_len(&types[..position], bytes)?;
+    decode_key_value(ty, &mut Reader::new(&bytes[start..]))
+}
+
 /// Length in bytes of the encoding of the first `types.len()` key columns at the start of
 /// `bytes`, without building the values.
 pub fn key_prefix_len(types: &[DataType], bytes: &[u8]) -> Result<usize, ValueError> {
