@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lastpage_io::FileSystem;
-use lastpage_storage::wal::{LogReader, Lsn, Record};
+use lastpage_storage::wal::{LogReader, Lsn, RawRecord, Record};
 
 use crate::catalog::{Catalog, CatalogEntry};
 use crate::database::Database;
@@ -97,13 +97,14 @@ pub(crate) fn describe_drop(table_id: u32) -> Vec<u8> {
     description
 }
 
-/// A transaction's changes seen so far.
+/// A transaction's changes seen so far, a log record's at a time (a batch's record holds
+/// hundreds of rows, which share its bytes and its table).
 #[derive(Default)]
 struct PendingTxn {
     /// Changes at or after the checkpoint, applied at commit.
-    redo: Vec<(Arc<Table>, RowChange)>,
+    redo: Vec<(Arc<Table>, Vec<RowChange>)>,
     /// Changes before the checkpoint (in the image), undone if the transaction never ends.
-    in_image: Vec<(Arc<Table>, RowChange)>,
+    in_image: Vec<(Arc<Table>, Vec<RowChange>)>,
 }
 
 /// Replays the log in `wal_dir` onto `db`, which holds the checkpoint image's tables.
@@ -125,10 +126,12 @@ pub(crate) fn replay(
     let mut trees = tree_map(db);
     let mut tables = table_map(db);
     let mut pending: HashMap<u64, PendingTxn> = HashMap::new();
-    while let Some(entry) = reader.next_record().map_err(storage)? {
+    while let Some(raw) = reader.next_raw().map_err(storage)? {
         stats.records += 1;
-        let lsn = entry.lsn.0;
-        let record = entry.record;
+        let lsn = raw.lsn.0;
+        // The row changes of the record keep ranges of its bytes rather than copies.
+        let payload = Arc::new(raw.payload);
+        let record = RawRecord::decode_payload(raw.lsn, raw.kind, &payload).map_err(storage)?;
         if let Some(txn) = record.txn() {
             db.saw_txn_id(txn.0);
         }
@@ -147,23 +150,23 @@ pub(crate) fn replay(
                 } else {
                     &mut slot.in_image
                 };
-                let changes = RowChange::from_record(partition, record)?;
+                let changes = RowChange::from_record(partition, record, &payload)?;
                 table.note_recovered_identities(&changes)?;
-                held.reserve(changes.len());
-                held.extend(
-                    changes
-                        .into_iter()
-                        .map(|change| (Arc::clone(&table), change)),
-                );
+                held.push((table, changes));
             }
             Record::Commit { txn } | Record::Abort { txn } => {
                 if let Some(done) = pending.remove(&txn.0) {
                     stats.committed_txns += 1;
-                    for (table, change) in done.redo {
-                        table.apply_change(&change).map_err(|error| {
-                            corrupt(lsn, format!("replaying a committed change failed: {error}"))
-                        })?;
-                        stats.redone_changes += 1;
+                    for (table, changes) in done.redo {
+                        for change in changes {
+                            table.apply_change(&change).map_err(|error| {
+                                corrupt(
+                                    lsn,
+                                    format!("replaying a committed change failed: {error}"),
+                                )
+                            })?;
+                            stats.redone_changes += 1;
+                        }
                     }
                 }
             }
@@ -183,11 +186,13 @@ pub(crate) fn replay(
     }
     for (_, loser) in pending {
         stats.loser_txns += 1;
-        for (table, change) in loser.in_image.into_iter().rev() {
-            table.apply_change(&change.inverse()).map_err(|error| {
-                corrupt(0, format!("undoing an uncommitted change failed: {error}"))
-            })?;
-            stats.undone_changes += 1;
+        for (table, changes) in loser.in_image.into_iter().rev() {
+            for change in changes.into_iter().rev() {
+                table.apply_change(&change.inverse()).map_err(|error| {
+                    corrupt(0, format!("undoing an uncommitted change failed: {error}"))
+                })?;
+                stats.undone_changes += 1;
+            }
         }
     }
     stats.log_end = reader.position().0;

@@ -5,6 +5,7 @@
 //! each: two per row (key and value) and their frees at commit were a sixth of a durable
 //! batch's CPU time. Each row's change then holds its ranges of the shared buffer.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
@@ -33,6 +34,24 @@ impl RowBytes {
         RowBytes::Shared {
             buffer: Arc::clone(buffer),
             range,
+        }
+    }
+
+    /// `part` as a range of `buffer` if it is a slice of it (as the pieces of a record decoded
+    /// from `buffer` are), else as bytes of its own.
+    pub(crate) fn within(buffer: &Arc<Vec<u8>>, part: Cow<'_, [u8]>) -> RowBytes {
+        match part {
+            Cow::Borrowed(slice) => {
+                // Addresses compared as numbers: a slice elsewhere (an empty one may point
+                // anywhere) gives an offset past the buffer, and is copied.
+                let start = (slice.as_ptr() as usize).wrapping_sub(buffer.as_ptr() as usize);
+                if start <= buffer.len() && slice.len() <= buffer.len() - start {
+                    RowBytes::shared(buffer, start..start + slice.len())
+                } else {
+                    RowBytes::Owned(slice.to_vec())
+                }
+            }
+            Cow::Owned(bytes) => RowBytes::Owned(bytes),
         }
     }
 }
@@ -71,6 +90,23 @@ impl fmt::Debug for RowBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slices_of_the_buffer_become_ranges_of_it_and_others_copies() {
+        let buffer = Arc::new(b"keyvalue".to_vec());
+        let inside = RowBytes::within(&buffer, Cow::Borrowed(&buffer[3..8]));
+        assert!(matches!(&inside, RowBytes::Shared { range, .. } if *range == (3..8)));
+        assert_eq!(&*inside, b"value");
+        let whole = RowBytes::within(&buffer, Cow::Borrowed(&buffer[..]));
+        assert!(matches!(&whole, RowBytes::Shared { range, .. } if *range == (0..8)));
+        let at_end = RowBytes::within(&buffer, Cow::Borrowed(&buffer[8..]));
+        assert_eq!(&*at_end, b"");
+        let other = b"value".to_vec();
+        let outside = RowBytes::within(&buffer, Cow::Borrowed(&other[..]));
+        assert!(matches!(&outside, RowBytes::Owned(bytes) if bytes == b"value"));
+        let owned = RowBytes::within(&buffer, Cow::Owned(b"own".to_vec()));
+        assert!(matches!(&owned, RowBytes::Owned(bytes) if bytes == b"own"));
+    }
 
     #[test]
     fn shared_ranges_read_as_their_bytes_and_compare_with_owned_ones() {

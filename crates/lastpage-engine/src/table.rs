@@ -495,26 +495,34 @@ impl RowChange {
     }
 
     /// The changes a log record describes, in `partition`: one, or each row of an
-    /// `InsertRun`.
-    pub(crate) fn from_record(partition: usize, record: Record<'_>) -> Result<Vec<RowChange>> {
+    /// `InsertRun`. `record` was decoded from `payload` (its bytes, shared): each key and value
+    /// is a range of `payload` rather than a copy of its own, so that replaying a batch's
+    /// record costs no allocation per row (copying every row out of the record, and freeing
+    /// each copy after it was applied, was about a quarter of the replay of a 1 GiB log).
+    pub(crate) fn from_record(
+        partition: usize,
+        record: Record<'_>,
+        payload: &Arc<Vec<u8>>,
+    ) -> Result<Vec<RowChange>> {
+        let bytes = |part: Cow<'_, [u8]>| RowBytes::within(payload, part);
         Ok(match record {
             Record::Insert { key, value, .. } => vec![RowChange::Insert {
                 partition,
-                key: key.into_owned().into(),
-                value: value.into_owned().into(),
+                key: bytes(key),
+                value: bytes(value),
             }],
             Record::InsertRun { rows, .. } => rows
                 .into_iter()
                 .map(|(key, value)| RowChange::Insert {
                     partition,
-                    key: key.into_owned().into(),
-                    value: value.into_owned().into(),
+                    key: bytes(key),
+                    value: bytes(value),
                 })
                 .collect(),
             Record::Delete { key, old_value, .. } => vec![RowChange::Delete {
                 partition,
-                key: key.into_owned().into(),
-                old_value: old_value.into_owned().into(),
+                key: bytes(key),
+                old_value: bytes(old_value),
             }],
             Record::Update {
                 key,
@@ -523,9 +531,9 @@ impl RowChange {
                 ..
             } => vec![RowChange::Update {
                 partition,
-                key: key.into_owned().into(),
-                old_value: old_value.into_owned().into(),
-                new_value: new_value.into_owned().into(),
+                key: bytes(key),
+                old_value: bytes(old_value),
+                new_value: bytes(new_value),
             }],
             other => {
                 return Err(EngineError::Storage(format!(

@@ -469,6 +469,19 @@ fn recovery_replays_updates_deletes_and_undoes_losers_over_a_checkpoint() {
         .update(&loser, &[Value::Int(1)], &[(1, Value::Int(-1))])
         .unwrap();
     table.delete(&loser, &[Value::Int(2)]).unwrap();
+    // Changes to one row that must be undone newest first: two updates of a row, and an insert
+    // and then an update of a new row.
+    for balance in [-4, -44] {
+        table
+            .update(&loser, &[Value::Int(4)], &[(1, Value::Int(balance))])
+            .unwrap();
+    }
+    table
+        .insert(&loser, InsertRow::new().set(0, 600).set(1, 6))
+        .unwrap();
+    table
+        .update(&loser, &[Value::Int(600)], &[(1, Value::Int(66))])
+        .unwrap();
     db.checkpoint().unwrap();
     table
         .update(&loser, &[Value::Int(3)], &[(1, Value::Int(-3))])
@@ -511,6 +524,16 @@ fn recovery_replays_updates_deletes_and_undoes_losers_over_a_checkpoint() {
         "loser update after it never applied"
     );
     assert_eq!(balance(500), None, "loser insert never applied");
+    assert_eq!(
+        balance(4),
+        Some(Value::Int(1000)),
+        "two loser updates in the image undone, newest first"
+    );
+    assert_eq!(
+        balance(600),
+        None,
+        "a loser insert and its update in the image undone"
+    );
     assert_eq!(balance(10), Some(Value::Int(10)));
     assert_eq!(balance(11), None);
     assert_eq!(balance(12), None);

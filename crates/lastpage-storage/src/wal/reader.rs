@@ -70,8 +70,14 @@ pub struct RawRecord {
 impl RawRecord {
     /// Decodes the payload.
     pub fn decode(&self) -> Result<Record<'_>, WalError> {
-        Record::decode(self.kind, &self.payload).map_err(|error| WalError::Corrupt {
-            lsn: self.lsn,
+        RawRecord::decode_payload(self.lsn, self.kind, &self.payload)
+    }
+
+    /// Decodes the payload of a record of type `kind` at `lsn` that its caller took out of the
+    /// `RawRecord` (recovery shares it between the row changes it holds until their commit).
+    pub fn decode_payload(lsn: Lsn, kind: u8, payload: &[u8]) -> Result<Record<'_>, WalError> {
+        Record::decode(kind, payload).map_err(|error| WalError::Corrupt {
+            lsn,
             reason: format!("a record with a valid checksum does not decode: {error}"),
         })
     }
