@@ -158,15 +158,10 @@ pub(crate) fn replay(
                 if let Some(done) = pending.remove(&txn.0) {
                     stats.committed_txns += 1;
                     for (table, changes) in done.redo {
-                        for change in changes {
-                            table.apply_change(&change).map_err(|error| {
-                                corrupt(
-                                    lsn,
-                                    format!("replaying a committed change failed: {error}"),
-                                )
-                            })?;
-                            stats.redone_changes += 1;
-                        }
+                        table.apply_changes(&changes).map_err(|error| {
+                            corrupt(lsn, format!("replaying a committed change failed: {error}"))
+                        })?;
+                        stats.redone_changes += changes.len() as u64;
                     }
                 }
             }

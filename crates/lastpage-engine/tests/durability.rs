@@ -732,6 +732,45 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
     db.check_integrity().unwrap();
 }
 
+/// Replay puts each logged batch's rows into the tree as one batch: the rows all come back,
+/// in key order, and the leaves are as full as the load left them (an ascending load fills its
+/// leaves; a replay that split them in halves would need about twice the pages).
+#[test]
+fn replayed_batches_come_back_whole_with_leaves_as_full_as_the_load_left_them() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let db = open(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    for batch in 0..40 {
+        let rows: Vec<InsertRow> = (0..250)
+            .map(|i| InsertRow::new().set(1, format!("{batch:03}-{i:096}")))
+            .collect();
+        table.insert_batch(&session, rows).unwrap();
+    }
+    let leaves = |db: &Database| {
+        let check = db.check_integrity().unwrap();
+        let (_, tree) = &check[0].indexes[0];
+        (tree.rows, tree.leaf_pages, tree.leaf_fill)
+    };
+    let (rows_before, leaves_before, fill_before) = leaves(&db);
+    assert_eq!(rows_before, 10_000);
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    let db = open(&after);
+    let (rows_after, leaves_after, fill_after) = leaves(&db);
+    assert_eq!(rows_after, 10_000);
+    assert!(
+        leaves_after <= leaves_before + leaves_before / 20 && fill_after >= fill_before * 0.95,
+        "replay left {leaves_after} leaves {fill_after:.3} full, the load {leaves_before} \
+         leaves {fill_before:.3} full"
+    );
+    let rows = orders_rows(&db);
+    for (position, (id, payload)) in rows.iter().enumerate() {
+        assert_eq!(*id, position as i64 + 1);
+        let (batch, row) = (position / 250, position % 250);
+        assert_eq!(payload, &format!("{batch:03}-{row:096}"));
+    }
+}
+
 #[test]
 fn checkpoints_remove_old_log_and_bound_recovery() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(5));
