@@ -636,16 +636,17 @@ impl LogWriter {
     /// Yields have a cost too: at 100 committers on 2 vCPUs a commit is scheduled about 2.3
     /// times (once with work, the rest to find its flush not done), and scheduling is most of
     /// the CPU time. Three ways to spend less were measured against it (`bench insert --threads
-    /// 100 --rows-per-thread 6000 --durability full`, interleaved; 315k–356k rows/s as it is)
-    /// and all lost on that VM, where waking a thread on the other CPU is an inter-processor
-    /// interrupt and a VM exit:
+    /// 100 --rows-per-thread 6000 --durability full`, interleaved; 252k–367k rows/s as it is in
+    /// the same series) and none won on that VM, where waking a thread on the other CPU is an
+    /// inter-processor interrupt and a VM exit:
     /// - sleeping on one futex word that each flush bumps and wakes in one `FUTEX_WAKE`: 1.2
     ///   switches per commit, but the wake of about 44 sleepers cost the leader 213 µs per
-    ///   flush, 130k rows/s;
+    ///   flush: 130k–192k rows/s;
     /// - a timed sleep (`nanosleep`, 20–100 µs) for a commit past the flush in progress:
     ///   45k–158k rows/s;
-    /// - flushing without the leader's yield once some commits are pending, so that the next
-    ///   group appends during the flush: groups fell to 20–40 commits, 180k–290k rows/s.
+    /// - flushing without the leader's yield once 30 records are pending, so that the next
+    ///   group appends during the flush: groups of 38 commits, 286k–289k rows/s (at 50 or 70
+    ///   pending, groups grew back to 68–86 and it measured the same as yielding).
     fn yield_while_led(&self, target: Target) -> bool {
         let deadline_ns = stats::now_ns().saturating_add(WAL_YIELD_WAIT_MAX_NS);
         let mut yields = 0u32;
