@@ -2572,11 +2572,11 @@ impl Table {
         }
     }
 
-    /// Applies the changes of one log record, in order (replay). The rows of an `InsertRun`
-    /// record (distinct keys, one partition) go into a table without nonclustered indexes as
-    /// one batch, which latches each leaf once for all the rows that belong on it instead of
-    /// once per row through the tail gate (that per-row path was over half of the replay of a
-    /// 1 GiB log).
+    /// Applies the changes of one log record (replay), in order. The rows of an `InsertRun`
+    /// record (distinct keys, one partition, so their order does not matter) go into a table
+    /// without nonclustered indexes as one batch, in key order, which latches each leaf once
+    /// for all the rows that belong on it instead of once per row through the tail gate (that
+    /// per-row path was over half of the replay of a 1 GiB log).
     pub(crate) fn apply_changes(&self, changes: &[RowChange]) -> Result<()> {
         if let [RowChange::Insert { partition, .. }, _, ..] = changes
             && self.nonclustered.is_empty()
