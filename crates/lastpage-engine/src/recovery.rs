@@ -168,7 +168,7 @@ pub(crate) fn replay(
             Record::IdentityReserve { table_id, up_to } => {
                 // A reservation of a table dropped later in the log names no table here.
                 if let Some(table) = tables.get(&table_id) {
-                    table.note_identity_reservation(up_to);
+                    table.raise_identity_past(up_to);
                 }
             }
             Record::Schema { description } if lsn >= checkpoint_lsn => {

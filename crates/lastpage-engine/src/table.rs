@@ -2835,9 +2835,10 @@ impl Table {
         }
     }
 
-    /// Raises the identity counter past the values an identity reservation (a log record)
-    /// covers: up to and including `up_to`.
-    pub(crate) fn note_identity_reservation(&self, up_to: i64) {
+    /// Raises the identity counter past every value up to and including `up_to` (in the order
+    /// values are handed out): the last value an identity reservation (a log record) covers,
+    /// or the farthest value replayed rows hold.
+    pub(crate) fn raise_identity_past(&self, up_to: i64) {
         if let Some(identity) = &self.identity {
             self.raise_identity(up_to.saturating_add(identity.increment));
         }
@@ -2866,17 +2867,14 @@ impl Table {
                 Some(position) => decode_key_column(&self.clustered.types, key, position)?,
                 None => self.decode_record(key, value)?.swap_remove(identity.column),
             };
-            let used = match used_value {
-                Value::TinyInt(v) => i64::from(v),
-                Value::SmallInt(v) => i64::from(v),
-                Value::Int(v) => i64::from(v),
-                Value::BigInt(v) => v,
-                _ => continue,
+            // An identity column holds integers only; a NULL holds no value.
+            let Some(used) = used_value.as_i64() else {
+                continue;
             };
             farthest = Some(farthest.map_or(used, |far| identity.farther(far, used)));
         }
         if let Some(used) = farthest {
-            self.raise_identity(used.saturating_add(identity.increment));
+            self.raise_identity_past(used);
         }
         Ok(())
     }
