@@ -244,10 +244,13 @@ pub struct IdealCell {
     pub row_bytes: u16,
     /// Threads.
     pub threads: u32,
-    /// Rows per thread.
+    /// Rows per thread in a pass.
     pub rows_per_thread: u64,
-    /// Rows per run.
+    /// Rows per pass (a run repeats its pass until a quarter of a second was timed: see
+    /// [`super::ideal`]).
     pub rows: u64,
+    /// Median passes per run.
+    pub passes: f64,
     /// Median rows per second.
     pub rows_per_sec: f64,
     /// Every run's rows per second.
@@ -699,6 +702,7 @@ fn summarize_ideal(
         threads,
         rows_per_thread,
         rows: rows_per_thread * u64::from(threads),
+        passes: median_of(|report| f64::from(report.passes)),
         rows_per_sec: median_of(|report| report.rows_per_sec),
         rows_per_sec_runs: runs
             .iter()
@@ -1049,7 +1053,8 @@ pub fn render(report: &MatrixReport) -> String {
          integrity check. *: 100-row statements (insert_batch_values). ideal append: per row one shared atomic \
          fetch_add plus a copy of the row's bytes into a buffer allocated and touched before the clock \
          starts (so it pays no page faults; the engine runs pay theirs, pf), same threads, start gate \
-         and per-row timing as the engine runs.\n",
+         and per-row timing as the engine runs; each of its runs repeats that pass with fresh threads until \
+         a quarter of a second has been timed, and counts every pass's rows over every pass's time.\n",
     );
     for cell in &report.cells {
         if cell.integrity != "ok" {
