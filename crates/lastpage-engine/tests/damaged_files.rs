@@ -216,3 +216,34 @@ fn damaged_files_never_panic_the_open_and_never_give_wrong_rows() {
     }
     println!("{CASES} damaged copies: {refused} refused, {opened} opened with correct rows");
 }
+
+#[test]
+fn a_foreign_file_where_the_data_file_goes_is_refused_and_left_as_it_was() {
+    let data_file = Path::new(DIR).join("data.lp");
+    let foreign = b"not a lastpage database, but someone's notes\n".as_slice();
+    let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+    fs.create_dir_all(Path::new(DIR)).unwrap();
+    fs.open(&data_file, OpenOptions::create())
+        .unwrap()
+        .write_all_at(0, foreign)
+        .unwrap();
+    let error = Database::open(DIR, options(&fs))
+        .err()
+        .expect("a foreign data file is refused");
+    assert!(
+        error.to_string().contains("not a lastpage data file"),
+        "unclear error: {error}"
+    );
+    let file = fs.open(&data_file, OpenOptions::existing()).unwrap();
+    let mut kept = vec![0u8; 4096];
+    let read = file.read_at(0, &mut kept).unwrap();
+    assert_eq!(&kept[..read], foreign, "the foreign file was changed");
+
+    // What a crash during the data file's creation leaves, an empty file, is no foreign file:
+    // the database is created over it.
+    let fs = FaultyFileSystem::new(FaultyConfig::new(2));
+    fs.create_dir_all(Path::new(DIR)).unwrap();
+    fs.open(&data_file, OpenOptions::create()).unwrap();
+    let db = Database::open(DIR, options(&fs)).expect("an empty data file is initialised");
+    assert!(db.table("Orders").is_err());
+}

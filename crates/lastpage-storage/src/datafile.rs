@@ -202,16 +202,21 @@ impl DataFile {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Initialises an empty file: generation 0, no pages, no blob. Durable when this returns.
-    pub(crate) fn create(file: Box<dyn File>) -> Result<DataFile, PageError> {
-        let meta = Meta {
+    /// The meta slot of a new file: generation 0, no pages, no blob.
+    fn first_meta() -> Meta {
+        Meta {
             generation: 0,
             page_count: 0,
             stream_head: 0,
             stream_len: 0,
             stream_crc: crc32c::crc32c(&[]),
             blob_len: 0,
-        };
+        }
+    }
+
+    /// Initialises an empty file: generation 0, no pages, no blob. Durable when this returns.
+    pub(crate) fn create(file: Box<dyn File>) -> Result<DataFile, PageError> {
+        let meta = Self::first_meta();
         file.set_len(0)
             .map_err(|error| io_error(0, "truncating the new data file", error))?;
         file.write_all_at(0, meta.encode().as_slice())
@@ -233,8 +238,8 @@ impl DataFile {
     }
 
     /// Reads the newest valid meta slot and its image. `Ok(None)` means the file holds no valid
-    /// meta slot and is too short to ever have completed a checkpoint (a crash during
-    /// creation): the caller initialises it anew.
+    /// meta slot and is what a crash during [`DataFile::create`] can leave (see
+    /// [`DataFile::is_interrupted_creation`]): the caller initialises it anew.
     pub(crate) fn open(file: Box<dyn File>) -> Result<Option<(DataFile, OpenedImage)>, PageError> {
         let len = file
             .len()
@@ -253,10 +258,19 @@ impl DataFile {
             }
         }
         let Some(meta) = metas.into_iter().max_by_key(|meta| meta.generation) else {
-            if len <= PAGE_SIZE_BYTES as u64 {
+            if Self::is_interrupted_creation(file.as_ref(), len)? {
                 return Ok(None);
             }
-            return Err(corrupt(0, "neither meta slot of the data file is valid"));
+            return Err(corrupt(
+                0,
+                if len <= PAGE_SIZE_BYTES as u64 {
+                    "the data file holds no valid meta slot, and bytes that no interrupted \
+                     creation of a data file writes: not a lastpage data file of this format \
+                     version"
+                } else {
+                    "neither meta slot of the data file is valid"
+                },
+            ));
         };
         let len_slots = u32::try_from(len.div_ceil(PAGE_SIZE_BYTES as u64))
             .map_err(|_| corrupt(0, format!("the data file is too large ({len} bytes)")))?;
@@ -350,6 +364,27 @@ impl DataFile {
             },
             OpenedImage { map, blob },
         )))
+    }
+
+    /// Whether a file without a valid meta slot is what a crash during [`DataFile::create`]
+    /// can leave: creation cuts the file to nothing and writes the first meta slot's page, so
+    /// a crash leaves at most that page, each byte of it either written or still zero (a lost
+    /// or torn write, or a size change that reached the disk before the bytes did). Anything
+    /// else, a file of another program or of another format version that happens to be
+    /// called the same, is not reinitialised: that would destroy it.
+    fn is_interrupted_creation(file: &dyn File, len: u64) -> Result<bool, PageError> {
+        if len > PAGE_SIZE_BYTES as u64 {
+            return Ok(false);
+        }
+        let first = Self::first_meta().encode();
+        let mut bytes = vec![0u8; len as usize];
+        let read = file
+            .read_at(0, &mut bytes)
+            .map_err(|error| io_error(0, "reading the data file", error))?;
+        Ok(bytes[..read]
+            .iter()
+            .zip(first.iter())
+            .all(|(&byte, &written)| byte == 0 || byte == written))
     }
 
     /// Reads slot `slot` into `bytes`.
@@ -579,18 +614,71 @@ mod tests {
 
     /// A data file of `slots` zeroed slots whose meta slot holds `meta` (checksum and all).
     fn file_with_meta(meta: Meta, slots: u32) -> Box<dyn File> {
-        use lastpage_io::{FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
-        let fs = FaultyFileSystem::new(FaultyConfig::new(1));
-        fs.create_dir_all(std::path::Path::new("/db")).unwrap();
-        let file = fs
-            .open(std::path::Path::new("/db/data.lp"), OpenOptions::create())
-            .unwrap();
+        let file = file_with_bytes(&[]);
         file.set_len(u64::from(slots) * PAGE_SIZE_BYTES as u64)
             .unwrap();
         let slot = (meta.generation % 2) as u32;
         file.write_all_at(slot_offset(slot), meta.encode().as_slice())
             .unwrap();
         file
+    }
+
+    /// A file holding `bytes` and nothing else.
+    fn file_with_bytes(bytes: &[u8]) -> Box<dyn File> {
+        use lastpage_io::{FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
+        let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+        fs.create_dir_all(std::path::Path::new("/db")).unwrap();
+        let file = fs
+            .open(std::path::Path::new("/db/data.lp"), OpenOptions::create())
+            .unwrap();
+        file.write_all_at(0, bytes).unwrap();
+        file
+    }
+
+    #[test]
+    fn what_an_interrupted_creation_leaves_is_initialised_anew() {
+        let first = DataFile::first_meta().encode();
+        // Torn before the meta slot's end (a longer prefix is a valid, empty image), and with
+        // some written bytes still zero (a torn write reordered under a size change that
+        // reached the disk first).
+        let mut holes = first.clone();
+        holes[..8].fill(0);
+        holes[40..44].fill(0);
+        let leftovers: [&[u8]; 6] = [
+            &[],
+            &first[..3],
+            &first[..META_BYTES - 1],
+            &holes[..],
+            &holes[..512],
+            &[0u8; 4096],
+        ];
+        for (case, bytes) in leftovers.into_iter().enumerate() {
+            assert!(
+                matches!(DataFile::open(file_with_bytes(bytes)), Ok(None)),
+                "case {case} ({} bytes) is not taken for an interrupted creation",
+                bytes.len()
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_file_of_anything_else_is_refused_not_overwritten() {
+        let mut other_version = DataFile::first_meta().encode();
+        other_version[8] ^= 0x40;
+        // A bit flipped in the generation: neither what creation writes nor a zero.
+        let mut one_byte_off = DataFile::first_meta().encode();
+        one_byte_off[20] = 0x55;
+        let foreign: [&[u8]; 4] = [b"hi\n", &[0xFF; 100], &other_version[..], &one_byte_off[..]];
+        for (case, bytes) in foreign.into_iter().enumerate() {
+            match DataFile::open(file_with_bytes(bytes)) {
+                Err(PageError::Corrupt { reason, .. }) => {
+                    assert!(reason.contains("not a lastpage data file"), "{reason}");
+                }
+                Err(other) => panic!("case {case}: not reported as corrupt: {other}"),
+                Ok(None) => panic!("case {case}: taken for an interrupted creation"),
+                Ok(Some(_)) => panic!("case {case}: opened"),
+            }
+        }
     }
 
     #[test]
