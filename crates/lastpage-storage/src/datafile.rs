@@ -71,6 +71,18 @@ impl Meta {
         bytes
     }
 
+    /// The format version of a meta slot that is intact (magic and checksum) but of another
+    /// version than this build's, if `bytes` is one.
+    fn other_version(bytes: &[u8]) -> Option<u32> {
+        if bytes.len() < META_BYTES || bytes[0..8] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let version = u32_at(8);
+        (version != FORMAT_VERSION && u32_at(12) == crc32c::crc32c(&bytes[16..META_BYTES]))
+            .then_some(version)
+    }
+
     /// Decodes a meta slot; `None` if it is not a valid one (never written, torn, corrupt).
     fn decode(bytes: &[u8]) -> Option<Meta> {
         if bytes.len() < META_BYTES || bytes[0..8] != MAGIC {
@@ -245,6 +257,7 @@ impl DataFile {
             .len()
             .map_err(|error| io_error(0, "reading the data file's size", error))?;
         let mut metas = Vec::new();
+        let mut other_version = None;
         for slot in 0..2u32 {
             let mut bytes = vec![0u8; META_BYTES];
             let read = file
@@ -256,8 +269,20 @@ impl DataFile {
             {
                 metas.push(meta);
             }
+            if read == META_BYTES {
+                other_version = other_version.or(Meta::other_version(&bytes));
+            }
         }
         let Some(meta) = metas.into_iter().max_by_key(|meta| meta.generation) else {
+            if let Some(version) = other_version {
+                return Err(corrupt(
+                    0,
+                    format!(
+                        "the data file has format version {version}; this build reads version \
+                         {FORMAT_VERSION}"
+                    ),
+                ));
+            }
             if Self::is_interrupted_creation(file.as_ref(), len)? {
                 return Ok(None);
             }
@@ -663,8 +688,10 @@ mod tests {
 
     #[test]
     fn a_short_file_of_anything_else_is_refused_not_overwritten() {
+        // Another version's meta slot with its checksum broken: not even that is certain.
         let mut other_version = DataFile::first_meta().encode();
         other_version[8] ^= 0x40;
+        other_version[12] ^= 1;
         // A bit flipped in the generation: neither what creation writes nor a zero.
         let mut one_byte_off = DataFile::first_meta().encode();
         one_byte_off[20] = 0x55;
@@ -677,6 +704,29 @@ mod tests {
                 Err(other) => panic!("case {case}: not reported as corrupt: {other}"),
                 Ok(None) => panic!("case {case}: taken for an interrupted creation"),
                 Ok(Some(_)) => panic!("case {case}: opened"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_data_file_of_another_format_version_is_refused_naming_both_versions() {
+        let other = FORMAT_VERSION + 1;
+        let mut newer = DataFile::first_meta().encode();
+        newer[8..12].copy_from_slice(&other.to_le_bytes());
+        let short = file_with_bytes(&newer[..]);
+        let long = file_with_meta(DataFile::first_meta(), 4);
+        long.write_all_at(0, &newer[..]).unwrap();
+        for file in [short, long] {
+            match DataFile::open(file) {
+                Err(PageError::Corrupt { reason, .. }) => assert_eq!(
+                    reason,
+                    format!(
+                        "the data file has format version {other}; this build reads version \
+                         {FORMAT_VERSION}"
+                    )
+                ),
+                Err(other) => panic!("not reported as corrupt: {other}"),
+                Ok(_) => panic!("opened"),
             }
         }
     }
