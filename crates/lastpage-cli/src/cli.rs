@@ -77,7 +77,7 @@ pub enum BenchCommand {
     /// bytes and records replayed, the transactions applied, the replay's and the closing
     /// checkpoint's durations, the whole open, MiB/s and records/s of replay; then checks that
     /// the row count, a full scan and the integrity check find every row inserted (exit code 1
-    /// if not). About a minute for the default 1 GiB on a fast disk.
+    /// if not). About 10–20 seconds for the default 1 GiB on a fast disk.
     Recovery(RecoveryArgs),
     /// What a checkpoint costs the writers that run through it: one thread fills a fresh
     /// durable database (Durability::Full, automatic checkpoints off) with 1,000-row
@@ -303,7 +303,7 @@ impl DurableArgs {
 #[derive(Debug, Args)]
 pub struct RecoveryArgs {
     /// MiB of log to write before the crash (the load stops at the first commit that reaches
-    /// it). About 7,000 rows per MiB.
+    /// it). About 9,000 rows per MiB.
     #[arg(long, default_value_t = 1024, value_name = "N", conflicts_with = "quick",
           value_parser = clap::value_parser!(u64).range(1..=MAX_LOG_MB))]
     pub log_mb: u64,
