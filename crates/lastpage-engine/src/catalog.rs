@@ -98,7 +98,7 @@ pub struct CatalogEntry {
     /// The table's definition.
     pub definition: TableDef,
     /// The trees of every index: the clustered index first (a heap has one too, keyed by its
-    /// hidden row number), then the nonclustered indexes in definition order.
+    /// hidden uniquifier), then the nonclustered indexes in definition order.
     pub index_trees: Vec<IndexTrees>,
     /// The next identity value to hand out; set exactly when the table has an identity column.
     pub next_identity: Option<i64>,

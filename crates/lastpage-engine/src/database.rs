@@ -28,7 +28,7 @@ use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
 use crate::schema::TableDef;
-use crate::table::{Table, TableCheck};
+use crate::table::{Table, TableCheck, raise_uniquifiers_past};
 use crate::txn::{ActiveSlot, Durability, NO_ACTIVE_LSN, Transaction};
 
 /// Transaction ids a thread takes at a time (see [`Database::next_txn_id`]).
@@ -352,6 +352,13 @@ impl Database {
             None
         };
         recovery.checkpoint_us = checkpoint.map_or(0, |stats| stats.duration_us);
+        // Uniquifiers are numbered per process, and this database's rows may hold any an
+        // earlier process handed out: new ones must come from later blocks.
+        for table in db.tables().iter() {
+            if let Some(highest) = table.highest_uniquifier()? {
+                raise_uniquifiers_past(highest);
+            }
+        }
         recovery.duration = started.elapsed();
         if let Some(durable) = db.durable() {
             let _ = durable.recovery.set(recovery);

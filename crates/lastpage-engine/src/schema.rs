@@ -186,8 +186,9 @@ pub struct TableDef {
     pub name: String,
     /// Columns in order.
     pub columns: Vec<ColumnDef>,
-    /// The clustered index. Without one the rows are kept in insertion order under a hidden
-    /// row number, which is how lastpage stores a heap.
+    /// The clustered index. Without one the rows are keyed by a hidden 8-byte uniquifier
+    /// alone (handed out in per-thread blocks, so not in insertion order), which is how
+    /// lastpage stores a heap.
     pub clustered: Option<IndexDef>,
     /// Nonclustered indexes.
     pub nonclustered: Vec<IndexDef>,

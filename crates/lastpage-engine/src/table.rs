@@ -265,25 +265,64 @@ enum IdentityFill {
     LeaveToTree,
 }
 
+/// Bits of a uniquifier below its block number: each thread takes a block of 2^40 values.
+const UNIQUIFIER_BLOCK_BITS: u32 = 40;
+
+/// The uniquifier blocks of this process. Plain std atomics, not part of any protocol a model
+/// check looks at: loom's atomics cannot live in a static, and the engine must build under
+/// `--cfg loom` for the lock manager's model checks.
+mod uniquifier_blocks {
+    use std::sync::atomic::AtomicU64;
+
+    /// The next block to hand out.
+    pub(super) static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    /// Bumped whenever [`NEXT_BLOCK`] is raised past the blocks an opened database's rows use,
+    /// so that every thread drops the block it holds: it may be one of those.
+    pub(super) static EPOCH: AtomicU64 = AtomicU64::new(0);
+}
+
 /// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
 /// once, so concurrent inserts into a non-unique clustered index never touch a common cache
-/// line for it.
-fn next_uniquifier() -> u64 {
-    // A plain counter, not part of any protocol a model check looks at, so it is std's: loom's
-    // atomics cannot live in a static, and the engine must build under `--cfg loom` for the
-    // lock manager's model checks.
-    static NEXT_BLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// line for it. The last value of a block is never handed out (it marks the block used up).
+///
+/// The blocks are numbered per process, so a durable database's rows may hold uniquifiers of
+/// blocks an earlier process handed out: [`raise_uniquifiers_past`] moves the numbering past
+/// them when the database is opened (before, a heap took the same uniquifiers again after a
+/// restart, and every insert into it failed as a duplicate key).
+fn next_uniquifier() -> Result<u64> {
+    use uniquifier_blocks::{EPOCH, NEXT_BLOCK};
     thread_local! {
-        static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
+        /// The next value of the thread's block and the epoch the block was taken in.
+        static NEXT: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
     }
+    // Acquire: a raised epoch comes with the raised block numbering (see below).
+    let epoch = EPOCH.load(Ordering::Acquire);
     NEXT.with(|next| {
-        let mut value = next.get();
-        if value & ((1 << 40) - 1) == (1 << 40) - 1 {
-            value = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) << 40;
+        let (mut value, taken_in) = next.get();
+        let block_end = (1 << UNIQUIFIER_BLOCK_BITS) - 1;
+        if value & block_end == block_end || taken_in != epoch {
+            let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
+            if block >= 1 << (u64::BITS - UNIQUIFIER_BLOCK_BITS) {
+                return Err(EngineError::Storage(
+                    "the uniquifiers of non-unique clustered indexes are used up in this \
+                     process (2^24 blocks of 2^40 values)"
+                        .into(),
+                ));
+            }
+            value = block << UNIQUIFIER_BLOCK_BITS;
         }
-        next.set(value + 1);
-        value
+        next.set((value + 1, epoch));
+        Ok(value)
     })
+}
+
+/// Makes every uniquifier handed out from now on lie in a later block than `highest`'s (a
+/// uniquifier a durable database being opened holds), in every thread.
+pub(crate) fn raise_uniquifiers_past(highest: u64) {
+    use uniquifier_blocks::{EPOCH, NEXT_BLOCK};
+    NEXT_BLOCK.fetch_max((highest >> UNIQUIFIER_BLOCK_BITS) + 1, Ordering::Relaxed);
+    // Release: a thread that sees the new epoch and takes a block sees the raised numbering.
+    EPOCH.fetch_add(1, Ordering::Release);
 }
 
 /// At most how many rows an `InsertRun` record's row list is allocated for up front.
@@ -1745,7 +1784,7 @@ impl Table {
     fn encode_clustered_key(&self, values: &[Value], out: &mut Vec<u8>) -> Result<()> {
         self.clustered.encode_columns(values, out)?;
         if self.clustered.uniquifier {
-            out.extend_from_slice(&next_uniquifier().to_be_bytes());
+            out.extend_from_slice(&next_uniquifier()?.to_be_bytes());
         }
         Ok(())
     }
@@ -2833,6 +2872,43 @@ impl Table {
         if let Some(identity) = &self.identity {
             identity.raise(next);
         }
+    }
+
+    /// The highest uniquifier the clustered index holds, if it is not unique and has rows. A
+    /// heap's keys are their uniquifiers, so its last key is read; any other non-unique
+    /// index ends every key in one, so its keys are all read (a cost the open of a database
+    /// pays once per such index; storing the highest block in the catalog would remove it).
+    pub(crate) fn highest_uniquifier(&self) -> Result<Option<u64>> {
+        if !self.clustered.uniquifier {
+            return Ok(None);
+        }
+        let heap = self.clustered.column_ids.is_empty();
+        let mut highest = None;
+        for tree in &self.clustered.trees {
+            let direction = if heap {
+                Direction::Backward
+            } else {
+                Direction::Forward
+            };
+            let mut keys = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
+            for (key, _) in keys.by_ref() {
+                let Some(suffix) = key.last_chunk::<UNIQUIFIER_BYTES>() else {
+                    return Err(EngineError::Storage(format!(
+                        "table '{}': a clustered key of {} bytes cannot end in a uniquifier",
+                        self.name,
+                        key.len()
+                    )));
+                };
+                highest = highest.max(Some(u64::from_be_bytes(*suffix)));
+                if heap {
+                    break;
+                }
+            }
+            if let Some(error) = keys.take_error() {
+                return Err(storage_failure(error));
+            }
+        }
+        Ok(highest)
     }
 
     /// Raises the identity counter past every value up to and including `up_to` (in the order

@@ -1,0 +1,110 @@
+//! Uniquifiers across processes. A non-unique clustered index (and a heap, which is one with no
+//! columns) ends every key in a uniquifier, handed out in per-thread blocks numbered per
+//! process. A database opened by a later process must not hand out the uniquifiers its rows
+//! already hold: before `Database::open` moved the numbering past them, a heap reopened by a new
+//! process refused every insert as a duplicate key.
+//!
+//! Only a fresh process shows it (within one process the numbering just goes on), so the test
+//! runs its first half in a child: this test binary again, told by an environment variable to
+//! play the child. This file holds that one test, so that the parent's blocks are numbered as
+//! in a real restart.
+
+use std::path::Path;
+use std::process::Command;
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, Table, TableDef,
+    Uniqueness, Value,
+};
+
+/// The environment variable that makes the test play the child, naming the database directory.
+const CHILD_DIR: &str = "LASTPAGE_UNIQUIFIER_CHILD_DIR";
+
+/// Rows each process inserts into each table.
+const ROWS: i32 = 3;
+
+/// The heap, and the table clustered on a non-unique key that every row shares.
+fn tables(db: &Database) -> (std::sync::Arc<Table>, std::sync::Arc<Table>) {
+    let heap = db.table("Heap").unwrap_or_else(|_| {
+        db.create_table(TableDef::new("Heap").column(ColumnDef::new("V", DataType::Int).not_null()))
+            .unwrap()
+    });
+    let shared_key = db.table("SharedKey").unwrap_or_else(|_| {
+        db.create_table(
+            TableDef::new("SharedKey")
+                .column(ColumnDef::new("K", DataType::Int).not_null())
+                .column(ColumnDef::new("V", DataType::Int).not_null())
+                .clustered(IndexDef::new("CX_SharedKey", &["K"], Uniqueness::NonUnique)),
+        )
+        .unwrap()
+    });
+    (heap, shared_key)
+}
+
+/// Inserts `ROWS` rows into both tables (every `SharedKey` row with the same key), each
+/// autocommitted and durable when it returns.
+fn insert_rows(db: &Database, first: i32) {
+    let (heap, shared_key) = tables(db);
+    let session = db.session();
+    for v in first..first + ROWS {
+        heap.insert(&session, InsertRow::new().set(0, Value::Int(v)))
+            .unwrap_or_else(|error| panic!("heap row {v}: {error}"));
+        shared_key
+            .insert(
+                &session,
+                InsertRow::new().set(0, Value::Int(7)).set(1, Value::Int(v)),
+            )
+            .unwrap_or_else(|error| panic!("shared-key row {v}: {error}"));
+    }
+}
+
+fn child(dir: &Path) {
+    let db = Database::open(dir, DatabaseOptions::default()).unwrap();
+    insert_rows(&db, 0);
+    // No close: the next process finds the rows through recovery, as after a crash.
+    std::process::exit(0);
+}
+
+#[test]
+fn a_reopened_database_never_hands_out_a_uniquifier_its_rows_hold() {
+    if let Some(dir) = std::env::var_os(CHILD_DIR) {
+        child(Path::new(&dir));
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "lastpage-uniquifier-test-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_reopened_database_never_hands_out_a_uniquifier_its_rows_hold",
+            "--nocapture",
+        ])
+        .env(CHILD_DIR, &dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the child failed: {status}");
+
+    // This thread takes a block before the open, as a thread that inserted into another
+    // database first would: the first two values of block 0, whose third the child's heap
+    // holds. The open must make the thread drop that block.
+    let other = Database::create(DatabaseOptions::default()).unwrap();
+    let session = other.session();
+    let (other_heap, _) = tables(&other);
+    for v in 0..2 {
+        other_heap
+            .insert(&session, InsertRow::new().set(0, Value::Int(v)))
+            .unwrap();
+    }
+
+    let db = Database::open(&dir, DatabaseOptions::default()).unwrap();
+    insert_rows(&db, ROWS);
+    let (heap, shared_key) = tables(&db);
+    assert_eq!(heap.row_count(), 2 * ROWS as u64);
+    assert_eq!(shared_key.row_count(), 2 * ROWS as u64);
+    db.check_integrity().unwrap();
+    drop((heap, shared_key));
+    db.close().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
