@@ -1,9 +1,10 @@
 //! The database: the buffer pool, the catalog of tables, sessions, and (for a database opened
 //! from a directory) the write-ahead log, checkpoints and recovery.
 //!
-//! A durable database is a directory with two things in it: `data.lp`, the data file whose
-//! checkpoint images hold every page and the catalog (see `docs/data-file.md`), and `wal/`, the
-//! log (see `docs/wal-format.md`). The log is logical: it records rows inserted, deleted and
+//! A durable database is a directory with three things in it: `data.lp`, the data file whose
+//! checkpoint images hold every page and the catalog (see `docs/data-file.md`), `wal/`, the
+//! log (see `docs/wal-format.md`), and `lock`, which an open handle holds locked so that one
+//! handle at a time opens the directory. The log is logical: it records rows inserted, deleted and
 //! updated, and schema changes, and recovery replays it onto the last checkpoint image (see
 //! `docs/recovery.md`).
 
@@ -228,7 +229,8 @@ impl Database {
     ///
     /// An existing database is recovered: its last checkpoint image is loaded, the log after it
     /// is replayed so that every committed transaction is present and no uncommitted change
-    /// is, the log's torn tail (if a crash left one) is cut off, and a checkpoint is taken.
+    /// is, the log's torn tail (if a crash left one) is cut off, and a checkpoint is taken if
+    /// anything was replayed or the last shutdown was clean (see `docs/recovery.md`).
     /// [`Database::recovery_stats`] says what that took.
     pub fn open(dir: impl AsRef<Path>, options: DatabaseOptions) -> Result<Database> {
         let dir = dir.as_ref().to_path_buf();
@@ -760,8 +762,9 @@ impl Database {
         Ok(())
     }
 
-    /// Adds a table created by a logged schema change during recovery: fresh trees with the
-    /// index ids the log's records name.
+    /// Adds (or replaces, by name) a table with fresh, empty trees under the index ids `entry`
+    /// names: a table created by a logged schema change during recovery, or a table that is not
+    /// logged, emptied after a crash.
     pub(crate) fn recreate_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
         let pool = &self.inner.pool;
         let mut ids = entry.index_ids();

@@ -126,7 +126,7 @@ pub enum EngineError {
         /// The column.
         column: String,
     },
-    /// A multi-row insert named a column twice in its column list.
+    /// An insert with a column list (prepared or multi-row) named a column twice in it.
     #[error(
         "The column name '{column}' is specified more than once in the column list of an INSERT. A column cannot be assigned more than one value in the same clause."
     )]
@@ -134,7 +134,8 @@ pub enum EngineError {
         /// The column.
         column: String,
     },
-    /// A row of a multi-row insert has a different number of values than its column list.
+    /// A row of an insert with a column list (prepared or multi-row) has a different number of
+    /// values than the list.
     #[error(
         "Row {row} of the INSERT has {got} values for {expected} columns: the number of values must match the number of columns specified in the INSERT statement."
     )]

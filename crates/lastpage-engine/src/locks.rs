@@ -1,7 +1,8 @@
 //! Row locks for transactions, as SQL Server takes them: shared (S) and exclusive (X) locks on
-//! clustered keys, held until the transaction commits or rolls back (strict two-phase locking).
+//! index keys (a row's clustered key, or a unique nonclustered key), held until the transaction commits or rolls back (strict two-phase locking).
 //!
-//! Resources ([`LockKey`]: a table id and an encoded clustered key) are hashed into shards; each
+//! Resources ([`LockKey`]: a table id and the bytes the engine names a key by, a 2-byte index
+//! ordinal (0 for the clustered index) and the encoded key) are hashed into shards; each
 //! shard is a mutex-protected hash map from a key to its lock entry: the holders and a FIFO
 //! queue of waiters. An uncontended request takes one shard mutex, makes one lookup and
 //! allocates nothing but the map's slot: a short key is stored inside the [`LockKey`].
@@ -31,7 +32,8 @@ use lastpage_storage::sync::{
 
 pub use lastpage_storage::wal::TxnId;
 
-/// A lockable resource: one row of one table, named by its encoded clustered key.
+/// A lockable resource: one key of one index of a table (a row, named by its clustered key,
+/// or a unique nonclustered key), or a key range named by its low end.
 ///
 /// The map of lock entries and the transaction's list of held locks both keep the key. A short
 /// key (an identity or a GUID, with its index prefix) is stored inline, so that locking a row
@@ -56,7 +58,8 @@ enum KeyBytes {
 }
 
 impl LockKey {
-    /// The lock resource of the row with clustered key `key` in table `table_id`.
+    /// The lock resource named by `key` (the engine's bytes for it: index ordinal and encoded
+    /// key) in table `table_id`.
     pub fn new(table_id: u32, key: impl AsRef<[u8]>) -> LockKey {
         let key = key.as_ref();
         let bytes = match u8::try_from(key.len()) {
@@ -84,8 +87,8 @@ impl LockKey {
         self.range
     }
 
-    /// The row's clustered key, in its memcomparable encoding (a range's low end for a range's
-    /// lock).
+    /// The key's bytes: index ordinal and memcomparable encoding (a range's low end for a
+    /// range's lock).
     pub fn key(&self) -> &[u8] {
         match &self.bytes {
             KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -342,8 +345,9 @@ const WAITING: u8 = 0;
 const GRANTED: u8 = 1;
 
 /// The private parking place of one waiting request. `state` and `signalled_ns` are written
-/// only under the shard mutex (by the granter) and read under it (by the waiter), so relaxed
-/// atomics suffice; they are atomics only because the slot is shared through an `Arc`.
+/// only under the shard mutex (by the granter); the waiter reads `state` under it, and
+/// `signalled_ns` after it has seen `GRANTED` under it, so the mutex orders both reads and
+/// relaxed atomics suffice. They are atomics only because the slot is shared through an `Arc`.
 struct WaitSlot {
     state: AtomicU8,
     /// When the grant was made, in [`stats::now_ns`] nanoseconds (the start of the signal wait).
@@ -543,7 +547,7 @@ pub struct LockManager {
     /// acquire. A client that chose keys to collide would only slow its own shard's lookups.
     shard_hasher: FxBuildHasher,
     /// The key ranges held now. Every row request looks here first, so the list is short (one
-    /// entry per transaction that inserted a batch of fresh keys and has not ended) and is only
+    /// entry per batch of fresh keys inserted by a transaction that has not ended) and is only
     /// read when `range_count` says it is not empty.
     ranges: Mutex<Vec<RangeLock>>,
     /// How many entries `ranges` has. Written under its mutex; a request that reads 0 skips the

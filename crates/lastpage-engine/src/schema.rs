@@ -42,8 +42,9 @@ pub struct Identity {
     pub increment: i64,
 }
 
-/// The expression of a persisted computed column: it sees the row's other values (in column
-/// order; computed columns are NULL while they are evaluated) and returns this column's value.
+/// The expression of a persisted computed column: it sees the row's values (computed columns
+/// are evaluated in column order: later ones are still NULL, earlier ones hold their results,
+/// and no value is converted to its column's type yet) and returns this column's value.
 /// The SQL layer supplies it; the engine evaluates it on every insert and update.
 pub type ComputeFn = Arc<dyn Fn(&[Value]) -> Result<Value> + Send + Sync>;
 

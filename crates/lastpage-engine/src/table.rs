@@ -3,7 +3,9 @@
 //!
 //! Record layout:
 //! - Clustered index: key = the clustered key columns, memcomparable-encoded (plus an 8-byte
-//!   uniquifier if the index is not unique); value = the other columns, row-encoded.
+//!   uniquifier if the index is not unique); value = the other columns, plus any varchar,
+//!   nvarchar or varbinary key columns (whose key encoding drops trailing spaces or zeros),
+//!   row-encoded.
 //! - Unique nonclustered index: key = its columns; value = the clustered key (the locator).
 //! - Non-unique nonclustered index: key = its columns followed by the clustered key; value empty.
 
@@ -592,7 +594,8 @@ pub struct Table {
     clustered: Index,
     nonclustered: Vec<Index>,
     identity: Option<IdentityState>,
-    /// Columns stored in the clustered record's value (those not in the clustered key).
+    /// Columns stored in the clustered record's value: those not in the clustered key, and
+    /// varchar, nvarchar and varbinary key columns (their key encoding drops trailing pad).
     value_columns: Vec<usize>,
     value_types: Vec<DataType>,
     /// `value_columns` as a range, when they are consecutive (so no copy is needed to encode).
@@ -600,7 +603,8 @@ pub struct Table {
     computed_columns: Vec<usize>,
     /// Whether the clustered key is the identity column alone, ascending, with no computed
     /// column (which could depend on the identity value): then the clustered tree makes the
-    /// identity key itself, under its last leaf's latch.
+    /// identity key itself, under the latch of the leaf the row goes on (a sequence lane's, or
+    /// the last leaf).
     identity_keyed: bool,
     /// Whether every key an insert locks is one nobody has seen: the clustered key contains the
     /// identity column, and so does every unique nonclustered index (a unique key without it,
@@ -1039,7 +1043,9 @@ impl Table {
     /// run of rows that land on it, not once per row, and an identity table hands the batch a
     /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
     /// the batch already inserted are removed again and the first error (in row order) is
-    /// returned; readers never see the batch's rows before it commits.
+    /// returned; readers never see the batch's rows before it commits (except in an in-memory
+    /// database's autocommit batch of fresh identity keys, which takes no locks: see
+    /// `WriteScope::needs_locks`).
     pub fn insert_batch(
         self: &Arc<Self>,
         session: &Session,
@@ -1437,7 +1443,8 @@ impl Table {
     }
 
     /// Inserts one row: completes it, then either lets the clustered tree make the identity key
-    /// under its last leaf's latch (see [`Table::identity_keyed`]) or inserts the finished row.
+    /// under the latch of the leaf the row goes on (see [`Table::identity_keyed`]) or inserts
+    /// the finished row.
     fn insert_row(
         self: &Arc<Self>,
         scope: &mut WriteScope<'_>,
@@ -1789,7 +1796,7 @@ impl Table {
         Ok(())
     }
 
-    /// Encodes the clustered record's value: the columns outside the clustered key.
+    /// Encodes the clustered record's value: the columns `value_columns` names.
     fn clustered_value(&self, values: &[Value]) -> Result<Vec<u8>> {
         let mut value = Vec::new();
         self.encode_clustered_value(values, &mut value)?;
@@ -1905,8 +1912,10 @@ impl Table {
     }
 
     /// Inserts a row whose clustered key is its identity column alone: the clustered tree calls
-    /// back for the key while it holds its last leaf, so identity values reach the index in the
-    /// order they are handed out and every insert is an append. Returns the identity value.
+    /// back for the key while it holds the leaf the row goes on (the thread's sequence lane's
+    /// leaf for INT and BIGINT identities, see the storage crate's `btree/lanes.rs`; the last
+    /// leaf otherwise), so every insert goes at the end of its leaf's keys, and keys ascend per
+    /// session (across sessions too on the last leaf). Returns the identity value.
     ///
     /// When the row needs a lock, the callback takes it too, before the leaf's latch is
     /// released: from the moment a reader can see the row, the lock hides it until commit. The

@@ -5,7 +5,11 @@
 //! A write follows one protocol, whatever the operation:
 //!
 //! 1. Row locks first ([`WriteScope::lock_row`]), outside every latch and outside the
-//!    checkpoint gate, because they can wait.
+//!    checkpoint gate, because they can wait. The exception is a key that did not exist
+//!    before (an identity key the tree makes, or a batch's range of them): a [`FreshLocker`]
+//!    locks it inside the gate, under the latch of the leaf it goes on, since such a lock
+//!    never waits. An in-memory database's autocommit insert of fresh keys takes no lock at
+//!    all ([`WriteScope::needs_locks`]).
 //! 2. Then, inside the checkpoint gate (shared), the change to the trees and its log record
 //!    ([`WriteScope::logged`]), so that a checkpoint sees either both or neither.
 //! 3. The change joins the transaction's undo list. Rolling back applies the inverse changes
@@ -136,7 +140,8 @@ impl ActiveSlot {
 /// The lock resource of `key` in index `ordinal` of `table` (0: the clustered index).
 pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
     // The index's ordinal and the key are assembled on the stack when they fit (the usual: an
-    // identity is 4 or 8 bytes), and only a longer key goes through a vector.
+    // encoded identity key is 5 or 9 bytes, 7 or 11 with the ordinal), and only a longer key
+    // goes through a vector.
     const ON_STACK_BYTES: usize = 64;
     let ordinal = (ordinal as u16).to_be_bytes();
     let mut prefixed = [0u8; ON_STACK_BYTES];
@@ -150,8 +155,9 @@ pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
     }
 }
 
-/// Locks clustered keys that did not exist before: an identity key the tree makes under its
-/// last leaf's latch. Such a lock never waits (nobody else can name the key yet), so taking
+/// Locks clustered keys that did not exist before: an identity key the tree makes under the
+/// latch of the leaf the row goes on (a sequence lane's leaf, or the last leaf), or the range
+/// of a batch's fresh identity keys. Such a lock never waits (nobody else can name the key yet), so taking
 /// it under a latch cannot deadlock, and taking it there hides the row from readers from the
 /// first moment they could see it.
 pub(crate) struct FreshLocker<'s> {
@@ -206,9 +212,9 @@ impl<'s> WriteScope<'s> {
 
     /// Whether the changes made through this scope must be recorded (see [`Changes::push`]):
     /// to be logged, or to be undone if a later statement of the transaction rolls it back. An
-    /// autocommit statement that is not logged and changes one row can leave its change out:
-    /// nothing reads it once the statement has succeeded, and a failing statement cleans up
-    /// after itself before it records anything.
+    /// autocommit statement that is not logged can leave its changes out, however many rows
+    /// it changes: nothing reads them once the statement has succeeded, and a failing
+    /// statement cleans up after itself before it records anything.
     pub(crate) fn keeps_changes(&self) -> bool {
         self.txn.explicit || self.log_changes
     }

@@ -61,8 +61,9 @@ struct Frame {
 }
 
 // SAFETY: the page bytes (and the pointer to them) are only reached through `SharedGuard`
-// (which holds the frame's latch in shared mode, so nobody writes) and `ExclusiveGuard` or the
-// pool's load and eviction paths (which hold it exclusively, so nobody else reads or writes).
+// (which holds the frame's latch in shared mode, so nobody writes), `ExclusiveGuard` or the
+// pool's load and eviction paths (which hold it exclusively, so nobody else reads or writes),
+// and a checkpoint's `write_frame` (which holds it in shared mode, so nobody writes).
 // Every other field is an atomic or a thread-safe latch.
 unsafe impl Sync for Frame {}
 // SAFETY: the frame holds its page buffer (taken from the pool's page memory) exclusively;
@@ -170,7 +171,7 @@ impl From<PoolFull> for PageError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
     /// How many bytes of page buffers may be resident (rounded down to whole pages, at least
-    /// `EVICTION_BATCH_PAGES * 2` pages). A soft limit: when every resident page is latched, a
+    /// `MIN_BUDGET_PAGES` pages). A soft limit: when every resident page is latched, a
     /// thread that needs a frame goes over it rather than wait.
     pub memory_budget_bytes: usize,
 }
@@ -232,7 +233,8 @@ pub struct BufferPool {
     /// The budget in pages; `usize::MAX` for a memory-only pool, so the check never fires.
     budget_pages: usize,
     file: Option<Arc<DataFile>>,
-    /// The CLOCK hand; held while a thread evicts, so one thread sweeps at a time.
+    /// The CLOCK hand; held while a thread picks victims, so one thread sweeps at a time (the
+    /// victims are written and evicted after it is released).
     evictor: Mutex<usize>,
     before_write: Mutex<Option<SharedHook>>,
     reads: AtomicU64,

@@ -182,8 +182,10 @@ impl SlotState {
 pub(crate) struct DataFile {
     file: Box<dyn File>,
     state: Mutex<SlotState>,
-    /// Set after any failed checkpoint I/O: later checkpoints are refused, because after a
-    /// failed `fdatasync` nothing about unsynced writes is known (see `lastpage_io`).
+    /// Set after a failed sync of the data file, or any failed I/O of a capture or its finish:
+    /// later checkpoints are refused, because after a failed `fdatasync` nothing about unsynced
+    /// writes is known (see `lastpage_io`). (A failed page write of the write-back ahead of a
+    /// checkpoint only fails that call: the page stays dirty and goes out again later.)
     failed: AtomicBool,
 }
 

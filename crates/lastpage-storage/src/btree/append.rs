@@ -14,8 +14,9 @@
 //!    certainly below the last leaf (by an 8-byte prefix compare) skip the gate altogether;
 //! 3. checks, under the latch, that the hint is still right: the page is a leaf of this tree, it
 //!    is the last leaf (`next` is none, so its key range is unbounded above), and the key sorts
-//!    after its last key. Anything else (an empty leaf, a key that is not an append) falls back
-//!    to the classic path;
+//!    after its first key (a key past the last one is appended without a search; one inside
+//!    the leaf is placed by a search of that leaf). Anything else (an empty leaf, a key at or
+//!    below the first key) falls back to the classic path;
 //! 4. if the last leaf is full, splits it SQL Server's way (a new, empty last page) without a
 //!    descent either: it tries to latch the last leaf's parent (`tail_parent_hint`) — only
 //!    *tries*, because it already holds the leaf and latches are otherwise taken top-down, so
@@ -48,8 +49,10 @@ const TRY_ROUNDS: u32 = if cfg!(loom) { 2 } else { TAIL_LATCH_ROUNDS };
 
 impl BTree {
     /// Inserts `key` on the last leaf if it belongs there (it sorts after the leaf's first
-    /// key), splitting the last leaf without a descent if it is full. `None` means the fast path
-    /// does not apply and nothing was changed. The caller has checked the record's size.
+    /// key), splitting the last leaf without a descent if it is full. `None` means the row was
+    /// not inserted here and goes down the classic path: nothing was changed, except after a
+    /// split of the last leaf that left no room for a very large record (see
+    /// [`BTree::split_tail`]). The caller has checked the record's size.
     pub(super) fn try_append_at_tail(
         &self,
         key: &[u8],
@@ -265,7 +268,8 @@ impl BTree {
 
     /// The part of [`BTree::append_on_last_leaf`] done on the latched leaf: `key` goes on the
     /// empty last leaf, or past its last key, splitting it at its end if it is full. `None` if
-    /// that cannot be done here, and nothing was changed; the caller counts the row.
+    /// that cannot be done here (nothing was changed, except as [`BTree::split_tail`] says);
+    /// the caller counts the row.
     fn try_append_on_last_leaf<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
@@ -330,8 +334,9 @@ impl BTree {
     }
 
     /// Inserts into the latched last leaf a key that sorts after its first key, splitting the
-    /// leaf without a descent if it is full. `None` means the split could not be done here
-    /// and nothing was changed.
+    /// leaf without a descent if it is full. `None` means the row was not inserted here: the
+    /// split could not be done (nothing changed), or, as [`BTree::split_tail`] says, it was
+    /// done and the row still did not fit.
     pub(super) fn insert_into_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
@@ -359,8 +364,9 @@ impl BTree {
     /// move to a new last leaf, and `key` goes on whichever side keeps order. For an append
     /// (`position` at the end) nothing moves and the new page starts with `key` alone: SQL
     /// Server's end-of-index split, which leaves the old page full. The last leaf's parent is
-    /// only *tried*; `None` means it could not be latched at once or had no room, and nothing
-    /// was changed.
+    /// only *tried*; `None` means it could not be latched at once or had no room (nothing was
+    /// changed), or that after the split a very large record fits on neither side (the split
+    /// stays, a valid split on its own, and only the row is left to the classic path).
     fn split_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
@@ -541,8 +547,9 @@ impl BTree {
 
     /// Makes sure a formatted, unlinked leaf is waiting for the next split of the last leaf,
     /// so that the gate holder does not allocate (zero 8 KiB and take the page faults of fresh
-    /// memory) while everyone else waits at the gate. Called before the gate by appenders whose
-    /// row is large enough that every one of them starts a new page.
+    /// memory) while everyone else waits at the gate. Called before the gate by appenders that
+    /// may split the last leaf under it: rows large enough that each starts a new page,
+    /// batches, and sequence lanes starting a block.
     pub(super) fn prepare_spare_leaf(&self) -> Result<(), BTreeError> {
         if !sync::lock(&self.spare_leaves).is_empty() {
             return Ok(());

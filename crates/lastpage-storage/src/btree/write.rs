@@ -11,8 +11,8 @@ use crate::page::{NO_PAGE, PageId, PageKind, inner_entry_bytes, leaf_entry_bytes
 use crate::sync::{AtomicI64, Ordering};
 
 std::thread_local! {
-    /// Whether this thread's last insert split a page: flow control's guess at who will not
-    /// finish quickly.
+    /// Whether this thread's last write (into any index; an update's split counts too) split
+    /// a page since the flow control last asked: its guess at who will not finish quickly.
     pub(super) static LAST_INSERT_SPLIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

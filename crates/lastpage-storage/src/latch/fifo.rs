@@ -12,9 +12,11 @@
 //! | 4..64 | shared      | number of shared holders                                       |
 //!
 //! Rules that make it fair:
-//! - The fast paths (acquire, release, downgrade) are a CAS that requires `QUEUED` and
-//!   `UPGRADING` to be clear. Once anyone waits, newcomers go to the slow path and queue behind,
-//!   even if their mode is compatible with the holders: no barging.
+//! - The fast paths are a CAS: acquire's requires `QUEUED` and `UPGRADING` to be clear,
+//!   downgrade's `QUEUED`, and release's both too, except for a reader that is not the last
+//!   one, which may always leave (no waiter waits for the shared count to drop to anything but
+//!   zero). Once anyone waits, newcomers go to the slow path and queue behind, even if their
+//!   mode is compatible with the holders: no barging.
 //! - `QUEUED` is set only under the queue mutex, by a CAS that also re-checks that the latch is
 //!   still incompatible. A releaser's fast-path CAS therefore either happens before it (and the
 //!   queuer then finds the latch free and takes it) or fails (and the releaser takes the slow
@@ -26,7 +28,8 @@
 //!   with more threads than cores each hand-off waits for a context switch, and every thread that
 //!   arrives meanwhile queues behind. That is the convoy.
 //! - Invariant, whenever the queue mutex is free: the head of the queue is not compatible with
-//!   the state (otherwise it would have been granted).
+//!   the state (otherwise it would have been granted), or `UPGRADING` is set (the queue waits
+//!   for the upgrader).
 //!
 //! There is no spinning before queueing. Once one thread is queued no newcomer can get the latch
 //! without queueing, so spinning could only ever pay off for the first contender, and on two

@@ -59,8 +59,9 @@ pub struct WalConfig {
     /// Bytes of logical log per segment file (a multiple of 8). Used when a log is created; an
     /// existing log keeps the segment size written in its segment headers.
     pub segment_bytes: u64,
-    /// Whether a background thread zero-fills the next segment file before the log reaches it
-    /// (see `prepare.rs`); without it a flush zero-fills ahead of itself, inline. On by
+    /// Whether a background thread prepares the next segment file (zero-filled, reserved, or
+    /// recycled from a spare) before the log reaches it (see `prepare.rs`); without it a flush
+    /// zero-fills ahead of itself, inline. On by
     /// default, except in loom models (which cannot run a thread of their own).
     pub prepare_segments: bool,
     /// From how many committers waiting for the log at once a committer waits for a flush by

@@ -28,8 +28,9 @@
 //!   file), then syncs the directory and writes and syncs the header, as it would for a new
 //!   file. If no file is ready it creates the segment inline, as without a preparer.
 //!
-//! Nothing here affects what is durable: a prepared file holds only zeros and a name that is
-//! not a segment's, so a crash leaves at most a stray file, which the next preparation
+//! Nothing here affects what is durable: a prepared file holds zeros (or unwritten reserved
+//! blocks, or a recycled segment's old log behind a zeroed header) and a name that is not a
+//! segment's, so a crash leaves at most a stray file, which the next preparation
 //! overwrites and recovery never reads; a crash between the rename and the synced header leaves
 //! a segment with an invalid header at the end of the log, which recovery removes exactly as it
 //! removes one that was being created. A preparation that fails (a full disk, a failed sync)

@@ -4,7 +4,7 @@
 //!
 //! | offset | size | field         | meaning                                                    |
 //! |--------|------|---------------|------------------------------------------------------------|
-//! | 0      | 4    | `crc`         | CRC32C (Castagnoli) of bytes `4..total_len`                 |
+//! | 0      | 4    | `crc`         | CRC32C of bytes `4..total_len`, seeded with the log's id ([`checksum_seed`]) |
 //! | 4      | 4    | `total_len`   | header plus payload, in bytes (24 ..= `MAX_WAL_RECORD_BYTES`) |
 //! | 8      | 8    | `lsn`         | the record's own LSN (its offset in the logical log)       |
 //! | 16     | 4    | `payload_len` | payload bytes; always `total_len - 24`                     |
@@ -717,8 +717,8 @@ pub fn seeded_checksum<'p>(
 }
 
 /// The complete on-disk image of `record` at `lsn` in the log with id `log_id`: header,
-/// payload and zero padding. The writer never builds this (it copies pieces straight into its
-/// buffer); tests and tools do.
+/// payload and zero padding. The writer does not call this (it assembles header and payload in
+/// a per-thread buffer and copies that into the log buffer); tests and tools do.
 pub fn encode(record: &Record<'_>, lsn: Lsn, log_id: u64) -> Vec<u8> {
     let payload = record.encode_payload();
     let mut header = header_without_crc(record.kind(), lsn, payload.len());

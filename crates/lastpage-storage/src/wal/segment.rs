@@ -19,8 +19,8 @@
 //! | 40     | 8    | log id             | random, the same in every segment of one log            |
 //! | 48     | 4    | CRC32C             | of bytes 0..48                                          |
 //!
-//! The writer creates a segment, writes its header and syncs the file and the directory before
-//! it writes any log bytes into it; and it syncs the bytes of one segment before it writes into
+//! The writer creates (or renames into place) a segment file, syncs the directory, then writes
+//! and syncs its header, all before it writes any log bytes into it; and it syncs the bytes of one segment before it writes into
 //! the next. So a segment whose header is invalid has no durable log bytes, and if any byte of
 //! segment `k` is durable, every earlier byte of the log is too.
 
@@ -138,8 +138,6 @@ pub(crate) fn list(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)
     Ok(segments)
 }
 
-/// Reads a segment's header; `None` if the file is too short or the header is invalid. An intact
-/// header of another format version is an error: such a log must not be read as empty and cut.
 /// Whether the segment at `path`, named for LSN `start`, begins its body with a record of
 /// that LSN: what a segment the writer wrote log into looks like, whatever its header says.
 /// Only what the reader checks before the payload is checked ([`RecordHeader::problem`]); the
@@ -164,6 +162,8 @@ pub(crate) fn holds_records_from(
             .is_none())
 }
 
+/// Reads a segment's header; `None` if the file is too short or the header is invalid. An intact
+/// header of another format version is an error: such a log must not be read as empty and cut.
 pub(crate) fn read_header(
     fs: &dyn FileSystem,
     path: &Path,

@@ -25,9 +25,9 @@
 //! latency; on two cores with a hundred sessions the flusher thread would also compete for a
 //! core with the sessions it serves). There is no thread to start, stop or lose, an I/O error is
 //! seen by a thread that can report it, and the writer can be model-checked with loom, which
-//! needs every thread to finish. A background flusher is still useful for DELAYED durability
-//! (flush every few milliseconds without a committer waiting); it will be a thin loop around
-//! [`LogWriter::flush_now`]. PostgreSQL's WAL flush works the same way (whoever holds
+//! needs every thread to finish. DELAYED durability adds a background flusher in the engine
+//! (a loop around [`LogWriter::flush_in_background`], whose time is not counted as WRITELOG),
+//! which only adds flushes: committers still lead their own. PostgreSQL's WAL flush works the same way (whoever holds
 //! `WALWriteLock` flushes for everyone); SQL Server uses a log writer thread.
 //!
 //! With many committers waiting at once (`WalConfig::yield_wait_committers`), a committer that
@@ -50,9 +50,11 @@
 //!
 //! A flush that crosses into a new segment creates it (directory synced, then header written and
 //! synced) and syncs the bytes of the old segment before writing the new one, so that durable
-//! bytes in a segment imply a durable log before it; such a flush does two writes and two syncs.
-//! The new segment's file is the one a background thread prepared (zero-filled and synced) if
-//! it is ready, so that no flush into it extends the file; see [`super::prepare`].
+//! bytes in a segment imply a durable log before it; such a flush does three writes (the old
+//! segment's bytes, the new header, the new segment's bytes) and three fdatasyncs, plus an fsync
+//! of the directory. The new segment's file is the one a background thread prepared
+//! (zero-filled, reserved, or recycled from a spare, and synced) if it is ready, so that no
+//! flush into it extends the file; see [`super::prepare`].
 
 use std::cell::Cell;
 use std::fmt;
@@ -166,7 +168,8 @@ struct Parked {
 }
 
 /// What the group mutex protects. It is taken only by threads that are about to block, by the
-/// leader when it hands out wake-ups, and by an appender that must wake a stalled leader.
+/// leader when it hands out wake-ups, by an appender that must wake a stalled leader, and to
+/// read or record a failure.
 struct Group {
     /// Parked threads.
     waiters: Vec<Parked>,
@@ -194,7 +197,8 @@ struct FlushIo {
     zeroed_to_segment: u64,
     /// LSNs of the records in the flush being written.
     starts: Vec<u64>,
-    /// Zero-fills the next segment file in the background (if the configuration asks for it).
+    /// Prepares the next segment file in the background (zero-filled, reserved or recycled; if
+    /// the configuration asks for it).
     preparer: Option<SegmentPreparer>,
     /// The start LSN of the segment for whose successor a file was last requested.
     prepare_requested_for: u64,
