@@ -63,6 +63,15 @@ use crate::schema::{
 };
 use crate::types::{DataType, Value};
 
+/// The form of a table name two names are the same table by: ASCII letters folded to lower
+/// case, as everywhere the engine compares names (columns and indexes too). The catalog's
+/// check and the database's lookups must fold alike: when the check folded all of Unicode,
+/// `É` and `é` were two tables to the database but a duplicate to the catalog, and every
+/// checkpoint, and so every later open, failed.
+pub(crate) fn table_name_key(name: &str) -> String {
+    name.to_ascii_lowercase()
+}
+
 /// The first eight bytes of every encoded catalog.
 pub const CATALOG_MAGIC: [u8; 8] = *b"LPCATLG\0";
 
@@ -351,7 +360,7 @@ impl Catalog {
             if !table_ids.insert(entry.table_id) {
                 return Err(format!("table id {} is used twice", entry.table_id));
             }
-            if !table_names.insert(name.to_lowercase()) {
+            if !table_names.insert(table_name_key(name)) {
                 return Err(format!("table name '{name}' is used twice"));
             }
             for column in &def.columns {

@@ -679,7 +679,7 @@ impl Database {
     }
 
     fn catalog_key(name: &str) -> String {
-        name.to_ascii_lowercase()
+        crate::catalog::table_name_key(name)
     }
 
     /// Creates a table. In a durable database the new table is logged and the log flushed

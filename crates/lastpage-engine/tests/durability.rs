@@ -1906,3 +1906,29 @@ fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
     }
     db.check_integrity().unwrap();
 }
+
+/// Table names differing only in the case of a non-ASCII letter are two tables, to the
+/// database and to its catalog alike. Before, the catalog's check folded all of Unicode and
+/// refused the pair, so every checkpoint failed and the database could not be opened again.
+#[test]
+fn table_names_differing_in_non_ascii_case_survive_checkpoints_and_reopening() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(23));
+    let table = |name: &str| TableDef::new(name).column(ColumnDef::new("V", DataType::Int));
+    {
+        let db = open(&fs);
+        db.create_table(table("É")).unwrap();
+        db.create_table(table("é")).unwrap();
+        db.create_table(table("STRASSE")).unwrap();
+        assert!(matches!(
+            db.create_table(table("strasse")),
+            Err(EngineError::TableExists(_))
+        ));
+        db.checkpoint().unwrap();
+        db.close().unwrap();
+    }
+    let db = open(&fs);
+    for name in ["É", "é", "Strasse"] {
+        db.table(name).unwrap();
+    }
+    db.checkpoint().unwrap();
+}
