@@ -18,7 +18,7 @@ use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
     LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
-    RECOVERY_WRITE_BACK_PAUSE_MS,
+    RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -234,6 +234,13 @@ impl Database {
     /// [`Database::recovery_stats`] says what that took.
     pub fn open(dir: impl AsRef<Path>, options: DatabaseOptions) -> Result<Database> {
         let dir = dir.as_ref().to_path_buf();
+        if options.wal.max_record_bytes() < WAL_ROW_CHANGE_MAX_BYTES {
+            return Err(EngineError::Storage(format!(
+                "the log buffer of {} bytes cannot hold the largest row change ({} bytes): every \
+                 change must be loggable, or a statement could fail the whole database",
+                options.wal.buffer_bytes, WAL_ROW_CHANGE_MAX_BYTES
+            )));
+        }
         let fs: Arc<dyn FileSystem> = options
             .file_system
             .clone()
@@ -711,10 +718,23 @@ impl Database {
         })?);
         if let Some(wal) = self.wal() {
             let description = recovery::describe_create(&table.catalog_entry())?;
-            wal.append(&Record::Schema {
+            let record = Record::Schema {
                 description: description.into(),
-            })
-            .map_err(|error| self.fail(error))?;
+            };
+            // Refused before it reaches the log, where a record too large fails the database.
+            // (The new table's first pages stay allocated: pages are never freed.)
+            if record.total_len() > wal.max_record_bytes() {
+                return Err(EngineError::InvalidDefinition {
+                    table: table.name().to_owned(),
+                    reason: format!(
+                        "its definition takes {} bytes of log, more than the {} a log record \
+                         may hold",
+                        record.total_len(),
+                        wal.max_record_bytes()
+                    ),
+                });
+            }
+            wal.append(&record).map_err(|error| self.fail(error))?;
             // The first identity reservation goes to the disk with the table, so that the
             // first insert need not wait for a flush of its own (see `identity.rs`).
             table.reserve_identity_ahead(self)?;

@@ -14,6 +14,7 @@ use lastpage_engine::{
     EngineError, IndexDef, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
+use lastpage_storage::limits::WAL_ROW_CHANGE_MAX_BYTES;
 use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -691,9 +692,11 @@ fn multi_row_statements_are_logged_as_runs_per_partition_and_recovered() {
 #[test]
 fn insert_runs_are_split_to_fit_a_small_log_buffer() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(17));
+    // The smallest buffer the engine accepts: one that holds the largest row change.
+    let buffer_bytes = WAL_ROW_CHANGE_MAX_BYTES;
     let small = DatabaseOptions {
         wal: WalConfig {
-            buffer_bytes: 2048,
+            buffer_bytes,
             segment_bytes: 256 << 10,
             ..WalConfig::default()
         },
@@ -702,17 +705,18 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
     let db = Database::open(DIR, small.clone()).unwrap();
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    // 200 rows of about 115 bytes of log each: a run may hold at most 2,048 − 24 bytes, so
-    // about 18 rows, and the statement takes a dozen runs.
-    let rows: Vec<InsertRow> = (0..200)
+    // Rows of about 115 bytes of log each: a run may hold at most the buffer less a header
+    // (about 210 rows), so the statement takes a dozen or so runs.
+    let count = 12 * (buffer_bytes / 115);
+    let rows: Vec<InsertRow> = (0..count)
         .map(|i| InsertRow::new().set(1, format!("{i:090}")))
         .collect();
     let records_before = db.wal_stats().unwrap().appended_records;
     table.insert_batch(&session, rows).unwrap();
     let records = db.wal_stats().unwrap().appended_records - records_before;
     assert!(
-        (11..=20).contains(&records),
-        "200 rows took {records} records"
+        (12..=20).contains(&records),
+        "{count} rows took {records} records"
     );
     let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
     let db = Database::open(
@@ -724,12 +728,44 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
     )
     .unwrap();
     let rows = orders_rows(&db);
-    assert_eq!(rows.len(), 200);
+    assert_eq!(rows.len(), count);
     assert_eq!(
-        rows.get(&200).map(String::as_str),
-        Some(format!("{:090}", 199).as_str())
+        rows.get(&(count as i64)).map(String::as_str),
+        Some(format!("{:090}", count - 1).as_str())
     );
     db.check_integrity().unwrap();
+}
+
+/// A log buffer too small for the largest row change is refused when the database is opened:
+/// a change it could not log would have to fail the whole database. A table definition too
+/// large for one log record fails its CREATE TABLE alone.
+#[test]
+fn a_log_too_small_for_a_row_change_is_refused_and_an_oversized_definition_fails_alone() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(29));
+    let tiny = DatabaseOptions {
+        wal: WalConfig {
+            buffer_bytes: WAL_ROW_CHANGE_MAX_BYTES - 8,
+            ..WalConfig::default()
+        },
+        ..options(&fs)
+    };
+    let error = Database::open(DIR, tiny).err().expect("refused");
+    assert!(error.to_string().contains("largest row change"), "{error}");
+
+    let db = open(&fs);
+    let huge_name = "N".repeat(2 << 20);
+    let error = db
+        .create_table(TableDef::new(&huge_name).column(ColumnDef::new("V", DataType::Int)))
+        .expect_err("an oversized definition is refused");
+    assert!(
+        matches!(&error, EngineError::InvalidDefinition { reason, .. } if reason.contains("log record")),
+        "{error}"
+    );
+    // The database goes on: the refused statement logged nothing and failed nothing.
+    let table = db.create_table(orders()).unwrap();
+    insert_order(&db, &db.session()).unwrap();
+    assert_eq!(table.row_count(), 1);
+    db.checkpoint().unwrap();
 }
 
 /// Replay puts each logged batch's rows into the tree as one batch: the rows all come back,

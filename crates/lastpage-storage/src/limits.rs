@@ -154,6 +154,13 @@ pub const WAL_MAX_START_LSN: u64 = 1 << 62;
 /// and new values, each limited by a page) with room for large checkpoint records.
 pub const MAX_WAL_RECORD_BYTES: usize = 1 << 20;
 
+/// An upper bound on the log record of one row change (its key, old value and new value, each
+/// at most a page's record, with their lengths and the header). A log that is to hold a
+/// database's changes must accept records this large: the engine refuses a log buffer smaller
+/// than this, since a change it could not log would have to fail the whole database.
+pub const WAL_ROW_CHANGE_MAX_BYTES: usize =
+    (WAL_RECORD_HEADER_BYTES + 64 + 3 * MAX_RECORD_BYTES).next_multiple_of(WAL_RECORD_ALIGN_BYTES);
+
 /// A thread keeps the buffer it assembles log records in for its next append unless the buffer
 /// has grown past this many bytes (a large record's buffer is freed instead of being kept). It
 /// holds the largest `InsertRun` record, so a batch-loading thread reuses its buffer.
@@ -253,8 +260,8 @@ const _: () = assert!(MAX_WAL_RECORD_BYTES <= u32::MAX as usize);
 const _: () = assert!(MAX_WAL_RECORD_BYTES <= WAL_BUFFER_BYTES);
 const _: () = assert!(WAL_BUFFER_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES));
 const _: () = assert!(WAL_SEGMENT_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES as u64));
-// A row change (key, old value and new value, each at most a page's record) fits in a record.
-const _: () = assert!(WAL_RECORD_HEADER_BYTES + 64 + 3 * MAX_RECORD_BYTES <= MAX_WAL_RECORD_BYTES);
+// A row change fits in a record.
+const _: () = assert!(WAL_ROW_CHANGE_MAX_BYTES <= MAX_WAL_RECORD_BYTES);
 
 /// Shards of a row lock manager when the caller has no better number: enough that threads
 /// locking different rows rarely meet on one shard mutex.
