@@ -732,6 +732,59 @@ impl Table {
                     column: name.to_owned(),
                 })
         };
+        let clustered_def = def.clustered.clone().unwrap_or_else(|| {
+            IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique)
+        });
+        // The partitioning is checked before any tree is made: pages are never freed, so a
+        // definition refused afterwards would leave a tree per partition and index behind.
+        let partition_column = match &def.partition {
+            None => None,
+            Some(partition) => {
+                let column = find_column(&partition.column)?;
+                if !matches!(
+                    def.columns[column].data_type,
+                    DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
+                ) {
+                    return Err(invalid(format!(
+                        "partitioning column '{}' must be an integer column",
+                        partition.column
+                    )));
+                }
+                if !(1..=MAX_PARTITIONS).contains(&partition.partitions) {
+                    return Err(invalid(format!(
+                        "a table has 1 to {MAX_PARTITIONS} partitions, not {}",
+                        partition.partitions
+                    )));
+                }
+                // As SQL Server requires of a unique index, the partitioning column must be
+                // part of the clustered key, so a row's partition follows from its key; and of
+                // every unique nonclustered index, whose trees are per partition too: without
+                // the column, two partitions could each hold the same key once.
+                let names_column = |index: &IndexDef| {
+                    index
+                        .columns
+                        .iter()
+                        .any(|name| name.eq_ignore_ascii_case(&def.columns[column].name))
+                };
+                if !names_column(&clustered_def) {
+                    return Err(invalid(format!(
+                        "partitioning column '{}' must be part of the clustered key",
+                        partition.column
+                    )));
+                }
+                if let Some(index) = def
+                    .nonclustered
+                    .iter()
+                    .find(|index| index.uniqueness.is_unique() && !names_column(index))
+                {
+                    return Err(invalid(format!(
+                        "partitioning column '{}' must be part of the key of unique index '{}'",
+                        partition.column, index.name
+                    )));
+                }
+                Some(column)
+            }
+        };
         let partition_count = def
             .partition
             .as_ref()
@@ -764,9 +817,6 @@ impl Table {
                 trees,
             })
         };
-        let clustered_def = def.clustered.clone().unwrap_or_else(|| {
-            IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique)
-        });
         let clustered = build_index(&clustered_def, true)?;
         let mut nonclustered = Vec::with_capacity(def.nonclustered.len());
         for index in &def.nonclustered {
@@ -783,44 +833,15 @@ impl Table {
             }
             nonclustered.push(build_index(index, false)?);
         }
-        let partitioning = match &def.partition {
-            None => None,
-            Some(partition) => {
-                let column = find_column(&partition.column)?;
-                if !matches!(
-                    def.columns[column].data_type,
-                    DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
-                ) {
-                    return Err(invalid(format!(
-                        "partitioning column '{}' must be an integer column",
-                        partition.column
-                    )));
-                }
-                if !(1..=MAX_PARTITIONS).contains(&partition.partitions) {
-                    return Err(invalid(format!(
-                        "a table has 1 to {MAX_PARTITIONS} partitions, not {}",
-                        partition.partitions
-                    )));
-                }
-                // As SQL Server requires of a unique index, the partitioning column must be
-                // part of the clustered key, so a row's partition follows from its key.
-                if !clustered.column_ids.contains(&column) {
-                    return Err(invalid(format!(
-                        "partitioning column '{}' must be part of the clustered key",
-                        partition.column
-                    )));
-                }
-                Some(Partitioning {
-                    column,
-                    key_position: clustered
-                        .column_ids
-                        .iter()
-                        .position(|&key_column| key_column == column)
-                        .expect("checked above"),
-                    count: usize::from(partition.partitions),
-                })
-            }
-        };
+        let partitioning = partition_column.map(|column| Partitioning {
+            column,
+            key_position: clustered
+                .column_ids
+                .iter()
+                .position(|&key_column| key_column == column)
+                .expect("the partitioning column was checked to be in the clustered key"),
+            count: partition_count,
+        });
         // Columns outside the clustered key live in the record's value. So do variable-length
         // text and binary key columns: their key encoding drops trailing spaces (and zero
         // bytes), as SQL Server's comparison does, but a read must return the stored value.

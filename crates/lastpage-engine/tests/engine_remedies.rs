@@ -171,6 +171,45 @@ fn partitioning_must_be_on_an_integer_clustered_key_column() {
     assert!(error.to_string().contains("integer"), "{error}");
 }
 
+/// A unique nonclustered index of a partitioned table has a tree per partition, so without the
+/// partitioning column in its key two partitions could each hold the same key once (as SQL
+/// Server, lastpage refuses such an index). With the column, a duplicate is caught.
+#[test]
+fn a_unique_index_of_a_partitioned_table_must_hold_the_partitioning_column() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = |unique_on: &[&str]| {
+        TableDef::new("Parts")
+            .column(ColumnDef::new("Part", DataType::Int).not_null())
+            .column(ColumnDef::new("Id", DataType::Int).not_null())
+            .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+            .clustered(IndexDef::new("PK", &["Part", "Id"], Uniqueness::PrimaryKey))
+            .nonclustered(IndexDef::new("UQ_Code", unique_on, Uniqueness::UniqueIndex))
+            .partitioned("Part", 4)
+    };
+    let error = db.create_table(table(&["Code"])).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("must be part of the key of unique index 'UQ_Code'"),
+        "{error}"
+    );
+    let parts = db.create_table(table(&["Code", "Part"])).unwrap();
+    let session = db.session();
+    let row = |part: i32, id: i32, code: &str| {
+        InsertRow::new()
+            .set(0, Value::Int(part))
+            .set(1, Value::Int(id))
+            .set(2, Value::from(code))
+    };
+    parts.insert(&session, row(0, 1, "A")).unwrap();
+    parts.insert(&session, row(1, 2, "A")).unwrap();
+    assert!(matches!(
+        parts.insert(&session, row(1, 3, "A")),
+        Err(EngineError::DuplicateIndexKey { .. })
+    ));
+    assert_eq!(parts.row_count(), 2);
+}
+
 #[test]
 fn a_batch_takes_a_block_of_identities_and_is_all_or_nothing() {
     let db = Database::create(DatabaseOptions::default()).unwrap();
