@@ -575,7 +575,9 @@ impl Database {
 
     /// Shuts the database down cleanly: flushes the log and takes a checkpoint, so the next
     /// open has nothing to replay (and tables that are not logged keep their rows). Other
-    /// clones of this handle stay usable.
+    /// clones of this handle stay usable. While a transaction that changed a table that is not
+    /// logged is still open, the checkpoint is not marked clean: nothing could undo those
+    /// changes, so the next open empties such tables as after a crash.
     pub fn close(self) -> Result<()> {
         self.flush_log()?;
         self.take_checkpoint(true).map(|_| ())
@@ -620,7 +622,10 @@ impl Database {
             let checkpoint_lsn = durable.wal.end_lsn().0;
             let recovery_start = self.oldest_active_lsn().min(checkpoint_lsn);
             let mut catalog = self.catalog(checkpoint_lsn, recovery_start);
-            catalog.clean_shutdown = clean_shutdown;
+            // A transaction that changed a table that is not logged and is still open leaves
+            // changes in the image that nothing can undo: the next open must treat that table
+            // as after a crash (empty it), so the image is not called clean.
+            catalog.clean_shutdown = clean_shutdown && !self.unlogged_changes_open();
             let pending = self
                 .inner
                 .pool
@@ -660,6 +665,14 @@ impl Database {
             .filter(|&lsn| lsn != NO_ACTIVE_LSN)
             .min()
             .unwrap_or(u64::MAX)
+    }
+
+    /// Whether a session's open transaction changed a table that is not logged.
+    fn unlogged_changes_open(&self) -> bool {
+        sync::lock(&self.inner.sessions)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|slot| slot.unlogged_changes.load(Ordering::Acquire))
     }
 
     /// The catalog as of now (called with writers paused).
@@ -801,6 +814,11 @@ impl Database {
                 options,
             )?)
         })?;
+        // An emptied table's identity goes on from the image's value, not from its seed, so
+        // that values handed out before the crash are not handed out again.
+        if let Some(next) = entry.next_identity {
+            table.raise_identity(next);
+        }
         let max_index = entry.index_ids().max().unwrap_or(0);
         self.inner
             .next_index_id

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lastpage_storage::limits::{WAL_INSERT_RUN_MAX_BYTES, WAL_RECORD_HEADER_BYTES};
-use lastpage_storage::sync::{AtomicU64, Ordering};
+use lastpage_storage::sync::{AtomicBool, AtomicU64, Ordering};
 use lastpage_storage::wal::{Lsn, Record, TxnId};
 
 use crate::database::{Database, Session};
@@ -124,6 +124,11 @@ pub(crate) struct Transaction {
 /// slot to know how far back recovery may have to undo.
 pub(crate) struct ActiveSlot {
     pub(crate) first_lsn: AtomicU64,
+    /// Whether the session's transaction changed a table that is not logged (in a durable
+    /// database) and has not ended. Nothing in the log can undo such a change, so a clean
+    /// shutdown's checkpoint taken meanwhile must not call its image clean (see
+    /// `Database::close`). Set inside the checkpoint gate, before the change.
+    pub(crate) unlogged_changes: AtomicBool,
 }
 
 /// The value of an [`ActiveSlot`] whose session has no transaction that wrote to the log.
@@ -133,6 +138,7 @@ impl ActiveSlot {
     pub(crate) fn new() -> ActiveSlot {
         ActiveSlot {
             first_lsn: AtomicU64::new(NO_ACTIVE_LSN),
+            unlogged_changes: AtomicBool::new(false),
         }
     }
 }
@@ -316,6 +322,12 @@ impl<'s> WriteScope<'s> {
         let session = self.session;
         let db = session.db();
         let _gate = db.enter_gate();
+        if !self.log_changes && db.is_durable() {
+            session
+                .active_slot()
+                .unlogged_changes
+                .store(true, Ordering::Release);
+        }
         let start = self.txn.undo.len();
         let result = apply(&mut Changes {
             undo: &mut self.txn.undo,
@@ -604,6 +616,9 @@ impl Session {
         self.active_slot()
             .first_lsn
             .store(NO_ACTIVE_LSN, Ordering::Release);
+        self.active_slot()
+            .unlogged_changes
+            .store(false, Ordering::Release);
         let mut txn = txn;
         // After a rollback's undo and before the locks go: a lookup that finds a deleted row
         // noted waits for its lock, and then reads the outcome.
