@@ -1099,11 +1099,20 @@ impl Table {
         I::IntoIter: ExactSizeIterator,
     {
         let slots = self.supplied_slots(columns)?;
-        let rows = rows
-            .into_iter()
-            .enumerate()
-            .map(|(index, row)| supplied_row(columns, index + 1, row));
+        // The rows are counted by collecting them (a pointer each), not by the iterator's
+        // `len`: `ExactSizeIterator` is a safe trait, and a `len` that lies must not make the
+        // batch drop rows or index past its end. Pushed one by one, because `collect` sizes
+        // its vector by the iterator's word too (and a claim of `usize::MAX` panics there).
+        let mut collected: Vec<&[Value]> = Vec::new();
+        for row in rows {
+            collected.push(row);
+        }
+        let rows = collected;
         session.write(self, |scope| {
+            let rows = rows
+                .iter()
+                .enumerate()
+                .map(|(index, row)| supplied_row(columns, index + 1, row));
             // With nonclustered indexes the batch keeps every completed row until its identity
             // values are known: those rows own their values (the copying path below).
             if rows.len() > 0 && self.batches_at_tail() && self.nonclustered.is_empty() {

@@ -1067,6 +1067,48 @@ fn borrowed_batches_check_their_column_list_once() {
     }
 }
 
+/// An iterator whose `len` lies (`ExactSizeIterator` is a safe trait): the batch counts the
+/// rows it is given instead, so it neither drops rows nor reads past its end.
+#[test]
+fn a_batch_counts_its_rows_whatever_the_iterator_says() {
+    struct Lying<'a> {
+        rows: std::slice::Iter<'a, Vec<Value>>,
+        claimed: usize,
+    }
+    impl<'a> Iterator for Lying<'a> {
+        type Item = &'a [Value];
+        fn next(&mut self) -> Option<&'a [Value]> {
+            self.rows.next().map(Vec::as_slice)
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (self.claimed, Some(self.claimed))
+        }
+    }
+    impl ExactSizeIterator for Lying<'_> {}
+    let db = database();
+    let table = borrowed_batch_table(&db, "Lied_to", "tail");
+    let session = db.session();
+    let rows: Vec<Vec<Value>> = ["a", "b", "c"]
+        .into_iter()
+        .map(|payload| vec![Value::from(payload)])
+        .collect();
+    for claimed in [1, 5, 0, usize::MAX] {
+        let ids = table
+            .insert_batch_values(
+                &session,
+                &[1],
+                Lying {
+                    rows: rows.iter(),
+                    claimed,
+                },
+            )
+            .unwrap();
+        assert_eq!(ids.len(), 3, "claimed {claimed}");
+    }
+    assert_eq!(table.row_count(), 12);
+    table.check_integrity().unwrap();
+}
+
 /// `PreparedInsert::insert` stores exactly what `Table::insert` stores for the same row, on
 /// the borrowed path (identity key, no nonclustered index) and on the copying paths (a
 /// nonclustered index, a computed column): random column lists in any order, each prepared
