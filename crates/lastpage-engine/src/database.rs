@@ -507,6 +507,11 @@ impl Database {
         self.inner.options.lock_timeout
     }
 
+    /// This database's instance number, unique in the process.
+    pub(crate) fn instance(&self) -> u64 {
+        self.inner.instance
+    }
+
     pub(crate) fn default_durability(&self) -> Durability {
         self.inner.options.durability
     }
@@ -721,14 +726,19 @@ impl Database {
         }
         let id = self.inner.next_table_id.fetch_add(1, Ordering::Relaxed);
         let pool = &self.inner.pool;
-        let table = Arc::new(Table::create(id, definition, &mut |options| {
-            let index_id = self.inner.next_index_id.fetch_add(1, Ordering::Relaxed);
-            Ok(lastpage_storage::btree::BTree::create(
-                Arc::clone(pool),
-                index_id,
-                options,
-            )?)
-        })?);
+        let table = Arc::new(Table::create(
+            self.inner.instance,
+            id,
+            definition,
+            &mut |options| {
+                let index_id = self.inner.next_index_id.fetch_add(1, Ordering::Relaxed);
+                Ok(lastpage_storage::btree::BTree::create(
+                    Arc::clone(pool),
+                    index_id,
+                    options,
+                )?)
+            },
+        )?);
         if let Some(wal) = self.wal() {
             let description = recovery::describe_create(&table.catalog_entry())?;
             let record = Record::Schema {
@@ -773,21 +783,26 @@ impl Database {
                 )
             })
         });
-        let table = Table::create(entry.table_id, entry.definition.clone(), &mut |options| {
-            let Some((index_id, Some(root), rows)) = trees.next() else {
-                return Err(EngineError::Storage(format!(
-                    "the catalog entry of table {} lists fewer trees than its indexes need",
-                    entry.table_id
-                )));
-            };
-            Ok(lastpage_storage::btree::BTree::open(
-                Arc::clone(pool),
-                index_id,
-                root,
-                options,
-                rows,
-            ))
-        })?;
+        let table = Table::create(
+            self.inner.instance,
+            entry.table_id,
+            entry.definition.clone(),
+            &mut |options| {
+                let Some((index_id, Some(root), rows)) = trees.next() else {
+                    return Err(EngineError::Storage(format!(
+                        "the catalog entry of table {} lists fewer trees than its indexes need",
+                        entry.table_id
+                    )));
+                };
+                Ok(lastpage_storage::btree::BTree::open(
+                    Arc::clone(pool),
+                    index_id,
+                    root,
+                    options,
+                    rows,
+                ))
+            },
+        )?;
         if let Some(next) = entry.next_identity {
             table.raise_identity(next);
         }
@@ -801,19 +816,24 @@ impl Database {
     pub(crate) fn recreate_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
         let pool = &self.inner.pool;
         let mut ids = entry.index_ids();
-        let table = Table::create(entry.table_id, entry.definition.clone(), &mut |options| {
-            let index_id = ids.next().ok_or_else(|| {
-                EngineError::Storage(format!(
-                    "the logged definition of table {} lists fewer trees than its indexes need",
-                    entry.table_id
-                ))
-            })?;
-            Ok(lastpage_storage::btree::BTree::create(
-                Arc::clone(pool),
-                index_id,
-                options,
-            )?)
-        })?;
+        let table = Table::create(
+            self.inner.instance,
+            entry.table_id,
+            entry.definition.clone(),
+            &mut |options| {
+                let index_id = ids.next().ok_or_else(|| {
+                    EngineError::Storage(format!(
+                        "the logged definition of table {} lists fewer trees than its indexes need",
+                        entry.table_id
+                    ))
+                })?;
+                Ok(lastpage_storage::btree::BTree::create(
+                    Arc::clone(pool),
+                    index_id,
+                    options,
+                )?)
+            },
+        )?;
         // An emptied table's identity goes on from the image's value, not from its seed, so
         // that values handed out before the crash are not handed out again.
         if let Some(next) = entry.next_identity {

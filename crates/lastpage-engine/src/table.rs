@@ -619,6 +619,10 @@ pub struct Table {
     /// Set once the table is dropped: a handle kept from before then refuses reads, and writes
     /// that would go to a table nobody can reach again (see `Database::drop_table`).
     dropped: AtomicBool,
+    /// The instance number of the database the table belongs to: a statement through a
+    /// session of another database is refused, since it would take that database's locks and
+    /// write that database's log under this table's index ids.
+    database: u64,
     /// Rows deleted by transactions that have not ended, for READ COMMITTED lookups.
     pending_deletes: PendingDeletes,
 }
@@ -667,6 +671,7 @@ impl Table {
     /// Builds the table. `make_tree` makes each index's tree, one per partition, clustered
     /// index first: a new one, or one reattached from a checkpoint image.
     pub(crate) fn create(
+        database: u64,
         id: u32,
         def: TableDef,
         make_tree: &mut dyn FnMut(TreeOptions) -> Result<BTree>,
@@ -885,6 +890,7 @@ impl Table {
         Ok(Table {
             definition,
             dropped: AtomicBool::new(false),
+            database,
             pending_deletes: PendingDeletes::default(),
             value_columns_range,
             partitioning,
@@ -933,9 +939,10 @@ impl Table {
     }
 
     /// Fails with `UnknownTable` (SQL Server's "Invalid object name") if the table has been
-    /// dropped: a statement through a handle kept from before finds no table.
-    pub(crate) fn check_not_dropped(&self) -> Result<()> {
-        if self.is_dropped() {
+    /// dropped (a statement through a handle kept from before finds no table), or if `session`
+    /// is one of another database (which has no such table).
+    pub(crate) fn check_usable_by(&self, session: &Session) -> Result<()> {
+        if self.is_dropped() || self.database != session.db().instance() {
             return Err(EngineError::UnknownTable(self.name.clone()));
         }
         Ok(())
@@ -2280,7 +2287,7 @@ impl Table {
     pub fn get(&self, session: &Session, key: &[Value]) -> Result<Option<Row>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
-        self.check_not_dropped()?;
+        self.check_usable_by(session)?;
         let me = session.current_txn_id();
         loop {
             let (found, rollbacks) = self.find_record_waiting(session, me, key)?;
@@ -2382,7 +2389,7 @@ impl Table {
     ) -> Result<Vec<Row>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
-        self.check_not_dropped()?;
+        self.check_usable_by(session)?;
         let index = self.index(index_name)?;
         let Some(encoded) = self.encode_lookup_key(index, key)? else {
             return Ok(Vec::new());
@@ -2493,7 +2500,7 @@ impl Table {
     ) -> Result<RowIter<'a>> {
         let _attribution = session.attribute();
         session.db().check_usable()?;
-        self.check_not_dropped()?;
+        self.check_usable_by(session)?;
         let full = |key: &[Value]| self.is_exact_clustered_key(key);
         let lower = match &range.lower {
             Bound::Unbounded => Bound::Unbounded,

@@ -485,7 +485,7 @@ impl Session {
     ) -> Result<T> {
         let db = self.db();
         db.check_usable()?;
-        table.check_not_dropped()?;
+        table.check_usable_by(self)?;
         let _attribution = self.attribute();
         let mut slot = self.txn_slot();
         let mut autocommit = None;

@@ -1067,6 +1067,41 @@ fn borrowed_batches_check_their_column_list_once() {
     }
 }
 
+/// A table is reached only through sessions of its own database: through another database's
+/// session, a statement would take that database's locks and write its log under this
+/// table's index ids (which that database's recovery would apply to its own tables).
+#[test]
+fn a_table_refuses_sessions_of_another_database() {
+    let (one, other) = (database(), database());
+    let table = borrowed_batch_table(&one, "Mine", "tail");
+    borrowed_batch_table(&other, "Theirs", "tail");
+    let stranger = other.session();
+    let row = InsertRow::new().set(1, "x");
+    let refused = |result: Result<(), EngineError>| {
+        assert!(
+            matches!(&result, Err(EngineError::UnknownTable(name)) if name == "Mine"),
+            "{result:?}"
+        );
+    };
+    refused(table.insert(&stranger, row.clone()).map(drop));
+    refused(table.get(&stranger, &[Value::Int(1)]).map(drop));
+    refused(
+        table
+            .scan(&stranger, &KeyRange::all(), Direction::Forward)
+            .map(drop),
+    );
+    assert_eq!(table.row_count(), 0);
+    let own = one.session();
+    table.insert(&own, row).unwrap();
+    assert_eq!(
+        table
+            .get(&own, &[Value::Int(1)])
+            .unwrap()
+            .map(|row| row.len()),
+        Some(5)
+    );
+}
+
 /// An iterator whose `len` lies (`ExactSizeIterator` is a safe trait): the batch counts the
 /// rows it is given instead, so it neither drops rows nor reads past its end.
 #[test]
