@@ -1002,7 +1002,9 @@ impl Table {
         Ok(Some(partition_of_value(&converted, partitioning.count)))
     }
 
-    /// Switches an index's insert path at run time (every partition's tree).
+    /// Switches an index's insert path at run time (every partition's tree), for as long as the
+    /// database stays open: the setting is not stored, so a reopened database has the index's
+    /// path from its definition again.
     pub fn set_insert_path(
         &self,
         index_name: &str,
@@ -1016,7 +1018,10 @@ impl Table {
     }
 
     /// Switches OPTIMIZE_FOR_SEQUENTIAL_KEY of an index at run time, without a rebuild, as
-    /// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)` does.
+    /// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)` does. Unlike SQL Server's, the
+    /// setting lasts only while the database stays open: it is not stored, so a reopened
+    /// database has the option from the index's definition again (storing it needs a logged
+    /// schema change, which the SQL layer's ALTER INDEX will bring).
     pub fn set_optimize_for_sequential_key(&self, index_name: &str, enabled: bool) -> Result<()> {
         self.index(index_name)?
             .trees
