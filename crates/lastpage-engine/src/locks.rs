@@ -1,5 +1,6 @@
 //! Row locks for transactions, as SQL Server takes them: shared (S) and exclusive (X) locks on
-//! index keys (a row's clustered key, or a unique nonclustered key), held until the transaction commits or rolls back (strict two-phase locking).
+//! index keys (a row's clustered key, or a unique nonclustered key), held until the transaction
+//! commits or rolls back (strict two-phase locking).
 //!
 //! Resources ([`LockKey`]: a table id and the bytes the engine names a key by, a 2-byte index
 //! ordinal (0 for the clustered index) and the encoded key) are hashed into shards; each

@@ -163,9 +163,9 @@ pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
 
 /// Locks clustered keys that did not exist before: an identity key the tree makes under the
 /// latch of the leaf the row goes on (a sequence lane's leaf, or the last leaf), or the range
-/// of a batch's fresh identity keys. Such a lock never waits (nobody else can name the key yet), so taking
-/// it under a latch cannot deadlock, and taking it there hides the row from readers from the
-/// first moment they could see it.
+/// of a batch's fresh identity keys. Such a lock never waits (nobody else can name the key
+/// yet), so taking it under a latch cannot deadlock, and taking it there hides the row from
+/// readers from the first moment they could see it.
 pub(crate) struct FreshLocker<'s> {
     db: &'s Database,
     table_id: u32,

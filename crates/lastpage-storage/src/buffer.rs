@@ -15,12 +15,13 @@
 //! A frame stays allocated for ever; its 8 KiB of bytes come and go. The bytes pointer is only
 //! changed by a thread that holds the frame's latch exclusively (loading a page on a miss, or
 //! evicting it), and only read by a thread that holds the latch in some mode, so the latch alone
-//! orders every access to it: the latch doubles as the pin, and a latched page cannot be
-//! evicted. The frame's other metadata (dirty, slot, CRC) follows the same rule; those fields are
-//! atomics only so that a checkpoint (one at a time) may update them under a shared latch, which
-//! keeps writers out of that page. The CLOCK `referenced` bit and the `resident` flag are hints read without the latch
-//! and rechecked under it. Because this protocol adds no synchronization of its own beyond the
-//! latch (which `tests/latch_loom.rs` model-checks), it has no loom model of its own.
+//! orders every access to it: the latch doubles as the pin, and a latched page cannot be evicted.
+//! The frame's other metadata (dirty, slot, CRC) follows the same rule; those fields are atomics
+//! only so that a checkpoint (one at a time) may update them under a shared latch, which keeps
+//! writers out of that page. The CLOCK `referenced` bit and the `resident` flag are hints read
+//! without the latch and rechecked under it. Because this protocol adds no synchronization of its
+//! own beyond the latch (which `tests/latch_loom.rs` model-checks), it has no loom model of its
+//! own.
 
 use std::cell::UnsafeCell;
 use std::path::Path;

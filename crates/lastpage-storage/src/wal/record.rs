@@ -4,7 +4,7 @@
 //!
 //! | offset | size | field         | meaning                                                    |
 //! |--------|------|---------------|------------------------------------------------------------|
-//! | 0      | 4    | `crc`         | CRC32C of bytes `4..total_len`, seeded with the log's id ([`checksum_seed`]) |
+//! | 0      | 4    | `crc`         | CRC32C of bytes `4..total_len`, seeded ([`checksum_seed`]) |
 //! | 4      | 4    | `total_len`   | header plus payload, in bytes (24 ..= `MAX_WAL_RECORD_BYTES`) |
 //! | 8      | 8    | `lsn`         | the record's own LSN (its offset in the logical log)       |
 //! | 16     | 4    | `payload_len` | payload bytes; always `total_len - 24`                     |

@@ -19,10 +19,10 @@
 //! | 40     | 8    | log id             | random, the same in every segment of one log            |
 //! | 48     | 4    | CRC32C             | of bytes 0..48                                          |
 //!
-//! The writer creates (or renames into place) a segment file, syncs the directory, then writes
-//! and syncs its header, all before it writes any log bytes into it; and it syncs the bytes of one segment before it writes into
-//! the next. So a segment whose header is invalid has no durable log bytes, and if any byte of
-//! segment `k` is durable, every earlier byte of the log is too.
+//! The writer creates (or renames into place) a segment file, syncs the directory, then writes and
+//! syncs its header, all before it writes any log bytes into it; and it syncs the bytes of one
+//! segment before it writes into the next. So a segment whose header is invalid has no durable log
+//! bytes, and if any byte of segment `k` is durable, every earlier byte of the log is too.
 
 use std::path::{Path, PathBuf};
 

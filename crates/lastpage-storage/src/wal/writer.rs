@@ -19,16 +19,16 @@
 //! lead the next round. Whoever arrives while a flush is in progress piles up behind it and is
 //! served by the next one: that is the group.
 //!
-//! Why a leader rather than a dedicated flusher thread: the committer that leads was going to
-//! block for the flush anyway, so it does the I/O itself and the flush starts without a
-//! wake-up of another thread (one context switch fewer per group on the path that decides commit
-//! latency; on two cores with a hundred sessions the flusher thread would also compete for a
-//! core with the sessions it serves). There is no thread to start, stop or lose, an I/O error is
-//! seen by a thread that can report it, and the writer can be model-checked with loom, which
-//! needs every thread to finish. DELAYED durability adds a background flusher in the engine
-//! (a loop around [`LogWriter::flush_in_background`], whose time is not counted as WRITELOG),
-//! which only adds flushes: committers still lead their own. PostgreSQL's WAL flush works the same way (whoever holds
-//! `WALWriteLock` flushes for everyone); SQL Server uses a log writer thread.
+//! Why a leader rather than a dedicated flusher thread: the committer that leads was going to block
+//! for the flush anyway, so it does the I/O itself and the flush starts without a wake-up of
+//! another thread (one context switch fewer per group on the path that decides commit latency; on
+//! two cores with a hundred sessions the flusher thread would also compete for a core with the
+//! sessions it serves). There is no thread to start, stop or lose, an I/O error is seen by a thread
+//! that can report it, and the writer can be model-checked with loom, which needs every thread to
+//! finish. DELAYED durability adds a background flusher in the engine (a loop around
+//! [`LogWriter::flush_in_background`], whose time is not counted as WRITELOG), which only adds
+//! flushes: committers still lead their own. PostgreSQL's WAL flush works the same way (whoever
+//! holds `WALWriteLock` flushes for everyone); SQL Server uses a log writer thread.
 //!
 //! With many committers waiting at once (`WalConfig::yield_wait_committers`), a committer that
 //! finds a leader flushing first yields the processor until its LSN is durable, instead of
