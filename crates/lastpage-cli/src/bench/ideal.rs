@@ -9,11 +9,13 @@
 //! taken around the increment and the copy (so the harness's own per-row cost is in both).
 //!
 //! One such pass of 180,000 100-byte rows lasts about 10 ms, short enough that one late thread
-//! wake-up moves its figure by a factor of three (the insert matrix's three repetitions gave
-//! 23.2M, 6.9M and 21.3M rows/s at 100 threads). So a run repeats the pass, with fresh threads
-//! and the buffer filled again, until [`IDEAL_MIN_TIMED_SEC`] of timed passes have gone by, and
-//! reports all of their rows over all of their timed seconds: each pass is timed exactly as one
-//! engine run is, there are just enough of them to average out the scheduler.
+//! wake-up could move its figure by a factor of three (the insert matrix's three repetitions
+//! gave 23.2M, 6.9M and 21.3M rows/s at 100 threads). So a run repeats the pass, with fresh
+//! threads and the buffer filled again, until [`IDEAL_MIN_TIMED_SEC`] of timed passes have gone
+//! by, and reports all of their rows over all of their timed seconds: each pass is timed exactly
+//! as one engine run is. That did not remove the spread: the next matrix gave 21.28M, 21.53M and
+//! 7.39M, the last over 0.34 s of passes, so the slow spells of this VM last longer than a
+//! cell. The matrix's median of three repetitions is what absorbs them.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
