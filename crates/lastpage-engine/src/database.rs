@@ -326,10 +326,17 @@ impl Database {
         // Before the pool writes a dirty page out, the log must be durable up to every change
         // the page holds (the WAL rule). The pool cannot know the page's LSN, so it flushes
         // the whole log: evictions come in batches, so this is one flush per batch.
+        // Once the database is gone, a `Table` handle kept beyond it still reaches the pool;
+        // its pages must not be written then: the directory's lock went with the database, and
+        // another handle may have opened the files and reused the slots this pool thinks free.
         let weak = Arc::downgrade(&db.inner);
         pool.set_before_write_hook(Box::new(move || {
             let Some(inner) = weak.upgrade() else {
-                return Ok(());
+                return Err(
+                    "the database is closed: a table handle kept beyond its database \
+                            cannot write its pages"
+                        .into(),
+                );
             };
             match &inner.durable {
                 Some(durable) => durable

@@ -1291,7 +1291,9 @@ impl Table {
         let encoded: Vec<&[u8]> = (0..row_count)
             .map(|row| &buffer[batch_item_range(&value_ends, row)])
             .collect();
-        let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
+        let locker = scope
+            .needs_locks(self.visible_rows_cannot_fail())
+            .then(|| scope.fresh_locker(self));
         let keep_changes = scope.keeps_changes();
         let reservation_log = self.reservation_log(scope);
         let tree = self.clustered.tree(0);
@@ -1545,6 +1547,16 @@ impl Table {
             }
         }
         Ok(())
+    }
+
+    /// Whether an insert of fresh identity keys can no longer fail once its rows are in the
+    /// clustered tree: true without nonclustered indexes. With them, an entry made afterwards
+    /// can still fail (a duplicate unique key, a key too large) and take the rows out again,
+    /// so the rows must be locked from the moment readers can see them even where a fresh key
+    /// otherwise needs no lock (an in-memory database's autocommit statement): a reader would
+    /// otherwise return a row that never commits.
+    fn visible_rows_cannot_fail(&self) -> bool {
+        self.nonclustered.is_empty()
     }
 
     /// Whether the clustered key is the identity column alone: then a batch's rows, which take
@@ -1984,7 +1996,9 @@ impl Table {
     ) -> Result<i64> {
         let (identity, data_type) = self.identity_and_type();
         let keep_change = scope.keeps_changes();
-        let locker = scope.needs_locks(true).then(|| scope.fresh_locker(self));
+        let locker = scope
+            .needs_locks(self.visible_rows_cannot_fail())
+            .then(|| scope.fresh_locker(self));
         let reservation_log = self.reservation_log(scope);
         let id = scope.logged(self, |changes| {
             with_scratch(&KEY_SCRATCH, INSERT_SCRATCH_KEPT_BYTES, |key| {

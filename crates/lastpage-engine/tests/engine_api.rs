@@ -1067,6 +1067,65 @@ fn borrowed_batches_check_their_column_list_once() {
     }
 }
 
+/// An in-memory autocommit insert of fresh identity keys takes no row lock only where nothing
+/// can fail after its rows are in the clustered tree: with a nonclustered index, an entry made
+/// afterwards can still fail and take the rows out again, so they are locked from the moment a
+/// reader could see them (a reader would otherwise return a row that never commits).
+#[test]
+fn fresh_rows_are_locked_while_a_later_index_entry_can_still_fail() {
+    let db = database();
+    let table = |name: &str, unique_email: bool| {
+        let mut def = TableDef::new(name)
+            .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
+            .column(ColumnDef::new("Email", DataType::VarChar(50)).not_null())
+            .clustered(IndexDef::new(
+                format!("PK_{name}"),
+                &["Id"],
+                Uniqueness::PrimaryKey,
+            ));
+        if unique_email {
+            def = def.nonclustered(IndexDef::new(
+                format!("UQ_{name}"),
+                &["Email"],
+                Uniqueness::UniqueConstraint,
+            ));
+        }
+        db.create_table(def).unwrap()
+    };
+    let (plain, indexed) = (table("Plain", false), table("Indexed", true));
+    let session = db.session();
+    let locks_taken = |insert: &dyn Fn()| {
+        let before = db.lock_stats().acquired;
+        insert();
+        db.lock_stats().acquired - before
+    };
+    let row = || InsertRow::new().set(1, "a@example.com");
+    assert_eq!(
+        locks_taken(&|| {
+            plain.insert(&session, row()).unwrap();
+        }),
+        0,
+        "nothing can fail after the row is in: no lock"
+    );
+    assert_eq!(
+        locks_taken(&|| drop(plain.insert_batch(&session, vec![row(), row()]).unwrap())),
+        0
+    );
+    // The unique key is locked as always; the clustered key now too.
+    assert_eq!(
+        locks_taken(&|| {
+            indexed.insert(&session, row()).unwrap();
+        }),
+        2
+    );
+    // The duplicate fails after its clustered row went in; that row was locked meanwhile.
+    assert_eq!(
+        locks_taken(&|| assert!(indexed.insert(&session, row()).is_err())),
+        2
+    );
+    assert_eq!(indexed.row_count(), 1);
+}
+
 /// A table is reached only through sessions of its own database: through another database's
 /// session, a statement would take that database's locks and write its log under this
 /// table's index ids (which that database's recovery would apply to its own tables).
