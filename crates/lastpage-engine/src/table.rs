@@ -1076,9 +1076,10 @@ impl Table {
     /// run of rows that land on it, not once per row, and an identity table hands the batch a
     /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
     /// the batch already inserted are removed again and the first error (in row order) is
-    /// returned; readers never see the batch's rows before it commits (except in an in-memory
-    /// database's autocommit batch of fresh identity keys, which takes no locks: see
-    /// `WriteScope::needs_locks`).
+    /// returned; readers never see the batch's rows before it commits (an in-memory
+    /// database's autocommit batch of fresh identity keys into a table without nonclustered
+    /// indexes takes no locks, but nothing can fail once its rows are in, so readers see only
+    /// rows that commit: see `WriteScope::needs_locks`).
     pub fn insert_batch(
         self: &Arc<Self>,
         session: &Session,

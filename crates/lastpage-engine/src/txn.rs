@@ -8,8 +8,8 @@
 //!    checkpoint gate, because they can wait. The exception is a key that did not exist
 //!    before (an identity key the tree makes, or a batch's range of them): a [`FreshLocker`]
 //!    locks it inside the gate, under the latch of the leaf it goes on, since such a lock
-//!    never waits. An in-memory database's autocommit insert of fresh keys takes no lock at
-//!    all ([`WriteScope::needs_locks`]).
+//!    never waits. An in-memory database's autocommit insert of fresh keys into a table
+//!    without nonclustered indexes takes no lock at all ([`WriteScope::needs_locks`]).
 //! 2. Then, inside the checkpoint gate (shared), the change to the trees and its log record
 //!    ([`WriteScope::logged`]), so that a checkpoint sees either both or neither.
 //! 3. The change joins the transaction's undo list. Rolling back applies the inverse changes
