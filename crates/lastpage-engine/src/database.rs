@@ -21,7 +21,7 @@ use lastpage_storage::limits::{
     RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
-use lastpage_storage::sync::{self, AtomicU32, AtomicU64, Mutex, Ordering};
+use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 use lastpage_storage::wal::{ExpectedEnd, LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
 
 use crate::catalog::Catalog;
@@ -123,6 +123,11 @@ pub(crate) struct Durable {
     failure: std::sync::OnceLock<String>,
     /// One checkpoint at a time; holds the LSN of the last one.
     checkpoint: Mutex<u64>,
+    /// Set by [`Database::close`] under the checkpoint gate, with the capture of the image it
+    /// marks clean: from then on every statement through any clone is refused. A change after
+    /// that image would not be in it, and one to a table that is not logged would not be in
+    /// the log either, so the next open would trust a clean image that lost it.
+    closed: AtomicBool,
     /// What recovery did, set once it is done.
     recovery: std::sync::OnceLock<RecoveryStats>,
     /// The background log flusher's thread, which [`Database::request_log_flush`] wakes.
@@ -317,6 +322,7 @@ impl Database {
                     gate: RwLock::new(()),
                     failure: std::sync::OnceLock::new(),
                     checkpoint: Mutex::new(checkpoint_lsn),
+                    closed: AtomicBool::new(false),
                     recovery: std::sync::OnceLock::new(),
                     flusher: std::sync::OnceLock::new(),
                 }),
@@ -568,9 +574,26 @@ impl Database {
 
     /// Fails if the database stopped after a log failure.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        match self.durable().and_then(|durable| durable.failure.get()) {
-            Some(message) => Err(EngineError::DatabaseFailed(message.clone())),
-            None => Ok(()),
+        let Some(durable) = self.durable() else {
+            return Ok(());
+        };
+        if let Some(message) = durable.failure.get() {
+            return Err(EngineError::DatabaseFailed(message.clone()));
+        }
+        if durable.closed.load(Ordering::Acquire) {
+            return Err(EngineError::DatabaseClosed);
+        }
+        Ok(())
+    }
+
+    /// Fails with [`EngineError::DatabaseClosed`] once the database was closed. Writers call it
+    /// inside the checkpoint gate, where a close cannot slip in between the check and the change.
+    pub(crate) fn check_not_closed(&self) -> Result<()> {
+        match self.durable() {
+            Some(durable) if durable.closed.load(Ordering::Acquire) => {
+                Err(EngineError::DatabaseClosed)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -586,10 +609,13 @@ impl Database {
     }
 
     /// Shuts the database down cleanly: flushes the log and takes a checkpoint, so the next
-    /// open has nothing to replay (and tables that are not logged keep their rows). Other
-    /// clones of this handle stay usable. While a transaction that changed a table that is not
-    /// logged is still open, the checkpoint is not marked clean: nothing could undo those
-    /// changes, so the next open empties such tables as after a crash.
+    /// open has nothing to replay (and tables that are not logged keep their rows). From the
+    /// checkpoint on, every statement through any clone of this handle fails with
+    /// [`EngineError::DatabaseClosed`]: a change after the clean image would be lost by the
+    /// next open (for a table that is not logged) or make the image a lie. While a transaction
+    /// that changed a table that is not logged is still open, the checkpoint is not marked
+    /// clean: nothing could undo those changes, so the next open empties such tables as after
+    /// a crash.
     pub fn close(self) -> Result<()> {
         self.flush_log()?;
         self.take_checkpoint(true).map(|_| ())
@@ -638,6 +664,10 @@ impl Database {
             // changes in the image that nothing can undo: the next open must treat that table
             // as after a crash (empty it), so the image is not called clean.
             catalog.clean_shutdown = clean_shutdown && !self.unlogged_changes_open();
+            if clean_shutdown {
+                // Nothing may change after the image a close takes (see `Durable::closed`).
+                durable.closed.store(true, Ordering::Release);
+            }
             let pending = self
                 .inner
                 .pool

@@ -182,6 +182,9 @@ pub enum EngineError {
          {0}"
     )]
     DatabaseFailed(String),
+    /// `Database::close` shut the database down; a clone of its handle cannot go on using it.
+    #[error("the database was closed (Database::close); open it again to go on")]
+    DatabaseClosed,
     /// A table cannot be stored in a durable database's catalog, because a column holds a
     /// closure (a computed expression or a function default) or a default that does not fit
     /// its column.

@@ -322,6 +322,7 @@ impl<'s> WriteScope<'s> {
         let session = self.session;
         let db = session.db();
         let _gate = db.enter_gate();
+        db.check_not_closed()?;
         if !self.log_changes && db.is_durable() {
             session
                 .active_slot()
