@@ -71,21 +71,26 @@ impl Meta {
         bytes
     }
 
-    /// The format version of a meta slot that is intact (magic and checksum) but of another
-    /// version than this build's, if `bytes` is one.
-    fn other_version(bytes: &[u8]) -> Option<u32> {
+    /// The format version of a meta slot that is intact (magic and checksum), whatever the
+    /// version; `None` if it is not intact (never written, torn, corrupt, not a meta slot).
+    fn intact_version(bytes: &[u8]) -> Option<u32> {
         if bytes.len() < META_BYTES || bytes[0..8] != MAGIC {
             return None;
         }
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
-        let version = u32_at(8);
-        (version != FORMAT_VERSION && u32_at(12) == crc32c::crc32c(&bytes[16..META_BYTES]))
-            .then_some(version)
+        (u32_at(12) == crc32c::crc32c(&bytes[16..META_BYTES])).then(|| u32_at(8))
     }
 
-    /// Decodes a meta slot; `None` if it is not a valid one (never written, torn, corrupt).
+    /// The version of a meta slot that is intact but of another format version than this
+    /// build's, if `bytes` is one.
+    fn other_version(bytes: &[u8]) -> Option<u32> {
+        Self::intact_version(bytes).filter(|&version| version != FORMAT_VERSION)
+    }
+
+    /// Decodes a meta slot; `None` if it is not a valid one (never written, torn, corrupt, or
+    /// of another format version).
     fn decode(bytes: &[u8]) -> Option<Meta> {
-        if bytes.len() < META_BYTES || bytes[0..8] != MAGIC {
+        if Self::intact_version(bytes) != Some(FORMAT_VERSION) {
             return None;
         }
         let u32_at = |at: usize| {
@@ -96,9 +101,6 @@ impl Meta {
             word.copy_from_slice(&bytes[at..at + 8]);
             u64::from_le_bytes(word)
         };
-        if u32_at(8) != FORMAT_VERSION || u32_at(12) != crc32c::crc32c(&bytes[16..META_BYTES]) {
-            return None;
-        }
         Some(Meta {
             generation: u64_at(16),
             page_count: u32_at(24),
