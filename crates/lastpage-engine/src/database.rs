@@ -24,7 +24,7 @@ use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnaps
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 use lastpage_storage::wal::{ExpectedEnd, LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, table_name_key};
 use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
@@ -376,10 +376,12 @@ impl Database {
         recovery.checkpoint_us = checkpoint.map_or(0, |stats| stats.duration_us);
         // Uniquifiers are numbered per process, and this database's rows may hold any an
         // earlier process handed out: new ones must come from later blocks.
+        let mut highest = None;
         for table in db.tables().iter() {
-            if let Some(highest) = table.highest_uniquifier()? {
-                raise_uniquifiers_past(highest);
-            }
+            highest = highest.max(table.highest_uniquifier()?);
+        }
+        if let Some(highest) = highest {
+            raise_uniquifiers_past(highest);
         }
         recovery.duration = started.elapsed();
         if let Some(durable) = db.durable() {
@@ -574,16 +576,10 @@ impl Database {
 
     /// Fails if the database stopped after a log failure.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        let Some(durable) = self.durable() else {
-            return Ok(());
-        };
-        if let Some(message) = durable.failure.get() {
+        if let Some(message) = self.durable().and_then(|durable| durable.failure.get()) {
             return Err(EngineError::DatabaseFailed(message.clone()));
         }
-        if durable.closed.load(Ordering::Acquire) {
-            return Err(EngineError::DatabaseClosed);
-        }
-        Ok(())
+        self.check_not_closed()
     }
 
     /// Fails with [`EngineError::DatabaseClosed`] once the database was closed. Writers call it
@@ -740,10 +736,6 @@ impl Database {
         &self.inner.pool
     }
 
-    fn catalog_key(name: &str) -> String {
-        crate::catalog::table_name_key(name)
-    }
-
     /// Creates a table. In a durable database the new table is logged and the log flushed
     /// before this returns, like any committed schema change.
     pub fn create_table(&self, definition: TableDef) -> Result<Arc<Table>> {
@@ -752,7 +744,7 @@ impl Database {
             crate::catalog::check_persistable(&definition)?;
         }
         let _gate = self.enter_gate();
-        let key = Self::catalog_key(&definition.name);
+        let key = table_name_key(&definition.name);
         let mut tables = self
             .inner
             .tables
@@ -892,7 +884,7 @@ impl Database {
             .tables
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(Self::catalog_key(table.name()), table);
+            .insert(table_name_key(table.name()), table);
     }
 
     /// Removes a table dropped by a logged schema change during recovery.
@@ -923,7 +915,7 @@ impl Database {
             .tables
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&Self::catalog_key(name))
+            .get(&table_name_key(name))
             .cloned()
             .ok_or_else(|| EngineError::UnknownTable(name.to_owned()))
     }
@@ -942,7 +934,7 @@ impl Database {
             .tables
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let key = Self::catalog_key(name);
+        let key = table_name_key(name);
         let table = tables
             .get(&key)
             .cloned()

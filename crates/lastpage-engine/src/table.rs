@@ -2949,13 +2949,13 @@ impl Table {
             return Ok(None);
         }
         let heap = self.clustered.column_ids.is_empty();
+        let direction = if heap {
+            Direction::Backward
+        } else {
+            Direction::Forward
+        };
         let mut highest = None;
         for tree in &self.clustered.trees {
-            let direction = if heap {
-                Direction::Backward
-            } else {
-                Direction::Forward
-            };
             let mut keys = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
             for (key, _) in keys.by_ref() {
                 let Some(suffix) = key.last_chunk::<UNIQUIFIER_BYTES>() else {
