@@ -22,7 +22,9 @@ use lastpage_storage::limits::{
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
-use lastpage_storage::wal::{ExpectedEnd, LogWriter, Lsn, Record, WalConfig, WalError, WalStats};
+use lastpage_storage::wal::{
+    ExpectedEnd, LogWriter, Lsn, Record, TxnId, WalConfig, WalError, WalStats,
+};
 
 use crate::catalog::{Catalog, table_name_key};
 use crate::error::{EngineError, Result};
@@ -117,10 +119,6 @@ pub(crate) struct Durable {
     /// appended; a checkpoint holds it exclusively while it captures the pages, so the image
     /// it writes is exactly the effect of the log before its checkpoint LSN.
     gate: RwLock<()>,
-    /// The failure that stopped the database, if one did: once the log could not be made
-    /// durable, nothing in memory can be trusted to match the disk, so every operation is
-    /// refused until the database is reopened (and recovered).
-    failure: std::sync::OnceLock<String>,
     /// One checkpoint at a time; holds the LSN of the last one.
     checkpoint: Mutex<u64>,
     /// Set by [`Database::close`] under the checkpoint gate, with the capture of the image it
@@ -153,6 +151,11 @@ struct Inner {
     instance: u64,
     /// Statements and transactions rolled back so far (see `Table::committed_value`).
     rollbacks: AtomicU64,
+    /// The failure that stopped the database, if one did: once the log could not be made
+    /// durable, or a rollback could not undo all of its changes, nothing in memory can be
+    /// trusted to match what was committed, so every operation is refused until the database
+    /// is reopened (and recovered from its log).
+    failure: std::sync::OnceLock<String>,
 }
 
 /// An embedded lastpage database. Cloning it is cheap and shares the database.
@@ -219,6 +222,7 @@ impl Database {
                 durable,
                 sessions: Mutex::new(Vec::new()),
                 rollbacks: AtomicU64::new(0),
+                failure: std::sync::OnceLock::new(),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
                     // atomics cannot be: std's, like table.rs's uniquifier blocks.
@@ -320,7 +324,6 @@ impl Database {
                     dir,
                     wal,
                     gate: RwLock::new(()),
-                    failure: std::sync::OnceLock::new(),
                     checkpoint: Mutex::new(checkpoint_lsn),
                     closed: AtomicBool::new(false),
                     recovery: std::sync::OnceLock::new(),
@@ -568,17 +571,52 @@ impl Database {
     /// Records a log failure: from now on the database refuses every operation.
     pub(crate) fn fail(&self, error: WalError) -> EngineError {
         let message = error.to_string();
-        if let Some(durable) = self.durable() {
-            let _ = durable.failure.set(message.clone());
-        }
+        let _ = self.inner.failure.set(message.clone());
         EngineError::LogFailed(message)
     }
 
-    /// Fails if the database stopped after a log failure.
-    pub(crate) fn check_usable(&self) -> Result<()> {
-        if let Some(message) = self.durable().and_then(|durable| durable.failure.get()) {
-            return Err(EngineError::DatabaseFailed(message.clone()));
+    /// Records that rolling back transaction `txn` failed with `error` part way: some of its
+    /// changes are still in the trees, where the next statement could read them or commit on
+    /// top of them. As SQL Server takes such a database offline and PostgreSQL escalates an
+    /// error during abort to a PANIC, the database refuses every operation from now on; a
+    /// durable database's next open undoes the transaction from its log (it has no commit
+    /// record). Returns the error to report for the rollback.
+    pub(crate) fn fail_rollback(&self, txn: TxnId, error: EngineError) -> EngineError {
+        if matches!(error, EngineError::DatabaseClosed) {
+            // Nothing can use the database after a close anyway, and its next open undoes the
+            // transaction as above.
+            return error;
         }
+        let message = if self.is_durable() {
+            format!(
+                "rolling back transaction {} failed, so some of its changes could not be \
+                 undone: {error}. The next open of the database undoes them from the log",
+                txn.0
+            )
+        } else {
+            format!(
+                "rolling back transaction {} failed, so some of its changes could not be \
+                 undone: {error}. An in-memory database has no log to undo them from: its \
+                 contents can no longer be trusted",
+                txn.0
+            )
+        };
+        let _ = self.inner.failure.set(message.clone());
+        EngineError::DatabaseFailed(message)
+    }
+
+    /// Fails if the database stopped after a failure ([`Database::fail`],
+    /// [`Database::fail_rollback`]).
+    pub(crate) fn check_not_failed(&self) -> Result<()> {
+        match self.inner.failure.get() {
+            Some(message) => Err(EngineError::DatabaseFailed(message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails if the database stopped after a failure or was closed.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        self.check_not_failed()?;
         self.check_not_closed()
     }
 

@@ -176,11 +176,9 @@ pub enum EngineError {
     /// refuses everything from now on.
     #[error("{0}")]
     LogFailed(String),
-    /// The database stopped after a log failure; reopening it recovers from the log.
-    #[error(
-        "the database stopped after a write-ahead log failure and must be reopened to recover: \
-         {0}"
-    )]
+    /// The database stopped after a log failure or a rollback that could not undo all of its
+    /// changes; reopening it recovers from the log.
+    #[error("the database stopped and must be reopened to recover: {0}")]
     DatabaseFailed(String),
     /// `Database::close` shut the database down; a clone of its handle cannot go on using it.
     #[error("the database was closed (Database::close); open it again to go on")]

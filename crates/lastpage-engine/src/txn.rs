@@ -444,7 +444,9 @@ impl Session {
     pub fn commit_pipelined(&self) -> Result<CommitTicket> {
         let txn = self.take_to_commit()?;
         let _attribution = self.attribute();
-        let appended = self.append_end(&txn, Record::Commit { txn: txn.id });
+        let appended = self
+            .check_can_commit()
+            .and_then(|()| self.append_end(&txn, Record::Commit { txn: txn.id }));
         self.end_transaction(txn);
         let end = appended?;
         if end.is_some() {
@@ -534,8 +536,20 @@ impl Session {
 
     /// Undoes the transaction's changes after `savepoint`, newest first, logging each inverse
     /// change as the transaction's own. `statement_table` is the table of entries that name
-    /// none (those of the statement in progress).
+    /// none (those of the statement in progress). If a change cannot be undone, the database
+    /// stops ([`Database::fail_rollback`]).
     fn undo_to(
+        &self,
+        txn: &mut Transaction,
+        savepoint: usize,
+        statement_table: Option<&Arc<Table>>,
+    ) -> Result<()> {
+        let id = txn.id;
+        self.undo_entries_to(txn, savepoint, statement_table)
+            .map_err(|error| self.db().fail_rollback(id, error))
+    }
+
+    fn undo_entries_to(
         &self,
         txn: &mut Transaction,
         savepoint: usize,
@@ -570,13 +584,28 @@ impl Session {
     }
 
     fn finish_commit(&self, txn: Transaction) -> Result<()> {
-        let result = self.log_end(&txn, Record::Commit { txn: txn.id });
+        let result = self
+            .check_can_commit()
+            .and_then(|()| self.log_end(&txn, Record::Commit { txn: txn.id }));
         self.end_transaction(txn);
         result
     }
 
+    /// Refuses a commit once the database failed: a statement of the transaction may be only
+    /// half undone (see [`Database::fail_rollback`]), and a log failure refuses the commit
+    /// record anyway.
+    fn check_can_commit(&self) -> Result<()> {
+        self.db().check_not_failed()
+    }
+
     fn finish_rollback(&self, mut txn: Transaction) -> Result<()> {
-        let undone = self.undo_to(&mut txn, 0, None);
+        // Once the database failed, nothing reads the trees again before the next open, whose
+        // recovery undoes the transaction; and after a failed undo, undoing older changes
+        // would skip the one that failed.
+        let undone = self
+            .db()
+            .check_not_failed()
+            .and_then(|()| self.undo_to(&mut txn, 0, None));
         self.db().note_rollback();
         // The abort record is flushed like a commit (for FULL durability): the rolled-back
         // inserts' records then are on disk too, so recovery sees their identity values and

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
+use lastpage_engine::database::DATA_FILE_NAME;
 use lastpage_engine::{
     ColumnDef, CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability,
     EngineError, IndexDef, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
@@ -574,25 +575,45 @@ fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
     assert_orders_survived(&after, &before);
 }
 
-#[test]
-fn a_database_larger_than_its_memory_budget_works_and_survives_reopening() {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
-    let small = DatabaseOptions {
+/// [`options`] with a buffer pool of 64 pages.
+fn small_budget(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
         memory_budget_bytes: 64 * 8192,
-        ..options(&fs)
-    };
-    let db = Database::open(DIR, small.clone()).unwrap();
-    let table = db.create_table(orders()).unwrap();
-    let session = db.session();
+        ..options(fs)
+    }
+}
+
+/// Opens `fs` with [`small_budget`].
+fn open_small(fs: &FaultyFileSystem) -> Database {
+    Database::open(DIR, small_budget(fs)).unwrap()
+}
+
+/// Inserts 20,000 rows of about 100 bytes into `Orders`, 200 per statement: far more than a
+/// [`small_budget`] pool holds, so pages are evicted (checked).
+fn insert_orders_past_the_budget(
+    db: &Database,
+    table: &Arc<lastpage_engine::Table>,
+    session: &lastpage_engine::Session,
+) {
     let rows: Vec<InsertRow> = (0..200)
         .map(|_| InsertRow::new().set(1, "x".repeat(90)))
         .collect();
     for _ in 0..100 {
-        table.insert_batch(&session, rows.clone()).unwrap();
+        table.insert_batch(session, rows.clone()).unwrap();
     }
-    assert_eq!(table.row_count(), 20_000);
     let pool = db.pool().stats();
     assert!(pool.evictions > 0, "{pool:?}");
+}
+
+#[test]
+fn a_database_larger_than_its_memory_budget_works_and_survives_reopening() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let db = open_small(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    insert_orders_past_the_budget(&db, &table, &session);
+    assert_eq!(table.row_count(), 20_000);
+    let pool = db.pool().stats();
     assert!(pool.resident <= 64 + 64, "{pool:?}");
     db.check_integrity().unwrap();
     let scanned = table
@@ -604,14 +625,7 @@ fn a_database_larger_than_its_memory_budget_works_and_survives_reopening() {
     drop(table);
     drop(db);
     let after = fs.crash_with(CrashMode::LoseUnsynced);
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            file_system: Some(Arc::new(after.clone())),
-            ..small
-        },
-    )
-    .unwrap();
+    let db = open_small(&after);
     assert_eq!(orders_rows(&db).len(), 20_000);
     db.check_integrity().unwrap();
 }
@@ -858,6 +872,60 @@ fn statements_are_atomic_inside_transactions() {
     assert!(table.get(&session, &[Value::Int(1)]).unwrap().is_some());
     assert_eq!(table.get(&session, &[Value::Int(2)]).unwrap(), None);
     assert_eq!(table.row_count(), 1);
+}
+
+/// A rollback that fails part way (here: an undo needs a page that was evicted, and the data
+/// file can no longer be read) leaves some of the transaction's changes in the trees. Nothing
+/// may read them or commit on top of them: the database stops, and its next open undoes the
+/// whole transaction from the log.
+#[test]
+fn a_rollback_that_cannot_undo_its_changes_stops_the_database_and_the_next_open_undoes_them() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(31));
+    let db = open_small(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let committed: Vec<i64> = (0..10)
+        .map(|_| insert_order(&db, &session).unwrap())
+        .collect();
+    session.begin().unwrap();
+    insert_orders_past_the_budget(&db, &table, &session);
+    fs.inject(FaultRule::reads_fail_from(1).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
+    let error = session.rollback().unwrap_err();
+    assert!(matches!(error, EngineError::DatabaseFailed(_)), "{error}");
+    assert!(
+        error.to_string().contains("rolling back transaction"),
+        "{error}"
+    );
+    fs.clear_faults();
+    // The rows the rollback could not remove were never committed: no statement may see them
+    // or build on them, through this session or another.
+    let refused = insert_order(&db, &session).unwrap_err();
+    assert!(
+        matches!(refused, EngineError::DatabaseFailed(_)),
+        "{refused}"
+    );
+    assert!(table.get(&session, &[Value::BigInt(committed[0])]).is_err());
+    let other = db.session();
+    assert!(other.begin().is_err());
+    assert!(
+        table
+            .scan(&other, &KeyRange::all(), Direction::Forward)
+            .is_err()
+    );
+    let after = crash(
+        &fs,
+        CrashMode::LoseUnsynced,
+        db,
+        (session, other, table),
+        (),
+    );
+    let db = open_small(&after);
+    let ids: Vec<i64> = orders_rows(&db).into_keys().collect();
+    assert_eq!(ids, committed);
+    db.check_integrity().unwrap();
+    // The reopened database goes on, above every identity value the transaction took.
+    let session = db.session();
+    assert!(insert_order(&db, &session).unwrap() > 20_010);
 }
 
 #[test]
