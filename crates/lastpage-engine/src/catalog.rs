@@ -518,12 +518,26 @@ fn put_index(out: &mut Vec<u8>, index: &IndexDef) -> Result<()> {
         LatchPolicy::Fifo => 0,
         LatchPolicy::Adaptive => 1,
     });
-    out.push(match index.options.insert_path {
-        InsertPath::Classic => 0,
-        InsertPath::Default => 1,
-    });
+    out.push(insert_path_tag(index.options.insert_path));
     put_bool(out, index.options.optimize_for_sequential_key);
     Ok(())
+}
+
+/// The insert path's tag byte, in the catalog and in logged index changes.
+pub(crate) fn insert_path_tag(path: InsertPath) -> u8 {
+    match path {
+        InsertPath::Classic => 0,
+        InsertPath::Default => 1,
+    }
+}
+
+/// The insert path of a tag byte written by [`insert_path_tag`].
+pub(crate) fn insert_path_of_tag(tag: u8) -> Result<InsertPath> {
+    match tag {
+        0 => Ok(InsertPath::Classic),
+        1 => Ok(InsertPath::Default),
+        tag => Err(corrupt(format!("unknown insert path tag {tag}"))),
+    }
 }
 
 fn put_data_type(out: &mut Vec<u8>, data_type: DataType) {
@@ -819,11 +833,7 @@ impl<'a> Cursor<'a> {
             1 => LatchPolicy::Adaptive,
             tag => return Err(corrupt(format!("unknown latch policy tag {tag}"))),
         };
-        let insert_path = match self.u8()? {
-            0 => InsertPath::Classic,
-            1 => InsertPath::Default,
-            tag => return Err(corrupt(format!("unknown insert path tag {tag}"))),
-        };
+        let insert_path = insert_path_of_tag(self.u8()?)?;
         let optimize_for_sequential_key = self.bool()?;
         Ok(IndexDef {
             name,

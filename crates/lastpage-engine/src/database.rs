@@ -30,7 +30,7 @@ use crate::catalog::{Catalog, table_name_key};
 use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
-use crate::schema::TableDef;
+use crate::schema::{IndexOptions, TableDef};
 use crate::table::{Table, TableCheck, raise_uniquifiers_past};
 use crate::txn::{ActiveSlot, Durability, NO_ACTIVE_LSN, Transaction};
 
@@ -987,6 +987,44 @@ impl Database {
         table.mark_dropped();
         tables.remove(&key);
         Ok(())
+    }
+
+    /// Gives the index at `position` of `table` (see `Table::indexes`) the run-time options of
+    /// `options` (its latch policy cannot change). In a durable database the change is logged
+    /// and flushed first, inside the checkpoint gate, so that a checkpoint's catalog has it
+    /// exactly when the checkpoint is past its record; changes are serialized by the catalog's
+    /// write lock, as DDL is, so that the log's order is the order they took effect in.
+    pub(crate) fn alter_index(
+        &self,
+        session: &Session,
+        table: &Table,
+        position: usize,
+        options: IndexOptions,
+    ) -> Result<()> {
+        let _gate = self.enter_gate();
+        // Inside the gate, where a close cannot slip in between the check and the change.
+        self.check_usable()?;
+        let _catalog = self
+            .inner
+            .tables
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Under the lock a drop takes too: a dropped table's change is refused, not logged.
+        table.check_usable_by(session)?;
+        if let Some(wal) = self.wal() {
+            let position = u32::try_from(position).expect("a table has few indexes");
+            wal.append(&Record::Schema {
+                description: recovery::describe_index_options(table.id(), position, &options)
+                    .into(),
+            })
+            .and_then(|end| wal.wait_durable(end))
+            .map_err(|error| self.fail(error))?;
+        }
+        table.apply_index_options(
+            position,
+            options.insert_path,
+            options.optimize_for_sequential_key,
+        )
     }
 
     /// Every table, in name order.

@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 use lastpage_io::FileSystem;
 use lastpage_storage::wal::{LogReader, Lsn, RawRecord, Record};
 
-use crate::catalog::{Catalog, CatalogEntry};
+use crate::catalog::{Catalog, CatalogEntry, insert_path_of_tag, insert_path_tag};
 use crate::database::Database;
 use crate::error::{EngineError, Result};
+use crate::schema::IndexOptions;
 use crate::table::{RowChange, Table};
 
 /// What recovery did when a durable database was opened.
@@ -69,6 +70,7 @@ pub struct RecoveryStats {
 /// Schema-record tags (the first byte of a `Schema` record's description).
 const SCHEMA_CREATE: u8 = 1;
 const SCHEMA_DROP: u8 = 2;
+const SCHEMA_INDEX_OPTIONS: u8 = 3;
 
 /// The description of a created table, for its `Schema` record.
 pub(crate) fn describe_create(entry: &CatalogEntry) -> Result<Vec<u8>> {
@@ -94,6 +96,24 @@ pub(crate) fn describe_create(entry: &CatalogEntry) -> Result<Vec<u8>> {
 pub(crate) fn describe_drop(table_id: u32) -> Vec<u8> {
     let mut description = vec![SCHEMA_DROP];
     description.extend_from_slice(&table_id.to_le_bytes());
+    description
+}
+
+/// The description of an index's changed run-time options, for its `Schema` record: the
+/// table id (u32), the index's position among the table's indexes (u32: the clustered index,
+/// which a heap has too, is 0, the nonclustered ones follow in order), the insert path (the
+/// catalog's tag byte) and OPTIMIZE_FOR_SEQUENTIAL_KEY (a bool byte). The latch policy cannot
+/// change.
+pub(crate) fn describe_index_options(
+    table_id: u32,
+    position: u32,
+    options: &IndexOptions,
+) -> Vec<u8> {
+    let mut description = vec![SCHEMA_INDEX_OPTIONS];
+    description.extend_from_slice(&table_id.to_le_bytes());
+    description.extend_from_slice(&position.to_le_bytes());
+    description.push(insert_path_tag(options.insert_path));
+    description.push(u8::from(options.optimize_for_sequential_key));
     description
 }
 
@@ -237,6 +257,28 @@ fn apply_schema(db: &Database, description: &[u8], lsn: u64) -> Result<()> {
                 .map_err(|_| corrupt(lsn, "a malformed drop-table record".into()))?;
             db.forget_table(id);
             Ok(())
+        }
+        Some((&SCHEMA_INDEX_OPTIONS, rest)) => {
+            let malformed = || corrupt(lsn, "a malformed index-options record".into());
+            let &[t0, t1, t2, t3, p0, p1, p2, p3, path, flow_control] = rest else {
+                return Err(malformed());
+            };
+            let table_id = u32::from_le_bytes([t0, t1, t2, t3]);
+            let position = u32::from_le_bytes([p0, p1, p2, p3]);
+            let insert_path = insert_path_of_tag(path).map_err(|_| malformed())?;
+            let optimize_for_sequential_key = match flow_control {
+                0 => false,
+                1 => true,
+                _ => return Err(malformed()),
+            };
+            // A table dropped later in the log is not here; nothing to change then.
+            let Some(table) = db.tables().into_iter().find(|table| table.id() == table_id) else {
+                return Ok(());
+            };
+            let position = usize::try_from(position).map_err(|_| malformed())?;
+            table
+                .apply_index_options(position, insert_path, optimize_for_sequential_key)
+                .map_err(|error| corrupt(lsn, error.to_string()))
         }
         _ => Err(corrupt(lsn, "an unknown schema record".into())),
     }

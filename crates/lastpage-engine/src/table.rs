@@ -34,7 +34,7 @@ use crate::error::{EngineError, Result};
 use crate::identity::{IdentityState, ReservationLog};
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
-use crate::schema::{ColumnDef, DefaultValue, IndexDef, TableDef, Uniqueness};
+use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
 use crate::txn::WriteScope;
 use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
 
@@ -1002,38 +1002,95 @@ impl Table {
         Ok(Some(partition_of_value(&converted, partitioning.count)))
     }
 
-    /// Switches an index's insert path at run time (every partition's tree), for as long as the
-    /// database stays open: the setting is not stored, so a reopened database has the index's
-    /// path from its definition again.
+    /// Switches an index's insert path (every partition's tree). Both paths keep the same
+    /// layout, so this takes effect for the next insert, without a rebuild. In a durable
+    /// database the change is logged and flushed before it takes effect, and a reopened
+    /// database keeps it.
     pub fn set_insert_path(
         &self,
+        session: &Session,
         index_name: &str,
         path: lastpage_storage::btree::InsertPath,
     ) -> Result<()> {
-        self.index(index_name)?
-            .trees
-            .iter()
-            .for_each(|tree| tree.set_insert_path(path));
-        Ok(())
+        self.alter_index(session, index_name, |options| options.insert_path = path)
     }
 
-    /// Switches OPTIMIZE_FOR_SEQUENTIAL_KEY of an index at run time, without a rebuild, as
-    /// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)` does. Unlike SQL Server's, the
-    /// setting lasts only while the database stays open: it is not stored, so a reopened
-    /// database has the option from the index's definition again (storing it needs a logged
-    /// schema change, which the SQL layer's ALTER INDEX will bring).
-    pub fn set_optimize_for_sequential_key(&self, index_name: &str, enabled: bool) -> Result<()> {
-        self.index(index_name)?
-            .trees
-            .iter()
-            .for_each(|tree| tree.set_optimize_for_sequential_key(enabled));
+    /// Switches OPTIMIZE_FOR_SEQUENTIAL_KEY of an index, without a rebuild, as
+    /// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)` does. In a durable database the
+    /// change is logged and flushed before it takes effect, and a reopened database keeps it.
+    pub fn set_optimize_for_sequential_key(
+        &self,
+        session: &Session,
+        index_name: &str,
+        enabled: bool,
+    ) -> Result<()> {
+        self.alter_index(session, index_name, |options| {
+            options.optimize_for_sequential_key = enabled;
+        })
+    }
+
+    /// Changes the run-time options of the index called `index_name` with `change`, through
+    /// the database (which logs the change first).
+    fn alter_index(
+        &self,
+        session: &Session,
+        index_name: &str,
+        change: impl FnOnce(&mut IndexOptions),
+    ) -> Result<()> {
+        let position = self.index_position(index_name)?;
+        if position == 0 && self.definition.clustered.is_none() {
+            // SQL Server's ALTER INDEX needs an index, which a heap has not; its hidden tree
+            // has no definition to keep the options in.
+            return Err(EngineError::InvalidDefinition {
+                table: self.name.clone(),
+                reason: "a heap has no index whose options could be changed".into(),
+            });
+        }
+        let mut options = self.index_options(position);
+        change(&mut options);
+        session.db().alter_index(session, self, position, options)
+    }
+
+    /// The current options of the index at `position` (the clustered index first, then the
+    /// nonclustered ones in order): the definition's latch policy, and the insert path and
+    /// flow control setting its trees have now.
+    fn index_options(&self, position: usize) -> IndexOptions {
+        let index = self
+            .indexes()
+            .nth(position)
+            .expect("a position of one of the table's indexes");
+        let tree = index.tree(0).options();
+        IndexOptions {
+            latch_policy: index.def.options.latch_policy,
+            insert_path: tree.insert_path,
+            optimize_for_sequential_key: tree.optimize_for_sequential_key,
+        }
+    }
+
+    /// Gives every tree of the index at `position` (see [`Table::indexes`]) an insert path and
+    /// a flow control setting (the options that can change after the trees are made).
+    pub(crate) fn apply_index_options(
+        &self,
+        position: usize,
+        insert_path: lastpage_storage::btree::InsertPath,
+        optimize_for_sequential_key: bool,
+    ) -> Result<()> {
+        let index = self.indexes().nth(position).ok_or_else(|| {
+            EngineError::Storage(format!(
+                "table {} has no index at position {position}",
+                self.id
+            ))
+        })?;
+        for tree in &index.trees {
+            tree.set_insert_path(insert_path);
+            tree.set_optimize_for_sequential_key(optimize_for_sequential_key);
+        }
         Ok(())
     }
 
     /// Every index's name and trees (one per partition), clustered first.
     pub fn trees(&self) -> impl Iterator<Item = (&str, &[BTree])> {
-        std::iter::once(&self.clustered)
-            .chain(&self.nonclustered)
+        self.indexes()
             .map(|index| (index.def.name.as_str(), index.trees.as_slice()))
     }
 
@@ -2389,13 +2446,24 @@ impl Table {
     }
 
     fn index(&self, name: &str) -> Result<&Index> {
-        std::iter::once(&self.clustered)
-            .chain(&self.nonclustered)
-            .find(|index| index.def.name.eq_ignore_ascii_case(name))
+        self.index_position(name)
+            .map(|position| self.indexes().nth(position).expect("found there"))
+    }
+
+    /// The position of the index called `name` in [`Table::indexes`].
+    fn index_position(&self, name: &str) -> Result<usize> {
+        self.indexes()
+            .position(|index| index.def.name.eq_ignore_ascii_case(name))
             .ok_or_else(|| EngineError::UnknownIndex {
                 table: self.name.clone(),
                 index: name.to_owned(),
             })
+    }
+
+    /// Every index, the clustered one (which a heap has too) first, then the nonclustered ones
+    /// in order: the order of the catalog's tree lists and of logged index changes.
+    fn indexes(&self) -> impl Iterator<Item = &Index> {
+        std::iter::once(&self.clustered).chain(&self.nonclustered)
     }
 
     /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key. A
@@ -2918,11 +2986,19 @@ impl Table {
     /// The table's catalog entry: its definition, trees and identity counter (read while
     /// writers are paused, for a checkpoint).
     pub(crate) fn catalog_entry(&self) -> CatalogEntry {
+        // The definition with the options its indexes have now (see `alter_index`).
+        let mut definition = self.definition.clone();
+        if let Some(clustered) = &mut definition.clustered {
+            clustered.options = self.index_options(0);
+        }
+        for (position, index) in definition.nonclustered.iter_mut().enumerate() {
+            index.options = self.index_options(position + 1);
+        }
         CatalogEntry {
             table_id: self.id,
-            definition: self.definition.clone(),
-            index_trees: std::iter::once(&self.clustered)
-                .chain(&self.nonclustered)
+            definition,
+            index_trees: self
+                .indexes()
                 .map(|index| IndexTrees {
                     index_id_per_partition: index.trees.iter().map(BTree::index_id).collect(),
                     root_per_partition: index.trees.iter().map(BTree::root).collect(),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use lastpage_engine::database::DATA_FILE_NAME;
 use lastpage_engine::{
     ColumnDef, CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability,
-    EngineError, IndexDef, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
+    EngineError, IndexDef, InsertPath, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
 use lastpage_storage::limits::WAL_ROW_CHANGE_MAX_BYTES;
@@ -1121,6 +1121,78 @@ fn accounts_by_balance() -> TableDef {
         &["Balance"],
         Uniqueness::NonUnique,
     ))
+}
+
+/// What `Accounts`'s two indexes have now: (insert path, OPTIMIZE_FOR_SEQUENTIAL_KEY) each,
+/// every partition's tree alike.
+fn accounts_index_options(db: &Database) -> Vec<(InsertPath, bool)> {
+    db.table("Accounts")
+        .unwrap()
+        .trees()
+        .map(|(_, trees)| {
+            let options = trees[0].options();
+            assert!(trees.iter().all(|tree| tree.options() == options));
+            (options.insert_path, options.optimize_for_sequential_key)
+        })
+        .collect()
+}
+
+/// `ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = …)` and the insert path are kept by a
+/// durable database: logged, replayed after a crash, and stored by a checkpoint; a change to a
+/// table dropped later in the log is skipped.
+#[test]
+fn index_option_changes_survive_a_crash_and_a_checkpoint() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(37));
+    let db = open(&fs);
+    let table = db.create_table(accounts_by_balance()).unwrap();
+    let defined = accounts_index_options(&db);
+    assert_eq!(defined, [(InsertPath::Default, false); 2]);
+    let session = db.session();
+    table
+        .set_optimize_for_sequential_key(&session, "PK_Accounts", true)
+        .unwrap();
+    table
+        .set_insert_path(&session, "IX_Balance", InsertPath::Classic)
+        .unwrap();
+    let changed = vec![(InsertPath::Default, true), (InsertPath::Classic, false)];
+    assert_eq!(accounts_index_options(&db), changed);
+    let dropped = db.create_table(orders()).unwrap();
+    dropped
+        .set_optimize_for_sequential_key(&session, "PK_Orders", true)
+        .unwrap();
+    db.drop_table("Orders").unwrap();
+    // The record is flushed before the change returns: nothing else flushes here.
+    let after = crash(
+        &fs,
+        CrashMode::LoseUnsynced,
+        db,
+        (session, table, dropped),
+        (),
+    );
+    let db = open(&after);
+    assert_eq!(
+        accounts_index_options(&db),
+        changed,
+        "replayed from the log"
+    );
+    assert!(db.table("Orders").is_err());
+    db.checkpoint().unwrap();
+    let table = db.table("Accounts").unwrap();
+    let session = db.session();
+    table
+        .set_optimize_for_sequential_key(&session, "PK_Accounts", false)
+        .unwrap();
+    let changed = vec![(InsertPath::Default, false), (InsertPath::Classic, false)];
+    let after = crash(&after, CrashMode::LoseUnsynced, db, (session, table), ());
+    let db = open(&after);
+    assert_eq!(
+        accounts_index_options(&db),
+        changed,
+        "the image, then the log"
+    );
+    db.close().unwrap();
+    let db = open(&after);
+    assert_eq!(accounts_index_options(&db), changed, "the clean image");
 }
 
 #[test]

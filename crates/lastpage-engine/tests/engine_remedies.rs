@@ -303,11 +303,12 @@ fn index_options_switch_at_run_time_without_a_rebuild() {
             .options()
             .optimize_for_sequential_key
     );
+    let session = db.session();
     table
-        .set_optimize_for_sequential_key("PK_HotSpot", false)
+        .set_optimize_for_sequential_key(&session, "PK_HotSpot", false)
         .unwrap();
     table
-        .set_insert_path("PK_HotSpot", InsertPath::Default)
+        .set_insert_path(&session, "pk_hotspot", InsertPath::Default)
         .unwrap();
     insert_some();
     let options = table.clustered_trees()[0].options();
@@ -316,7 +317,16 @@ fn index_options_switch_at_run_time_without_a_rebuild() {
     assert_eq!(table.row_count(), 2 * 16 * 300);
     table.check_integrity().unwrap();
     assert!(matches!(
-        table.set_insert_path("nope", InsertPath::Classic),
+        table.set_insert_path(&session, "nope", InsertPath::Classic),
         Err(EngineError::UnknownIndex { .. })
+    ));
+    // A heap has no index to alter (SQL Server's ALTER INDEX needs one).
+    let heap = db
+        .create_table(TableDef::new("Heap").column(ColumnDef::new("ver", DataType::TinyInt)))
+        .unwrap();
+    let heap_index = heap.trees().next().unwrap().0.to_owned();
+    assert!(matches!(
+        heap.set_optimize_for_sequential_key(&session, &heap_index, true),
+        Err(EngineError::InvalidDefinition { .. })
     ));
 }
