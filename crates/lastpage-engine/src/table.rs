@@ -3205,7 +3205,7 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 /// next key.
 ///
 /// READ COMMITTED: a row read ahead is returned only once it is committed (see
-/// [`Table::committed_value`]), and a row that a transaction still open deleted is waited for
+/// `Table::committed_value`), and a row that a transaction still open deleted is waited for
 /// rather than skipped: before returning a row (or ending), the scan looks for such a row in
 /// the gap between the row it returned last and this one. The gap check is consistent with
 /// the rows read ahead only if nothing was noted or cleared since they were read (see

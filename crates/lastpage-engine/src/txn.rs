@@ -1,17 +1,17 @@
 //! Transactions: autocommit and explicit, statement atomicity, undo, logging and commit.
 //!
-//! Every write runs inside a [`WriteScope`]: the session's explicit transaction if it has one,
+//! Every write runs inside a `WriteScope`: the session's explicit transaction if it has one,
 //! otherwise an autocommit transaction that commits (or rolls back) when the statement ends.
 //! A write follows one protocol, whatever the operation:
 //!
-//! 1. Row locks first ([`WriteScope::lock_row`]), outside every latch and outside the
+//! 1. Row locks first (`WriteScope::lock_row`), outside every latch and outside the
 //!    checkpoint gate, because they can wait. The exception is a key that did not exist
-//!    before (an identity key the tree makes, or a batch's range of them): a [`FreshLocker`]
+//!    before (an identity key the tree makes, or a batch's range of them): a `FreshLocker`
 //!    locks it inside the gate, under the latch of the leaf it goes on, since such a lock
 //!    never waits. An in-memory database's autocommit insert of fresh keys into a table
-//!    without nonclustered indexes takes no lock at all ([`WriteScope::needs_locks`]).
+//!    without nonclustered indexes takes no lock at all (`WriteScope::needs_locks`).
 //! 2. Then, inside the checkpoint gate (shared), the change to the trees and its log record
-//!    ([`WriteScope::logged`]), so that a checkpoint sees either both or neither.
+//!    (`WriteScope::logged`), so that a checkpoint sees either both or neither.
 //! 3. The change joins the transaction's undo list. Rolling back applies the inverse changes
 //!    in reverse order, and logs them too (compensation), so the log replays a rolled-back
 //!    statement inside a transaction that later commits to its net effect.

@@ -2,7 +2,7 @@
 //!
 //! The layout of a tree:
 //! - The root page never moves. When it must split, its contents move to a new child first
-//!   ([`BTree::grow_root`]), so the root's id can be kept in the index descriptor for ever and no
+//!   (`BTree::grow_root`), so the root's id can be kept in the index descriptor for ever and no
 //!   separate root pointer needs a latch.
 //! - Inner pages hold separators; a child to the right of separator `s` holds keys `>= s`.
 //! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.

@@ -32,7 +32,7 @@
 //!
 //! With many committers waiting at once (`WalConfig::yield_wait_committers`), a committer that
 //! finds a leader flushing first yields the processor until its LSN is durable, instead of
-//! parking; see [`LogWriter::yield_while_led`].
+//! parking; see `LogWriter::yield_while_led`.
 //!
 //! If the leader finds the prefix stuck behind a record still being copied, it parks until the
 //! next completion instead of polling (see the `STALLED` protocol in [`super::buffer`]).
@@ -54,7 +54,7 @@
 //! segment's bytes, the new header, the new segment's bytes) and three fdatasyncs, plus an fsync
 //! of the directory. The new segment's file is the one a background thread prepared
 //! (zero-filled, reserved, or recycled from a spare, and synced) if it is ready, so that no
-//! flush into it extends the file; see [`super::prepare`].
+//! flush into it extends the file; see `super::prepare`.
 
 use std::cell::Cell;
 use std::fmt;
