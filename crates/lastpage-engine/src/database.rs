@@ -989,17 +989,19 @@ impl Database {
         Ok(())
     }
 
-    /// Gives the index at `position` of `table` (see `Table::indexes`) the run-time options of
-    /// `options` (its latch policy cannot change). In a durable database the change is logged
-    /// and flushed first, inside the checkpoint gate, so that a checkpoint's catalog has it
-    /// exactly when the checkpoint is past its record; changes are serialized by the catalog's
-    /// write lock, as DDL is, so that the log's order is the order they took effect in.
+    /// Changes the run-time options of the index at `position` of `table` (see
+    /// `Table::indexes`) with `change` (the latch policy cannot change). In a durable database
+    /// the change is logged and flushed first, inside the checkpoint gate, so that a
+    /// checkpoint's catalog has it exactly when the checkpoint is past its record. Changes are
+    /// serialized by the catalog's write lock, as DDL is, from reading the options to applying
+    /// them: two changes of different options of one index both take effect, and the log's
+    /// order is the order they took effect in.
     pub(crate) fn alter_index(
         &self,
         session: &Session,
         table: &Table,
         position: usize,
-        options: IndexOptions,
+        change: impl FnOnce(&mut IndexOptions),
     ) -> Result<()> {
         let _gate = self.enter_gate();
         // Inside the gate, where a close cannot slip in between the check and the change.
@@ -1011,6 +1013,8 @@ impl Database {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         // Under the lock a drop takes too: a dropped table's change is refused, not logged.
         table.check_usable_by(session)?;
+        let mut options = table.index_options(position);
+        change(&mut options);
         if let Some(wal) = self.wal() {
             let position = u32::try_from(position).expect("a table has few indexes");
             wal.append(&Record::Schema {

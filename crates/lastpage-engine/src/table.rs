@@ -1046,15 +1046,13 @@ impl Table {
                 reason: "a heap has no index whose options could be changed".into(),
             });
         }
-        let mut options = self.index_options(position);
-        change(&mut options);
-        session.db().alter_index(session, self, position, options)
+        session.db().alter_index(session, self, position, change)
     }
 
     /// The current options of the index at `position` (the clustered index first, then the
     /// nonclustered ones in order): the definition's latch policy, and the insert path and
     /// flow control setting its trees have now.
-    fn index_options(&self, position: usize) -> IndexOptions {
+    pub(crate) fn index_options(&self, position: usize) -> IndexOptions {
         let index = self
             .indexes()
             .nth(position)
