@@ -2851,8 +2851,21 @@ impl Table {
         let mut removed: Vec<(&Index, Vec<u8>)> = Vec::new();
         let mut failure = None;
         for index in &self.nonclustered {
-            let (old_key, _) = self.nonclustered_entry(index, &old_row, key)?;
-            let (new_key, new_entry_value) = self.nonclustered_entry(index, &new_row, key)?;
+            // An entry that cannot be built fails the change like one that cannot go in: the
+            // entries already added to earlier indexes are taken out again below.
+            let entries = self
+                .nonclustered_entry(index, &old_row, key)
+                .and_then(|(old_key, _)| {
+                    let (new_key, new_value) = self.nonclustered_entry(index, &new_row, key)?;
+                    Ok((old_key, new_key, new_value))
+                });
+            let (old_key, new_key, new_entry_value) = match entries {
+                Ok(entries) => entries,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            };
             if old_key == new_key {
                 continue;
             }
