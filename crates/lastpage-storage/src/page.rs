@@ -321,8 +321,14 @@ impl<'a> Page<'a> {
         }
         let slot_count = self.slot_count();
         let free_start = self.free_start();
-        if free_start < PAGE_HEADER_BYTES || free_start > PAGE_SIZE_BYTES - SLOT_BYTES * slot_count
-        {
+        // A damaged slot count can claim more slots than the page holds: checked, not
+        // subtracted, so that it is reported rather than overflowing.
+        let Some(slot_array_start) = PAGE_SIZE_BYTES.checked_sub(SLOT_BYTES * slot_count) else {
+            return Err(format!(
+                "slot count {slot_count} needs more than the page's {PAGE_SIZE_BYTES} bytes"
+            ));
+        };
+        if free_start < PAGE_HEADER_BYTES || free_start > slot_array_start {
             return Err(format!(
                 "free_start {free_start} overlaps the header or the {slot_count}-slot array"
             ));
@@ -610,6 +616,14 @@ mod tests {
         assert!(view.check_layout().is_ok());
         assert_eq!(view.value(1), &[2; 100]);
         assert_eq!(view.slot_count(), 73);
+    }
+
+    #[test]
+    fn the_layout_check_refuses_a_slot_count_larger_than_the_page() {
+        let mut bytes = leaf();
+        write_u16(&mut bytes, OFFSET_SLOT_COUNT, 5000);
+        let error = Page::new(&bytes).check_layout().unwrap_err();
+        assert!(error.contains("slot count 5000"), "{error}");
     }
 
     #[test]
