@@ -763,3 +763,90 @@ fn generated_key_batches_fail_whole_before_anything_goes_in() {
         .unwrap();
     assert_eq!(classic.check_integrity().unwrap().rows, 3);
 }
+
+/// A last leaf that deletes emptied covers only the keys from its parent's separator on. The
+/// default path's generated keys need not ascend (the caller makes them), so one below that
+/// separator must go where a descent finds it, and one that already exists must be refused, by
+/// each of the three ways to insert with a made key.
+#[test]
+fn made_keys_below_an_emptied_last_leaf_go_where_they_belong() {
+    let key = |i: u64| i.to_be_bytes();
+    let emptied = || {
+        let tree = tree_with(LatchPolicy::Adaptive, InsertPath::Default);
+        for i in 0..400 {
+            tree.insert(&key(i), &[7; 100]).unwrap();
+        }
+        // About 73 rows a leaf: this empties the last leaves, which deletes never free.
+        for i in 200..400 {
+            tree.delete(&key(i)).unwrap();
+        }
+        tree.delete(&key(5)).unwrap();
+        let stats = tree.stats();
+        assert!(stats.leaf_splits + stats.leaf_appends > 2, "{stats:?}");
+        tree
+    };
+    type Insert = fn(&BTree, u64) -> Result<(), BTreeError>;
+    let single: Insert = |tree, n| {
+        tree.insert_with_generated_key(&[2; 100], |key| {
+            key.extend_from_slice(&n.to_be_bytes());
+            Ok::<(), ()>(())
+        })
+        .map(drop)
+        .map_err(|error| match error {
+            GeneratedKeyError::Tree(error) => error,
+            GeneratedKeyError::Key(()) => unreachable!("the key maker never fails"),
+        })
+    };
+    let batch: Insert = |tree, n| {
+        let (mut keys, mut ends) = (Vec::new(), Vec::new());
+        tree.insert_batch_with_generated_keys(
+            &[&[2; 100]],
+            |keys, ends| {
+                keys.extend_from_slice(&n.to_be_bytes());
+                ends.push(keys.len());
+                Ok::<(), ()>(())
+            },
+            &mut keys,
+            &mut ends,
+        )
+        .map_err(|(_, error)| match error {
+            GeneratedKeyError::Tree(error) => error,
+            GeneratedKeyError::Key(()) => unreachable!("the key maker never fails"),
+        })
+    };
+    let lane: Insert = |tree, n| {
+        let mut key = Vec::new();
+        tree.insert_with_sequence_key(
+            &[2; 100],
+            1,
+            |_| Ok::<i64, ()>(n as i64),
+            |number, key| {
+                key.extend_from_slice(&(number as u64).to_be_bytes());
+                Ok(())
+            },
+            &mut key,
+        )
+        .map(drop)
+        .map_err(|error| match error {
+            GeneratedKeyError::Tree(error) => error,
+            GeneratedKeyError::Key(()) => unreachable!("the key maker never fails"),
+        })
+    };
+    for (name, insert) in [("single", single), ("batch", batch), ("lane", lane)] {
+        let tree = emptied();
+        insert(&tree, 5).unwrap();
+        assert_eq!(
+            tree.get(&key(5)).unwrap(),
+            Some(vec![2; 100]),
+            "{name}: the made key 5"
+        );
+        tree.check_integrity()
+            .unwrap_or_else(|error| panic!("{name}: {error:?}"));
+        let tree = emptied();
+        assert_eq!(insert(&tree, 10), Err(BTreeError::DuplicateKey), "{name}");
+        let check = tree
+            .check_integrity()
+            .unwrap_or_else(|error| panic!("{name}: {error:?}"));
+        assert_eq!(check.rows, 199, "{name}");
+    }
+}

@@ -267,9 +267,9 @@ impl BTree {
     }
 
     /// The part of [`BTree::append_on_last_leaf`] done on the latched leaf: `key` goes on the
-    /// empty last leaf, or past its last key, splitting it at its end if it is full. `None` if
-    /// that cannot be done here (nothing was changed, except as [`BTree::split_tail`] says);
-    /// the caller counts the row.
+    /// empty root leaf, or past the last key of the last leaf, splitting it at its end if it
+    /// is full. `None` if that cannot be done here (nothing was changed, except as
+    /// [`BTree::split_tail`] says); the caller counts the row.
     fn try_append_on_last_leaf<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
@@ -277,6 +277,13 @@ impl BTree {
         value: &[u8],
     ) -> Option<Result<(), BTreeError>> {
         if leaf.page().slot_count() == 0 {
+            // Only the root leaf covers every key. A last leaf that deletes emptied still
+            // covers only keys from its parent's separator on, and a key made below that (a
+            // caller's generated key need not ascend) would be stored where no descent finds
+            // it: the classic path puts it where it belongs, or finds its duplicate.
+            if leaf.page_id() != self.root {
+                return None;
+            }
             leaf.page_mut().insert_leaf(0, key, value).ok().map(Ok)
         } else {
             self.insert_into_tail(leaf, key, value)
