@@ -36,7 +36,9 @@ use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
 use crate::txn::WriteScope;
-use crate::types::{DataType, DateTime2, Uuid, Value, ValueErrorKind};
+use crate::types::{
+    DataType, DateTime2, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueErrorKind,
+};
 
 /// A row: one value per column, in column order.
 pub type Row = Vec<Value>;
@@ -2202,10 +2204,24 @@ impl Table {
         }
         let mut encoded = Vec::with_capacity(32);
         for ((value, data_type), &column) in key.iter().zip(&index.types).zip(&index.column_ids) {
-            let converted = data_type
-                .coerce(value.clone())
-                .map_err(|error| error.with_column(&self.columns[column].name))?;
-            encode_key_value(data_type, &converted, &mut encoded)?;
+            let (converted, encoding_type) = match data_type.coerce(value.clone()) {
+                Ok(converted) => (Ok(converted), *data_type),
+                // A search value longer than its column equals no row but still sorts among
+                // them ('abcd' between 'abc' and 'abd' of a varchar(3) key), as SQL Server
+                // compares it: the key encoding of text and binary does not depend on the
+                // declared length, so it is encoded as the widest type of its kind. One longer
+                // than that still fails (a lookup finds no row, a range bound is an error).
+                Err(error) if error.kind() == ValueErrorKind::Truncation => {
+                    match widest_of_kind(data_type) {
+                        Some(widest) => (widest.coerce(value.clone()), widest),
+                        None => (Err(error), *data_type),
+                    }
+                }
+                Err(error) => (Err(error), *data_type),
+            };
+            let converted =
+                converted.map_err(|error| error.with_column(&self.columns[column].name))?;
+            encode_key_value(&encoding_type, &converted, &mut encoded)?;
         }
         Ok(encoded)
     }
@@ -2577,7 +2593,9 @@ impl Table {
         Ok(key[consumed..].to_vec())
     }
 
-    /// Scans rows in clustered key order within `range`.
+    /// Scans rows in clustered key order within `range`. Bound values compare with the rows as
+    /// SQL Server compares them: a text or binary bound longer than its column (up to the
+    /// longest value of its kind) falls between the rows it sorts between.
     pub fn scan<'a>(
         &'a self,
         session: &'a Session,
@@ -3196,6 +3214,17 @@ fn evaluate_default(default: &DefaultValue) -> Result<Value> {
         DefaultValue::NewId => Value::Uuid(Uuid::new_v4()),
         DefaultValue::Function(function) => function()?,
     })
+}
+
+/// The widest type whose key encoding is that of `data_type`'s values, for a text or binary
+/// type (whose encoding does not depend on the declared length); `None` for other types.
+fn widest_of_kind(data_type: &DataType) -> Option<DataType> {
+    match data_type {
+        DataType::Char(_) | DataType::VarChar(_) => Some(DataType::VarChar(MAX_BYTE_LENGTH)),
+        DataType::NChar(_) | DataType::NVarChar(_) => Some(DataType::NVarChar(MAX_NCHAR_LENGTH)),
+        DataType::VarBinary(_) => Some(DataType::VarBinary(MAX_BYTE_LENGTH)),
+        _ => None,
+    }
 }
 
 /// The smallest byte string greater than every string that starts with `prefix`, or `None`

@@ -1692,3 +1692,99 @@ fn a_dropped_table_refuses_writes_through_handles_kept_from_before() {
     ));
     db.check_integrity().unwrap();
 }
+
+/// A search value longer than its column equals no row but sorts among the rows, as SQL
+/// Server compares it: a lookup finds nothing and a range starts or ends between the rows,
+/// for text and binary keys, clustered and nonclustered alike. Trailing spaces (and a binary
+/// value's trailing zero bytes) still do not count.
+#[test]
+fn search_values_longer_than_their_column_compare_with_the_rows() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Codes")
+                .column(ColumnDef::new("Code", DataType::VarChar(3)).not_null())
+                .column(ColumnDef::new("Tag", DataType::VarBinary(2)).not_null())
+                .clustered(IndexDef::new("PK_Codes", &["Code"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new("IX_Tag", &["Tag"], Uniqueness::NonUnique)),
+        )
+        .unwrap();
+    let session = db.session();
+    for (code, tag) in [("abc", vec![1, 2]), ("abd", vec![1, 3]), ("zzz", vec![9])] {
+        table
+            .insert(
+                &session,
+                InsertRow::new().set(0, code).set(1, Value::Binary(tag)),
+            )
+            .unwrap();
+    }
+    let codes = |range: KeyRange, direction: Direction| -> Vec<String> {
+        table
+            .scan(&session, &range, direction)
+            .unwrap()
+            .map(|row| match &row.unwrap()[0] {
+                Value::String(code) => code.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let long = || vec![Value::from("abcd")];
+    let from = |lower| KeyRange {
+        lower,
+        upper: Bound::Unbounded,
+    };
+    let to = |upper| KeyRange {
+        lower: Bound::Unbounded,
+        upper,
+    };
+    assert_eq!(
+        codes(from(Bound::Included(long())), Direction::Forward),
+        ["abd", "zzz"]
+    );
+    assert_eq!(
+        codes(from(Bound::Excluded(long())), Direction::Backward),
+        ["zzz", "abd"]
+    );
+    assert_eq!(
+        codes(to(Bound::Included(long())), Direction::Forward),
+        ["abc"]
+    );
+    assert_eq!(
+        codes(to(Bound::Excluded(long())), Direction::Backward),
+        ["abc"]
+    );
+    let longest = vec![Value::from("b".repeat(8000))];
+    assert_eq!(
+        codes(from(Bound::Included(longest)), Direction::Forward),
+        ["zzz"]
+    );
+    // Longer than any text column: refused with the truncation error, and no row equals it.
+    let too_long = vec![Value::from("b".repeat(8001))];
+    assert!(matches!(
+        table.scan(
+            &session,
+            &from(Bound::Included(too_long.clone())),
+            Direction::Forward
+        ),
+        Err(EngineError::Value(_))
+    ));
+    assert_eq!(table.get(&session, &too_long).unwrap(), None);
+    assert_eq!(table.get(&session, &long()).unwrap(), None);
+    assert!(
+        table
+            .get(&session, &[Value::from("abc    ")])
+            .unwrap()
+            .is_some()
+    );
+    assert!(table.delete(&session, &long()).is_ok_and(|found| !found));
+    let tagged = |tag: Vec<u8>| {
+        table
+            .get_by_index(&session, "IX_Tag", &[Value::Binary(tag)])
+            .unwrap()
+            .len()
+    };
+    assert_eq!(tagged(vec![1, 2, 5]), 0);
+    assert_eq!(tagged(vec![1, 2]), 1);
+    // Binary values compare as if padded with zero bytes, as SQL Server compares them.
+    assert_eq!(tagged(vec![1, 2, 0]), 1);
+}
