@@ -169,7 +169,7 @@ pub fn now_ns() -> u64 {
     u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Counters of one wait type in one shard. Only the owning thread writes them.
+/// Counters of one wait type in one accumulator.
 #[derive(Default)]
 struct WaitCounters {
     waiting_tasks_count: AtomicU64,
@@ -179,16 +179,20 @@ struct WaitCounters {
 }
 
 impl WaitCounters {
-    /// Adds to counters that only this thread writes: a load and a store are enough, and
-    /// cheaper than a read-modify-write.
-    fn add_start(&self) {
-        bump(&self.waiting_tasks_count, 1);
+    /// Counts a wait's start. With `one_writer` (a thread's own shard, which only it writes)
+    /// a load and a store are enough, and cheaper than a read-modify-write; an accumulator
+    /// that threads share needs the read-modify-write, or concurrent waits lose counts.
+    fn add_start(&self, one_writer: bool) {
+        add(&self.waiting_tasks_count, 1, one_writer);
     }
 
-    fn add_end(&self, wait_ns: u64, signal_ns: u64) {
-        bump(&self.wait_time_ns, wait_ns);
-        bump(&self.signal_wait_time_ns, signal_ns);
-        if wait_ns > self.max_wait_time_ns.load(Ordering::Relaxed) {
+    /// Counts a wait's end, as [`WaitCounters::add_start`] does.
+    fn add_end(&self, wait_ns: u64, signal_ns: u64, one_writer: bool) {
+        add(&self.wait_time_ns, wait_ns, one_writer);
+        add(&self.signal_wait_time_ns, signal_ns, one_writer);
+        if !one_writer {
+            self.max_wait_time_ns.fetch_max(wait_ns, Ordering::Relaxed);
+        } else if wait_ns > self.max_wait_time_ns.load(Ordering::Relaxed) {
             self.max_wait_time_ns.store(wait_ns, Ordering::Relaxed);
         }
     }
@@ -210,12 +214,17 @@ impl WaitCounters {
     }
 }
 
-/// Adds to a counter that only the calling thread writes.
-fn bump(counter: &AtomicU64, amount: u64) {
-    counter.store(
-        counter.load(Ordering::Relaxed).wrapping_add(amount),
-        Ordering::Relaxed,
-    );
+/// Adds `amount` to `counter`: with a load and a store if only the calling thread writes it
+/// (`one_writer`), with a read-modify-write otherwise.
+fn add(counter: &AtomicU64, amount: u64, one_writer: bool) {
+    if one_writer {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(amount),
+            Ordering::Relaxed,
+        );
+    } else {
+        counter.fetch_add(amount, Ordering::Relaxed);
+    }
 }
 
 /// One wait type's totals, as a snapshot reports them.
@@ -260,6 +269,9 @@ impl WaitStat {
 pub struct WaitAccumulator {
     waits: [WaitCounters; WaitType::COUNT],
     latches: [WaitCounters; LatchClass::COUNT],
+    /// Whether only one thread ever writes the counters (a thread's shard of the global
+    /// statistics); an accumulator waits are attributed to may be shared by threads.
+    one_writer: bool,
 }
 
 impl Default for WaitAccumulator {
@@ -267,14 +279,24 @@ impl Default for WaitAccumulator {
         WaitAccumulator {
             waits: std::array::from_fn(|_| WaitCounters::default()),
             latches: std::array::from_fn(|_| WaitCounters::default()),
+            one_writer: false,
         }
     }
 }
 
 impl WaitAccumulator {
-    /// A new, empty accumulator.
+    /// A new, empty accumulator, which any number of threads may attribute their waits to
+    /// at once ([`attribute_waits_to`]).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A thread's shard: only that thread records into it.
+    fn for_one_thread() -> Self {
+        WaitAccumulator {
+            one_writer: true,
+            ..Self::default()
+        }
     }
 
     /// What has been recorded here so far.
@@ -299,9 +321,9 @@ impl WaitAccumulator {
     }
 
     fn start(&self, wait_type: WaitType, latch_class: Option<LatchClass>) {
-        self.waits[wait_type as usize].add_start();
+        self.waits[wait_type as usize].add_start(self.one_writer);
         if let Some(class) = latch_class {
-            self.latches[class as usize].add_start();
+            self.latches[class as usize].add_start(self.one_writer);
         }
     }
 
@@ -312,9 +334,9 @@ impl WaitAccumulator {
         wait_ns: u64,
         signal_ns: u64,
     ) {
-        self.waits[wait_type as usize].add_end(wait_ns, signal_ns);
+        self.waits[wait_type as usize].add_end(wait_ns, signal_ns, self.one_writer);
         if let Some(class) = latch_class {
-            self.latches[class as usize].add_end(wait_ns, signal_ns);
+            self.latches[class as usize].add_end(wait_ns, signal_ns, self.one_writer);
         }
     }
 }
@@ -420,7 +442,7 @@ impl ShardHandle {
     fn register() -> ShardHandle {
         let shard = Arc::new(CachePadded::new(Shard {
             epoch: AtomicU64::new(CLEAR_EPOCH.load(Ordering::Acquire)),
-            counters: WaitAccumulator::default(),
+            counters: WaitAccumulator::for_one_thread(),
         }));
         registry().shards.push(Arc::clone(&shard));
         ShardHandle(shard)
@@ -572,6 +594,34 @@ mod tests {
         assert_eq!(after.waiting_tasks_count - before.waiting_tasks_count, 800);
         clear();
         assert_eq!(snapshot().wait(WaitType::LckMS).waiting_tasks_count, 0);
+    }
+
+    /// An accumulator several threads attribute their waits to at once counts every wait:
+    /// with a load and a store per count (right only for a thread's own shard), concurrent
+    /// waits overwrote each other's counts.
+    #[test]
+    fn an_accumulator_shared_by_threads_counts_every_wait() {
+        let shared = Arc::new(WaitAccumulator::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    let _attribution = attribute_waits_to(shared);
+                    for _ in 0..50_000 {
+                        begin_wait(WaitType::LckMX, Some(LatchClass::Metadata)).end(None);
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let snapshot = shared.snapshot();
+        assert_eq!(snapshot.wait(WaitType::LckMX).waiting_tasks_count, 200_000);
+        assert_eq!(
+            snapshot.latch(LatchClass::Metadata).waiting_tasks_count,
+            200_000
+        );
+        let stat = snapshot.wait(WaitType::LckMX);
+        assert!(stat.max_wait_time_ns <= stat.wait_time_ns, "{stat:?}");
     }
 
     #[test]
