@@ -254,9 +254,10 @@ pub struct DurableArgs {
     /// Rows each cell inserts (split across its threads), instead of running for --seconds.
     #[arg(long, value_name = "N", value_parser = positive)]
     pub rows: Option<u64>,
-    /// Rows per transaction of the one-thread batched cells.
+    /// Rows per transaction of the one-thread batched cells. At least 2: one-row
+    /// transactions are the single-row cells, which have no pipelined form.
     #[arg(long, default_value_t = 1000, value_name = "R",
-          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+          value_parser = clap::value_parser!(u64).range(2..=100_000))]
     pub batch_rows: u64,
     /// Directory for the databases (a fresh subdirectory is created in it and removed at the
     /// end). Default: the system's temporary directory. Put it on the disk you want to measure:

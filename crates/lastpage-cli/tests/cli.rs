@@ -890,6 +890,7 @@ fn bad_durability_flags_fail_cleanly() {
         (&["bench", "durable", "--seconds", "0"], "--seconds"),
         (&["bench", "durable", "--seconds", "soon"], "--seconds"),
         (&["bench", "durable", "--threads", "0"], "--threads"),
+        (&["bench", "durable", "--batch-rows", "1"], "--batch-rows"),
         (
             &["bench", "durable", "--seconds", "1", "--rows", "10"],
             "--rows",
