@@ -178,7 +178,10 @@ impl Rng {
 /// What the child writes to stdout, one line each:
 /// `ready` once it inserts; `a ID THREAD SEQ` for each acknowledged row;
 /// `r ID THREAD SEQ` for a row inserted by a transaction that was then rolled back;
-/// `s ID` for an identity value an explicit transaction was given, before it ends.
+/// `s ID` for an identity value an explicit transaction was given, before it ends;
+/// `b THREAD FIRST COUNT` before a batch statement and `t THREAD FIRST COUNT` before an
+/// explicit transaction, whose rows are the thread's rows `FIRST..FIRST+COUNT`;
+/// `c THREAD FIRST` just before the COMMIT of the explicit transaction starting at `FIRST`.
 fn ack_line(id: i64, provenance: &Provenance) -> String {
     format!("a {id} {} {}\n", provenance.thread, provenance.seq)
 }
@@ -187,6 +190,23 @@ fn ack_line(id: i64, provenance: &Provenance) -> String {
 /// application has it, whatever becomes of the transaction).
 fn seen_line(id: i64) -> String {
     format!("s {id}\n")
+}
+
+/// `b`/`t THREAD FIRST COUNT`: the next `COUNT` rows of the thread, from `FIRST` on, go in
+/// one transaction: a batch statement (which commits itself) or an explicit transaction (which
+/// commits only after a `c` line). Written before any of them goes in, so a row of the unit in
+/// the table means the parent read the line.
+fn unit_line(kind: UnitKind, first: &Provenance, count: u64) -> String {
+    let tag = match kind {
+        UnitKind::Batch => 'b',
+        UnitKind::Transaction => 't',
+    };
+    format!("{tag} {} {} {count}\n", first.thread, first.seq)
+}
+
+/// `c THREAD FIRST`: the explicit transaction starting at row `FIRST` asks to commit now.
+fn commit_line(first: &Provenance) -> String {
+    format!("c {} {}\n", first.thread, first.seq)
 }
 
 /// `r ID THREAD SEQ`: a row a transaction inserted and then rolled back.
@@ -325,6 +345,7 @@ fn child_thread(
         } else if choice < 87 {
             let rows = 2 + rng.below(30);
             let provenances: Vec<Provenance> = (0..rows).map(|_| next(&mut seq)).collect();
+            write_lines(out, &unit_line(UnitKind::Batch, &provenances[0], rows))?;
             let ids = table
                 .insert_batch(&session, provenances.iter().map(Provenance::row).collect())
                 .map_err(|error| format!("batch insert failed: {error}"))?;
@@ -339,6 +360,13 @@ fn child_thread(
             // and their identity values never handed out again).
             let commit = choice < 95;
             let rows = 1 + rng.below(5);
+            let first = Provenance {
+                run,
+                cycle,
+                thread,
+                seq,
+            };
+            write_lines(out, &unit_line(UnitKind::Transaction, &first, rows))?;
             session
                 .begin()
                 .map_err(|error| format!("BEGIN TRANSACTION failed: {error}"))?;
@@ -355,6 +383,9 @@ fn child_thread(
                     rollback_line(id_of(id)?, &provenance)
                 };
                 lines.push_str(&line);
+            }
+            if commit {
+                write_lines(out, &commit_line(&first))?;
             }
             if commit && rng.below(2) == 0 {
                 let ticket = session
@@ -393,9 +424,32 @@ enum Event {
     RolledBack(i64, Provenance),
     /// An identity value given to an explicit transaction before it ended.
     Seen(i64),
+    /// Rows of one thread that go in one transaction (the provenance's `seq` is the first).
+    Unit(UnitKind, Provenance, u64),
+    /// The explicit transaction whose first row this is asks to commit.
+    Committing(Provenance),
     /// A line that does not parse (a torn last line is dropped before this).
     Garbage(String),
     Eof,
+}
+
+/// How the rows of a unit go in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnitKind {
+    /// One batch statement, which commits itself.
+    Batch,
+    /// An explicit transaction, which commits only if the child asked it to (`c` line).
+    Transaction,
+}
+
+/// Rows of one thread that must be in the table all or none: `count` rows from `first`, and
+/// for an explicit transaction, only if its COMMIT was asked for.
+#[derive(Clone, Copy, Debug)]
+struct Unit {
+    kind: UnitKind,
+    first: Provenance,
+    count: u64,
+    committing: bool,
 }
 
 /// One cycle's figures.
@@ -412,6 +466,11 @@ struct CycleReport {
     reused: u64,
     corrupt: u64,
     rolled_back_present: u64,
+    /// Transactions (batches or explicit) only some of whose rows are in the table.
+    partial: u64,
+    /// Explicit transactions whose rows are in the table although their COMMIT was never
+    /// asked for (recovery kept a transaction that never committed).
+    uncommitted_present: u64,
     integrity: String,
 }
 
@@ -422,6 +481,8 @@ impl CycleReport {
             || self.reused > 0
             || self.corrupt > 0
             || self.rolled_back_present > 0
+            || self.partial > 0
+            || self.uncommitted_present > 0
             || self.integrity != "ok"
     }
 }
@@ -433,6 +494,8 @@ struct Ledger {
     acked: HashMap<i64, Provenance>,
     /// Identity values rolled-back transactions used.
     rolled_back: Vec<(i64, Provenance)>,
+    /// The transactions of more than one row the current cycle's child began.
+    units: Vec<Unit>,
     /// Acknowledged rows found missing by any check (a row lost once counts once).
     ever_lost: HashSet<i64>,
     /// The most extra copies of rows any check found.
@@ -468,6 +531,7 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
         run,
         acked: HashMap::new(),
         rolled_back: Vec::new(),
+        units: Vec::new(),
         ever_lost: HashSet::new(),
         most_duplicates: 0,
         high_water: 0,
@@ -524,11 +588,15 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
             } else {
                 String::new()
             },
-            if report.rolled_back_present > 0 {
-                format!(" rolled_back_present={}", report.rolled_back_present)
-            } else {
-                String::new()
-            },
+            [
+                ("rolled_back_present", report.rolled_back_present),
+                ("partial", report.partial),
+                ("uncommitted_present", report.uncommitted_present),
+            ]
+            .iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(name, count)| format!(" {name}={count}"))
+            .collect::<String>(),
             report.integrity
         );
         any_failed |= report.failed();
@@ -598,6 +666,8 @@ fn one_cycle(
     let mut acks = Vec::new();
     let mut rolled_back = Vec::new();
     let mut seen = Vec::new();
+    let mut units: Vec<Unit> = Vec::new();
+    let mut committing: HashSet<(i32, i64)> = HashSet::new();
     let mut garbage = Vec::new();
     let mut eof = false;
     let mut handle = |event: Event, eof: &mut bool| match event {
@@ -605,6 +675,15 @@ fn one_cycle(
         Event::Ack(id, provenance) => acks.push((id, provenance)),
         Event::RolledBack(id, provenance) => rolled_back.push((id, provenance)),
         Event::Seen(id) => seen.push(id),
+        Event::Unit(kind, first, count) => units.push(Unit {
+            kind,
+            first,
+            count,
+            committing: false,
+        }),
+        Event::Committing(first) => {
+            committing.insert((first.thread, first.seq));
+        }
         Event::Garbage(line) => garbage.push(line),
         Event::Eof => *eof = true,
     };
@@ -706,6 +785,14 @@ fn one_cycle(
     if let Some(&max_seen) = seen.iter().max() {
         ledger.high_water = ledger.high_water.max(max_seen);
     }
+    ledger.units = units
+        .into_iter()
+        .map(|unit| Unit {
+            first: tag(unit.first),
+            committing: committing.contains(&(unit.first.thread, unit.first.seq)),
+            ..unit
+        })
+        .collect();
     let mut report = verify(&args.db, args.log, ledger)?;
     report.acked = acks.len() as u64;
     report.reused = reused;
@@ -776,6 +863,16 @@ fn read_acks(stdout: impl Read, sender: &mpsc::Sender<Event>) {
     let _ = sender.send(Event::Eof);
 }
 
+/// A thread's row number as a provenance of no run or cycle yet (the parent adds them).
+fn thread_seq(thread: Option<i64>, seq: Option<i64>) -> Option<Provenance> {
+    Some(Provenance {
+        run: 0,
+        cycle: 0,
+        thread: i32::try_from(thread?).ok()?,
+        seq: seq?,
+    })
+}
+
 fn parse_line(line: &str) -> Event {
     let fields: Vec<&str> = line.split(' ').collect();
     let number = |index: usize| {
@@ -802,6 +899,21 @@ fn parse_line(line: &str) -> Event {
         },
         Some("s") if fields.len() == 2 => match number(1) {
             Some(id) => Event::Seen(id),
+            None => Event::Garbage(line.to_owned()),
+        },
+        Some(tag @ ("b" | "t")) if fields.len() == 4 => {
+            let kind = if tag == "b" {
+                UnitKind::Batch
+            } else {
+                UnitKind::Transaction
+            };
+            match (thread_seq(number(1), number(2)), number(3)) {
+                (Some(first), Some(count)) if count > 0 => Event::Unit(kind, first, count as u64),
+                _ => Event::Garbage(line.to_owned()),
+            }
+        }
+        Some("c") if fields.len() == 3 => match thread_seq(number(1), number(2)) {
+            Some(first) => Event::Committing(first),
             None => Event::Garbage(line.to_owned()),
         },
         Some("r") if fields.len() == 4 => match (number(1), number(2), number(3)) {
@@ -896,6 +1008,26 @@ fn verify(dir: &Path, log: CrashLogArgs, ledger: &mut Ledger) -> Result<CycleRep
         .iter()
         .filter(|(_, provenance)| logical.contains_key(provenance))
         .count() as u64;
+    // Each transaction of the cycle is in the table whole or not at all, and an explicit one
+    // only if its COMMIT was asked for: rows present without an acknowledgement are fine (the
+    // kill can cut an acknowledgement off), but not part of a transaction, nor one that never
+    // committed.
+    for unit in &ledger.units {
+        let present = (0..unit.count)
+            .filter(|offset| {
+                logical.contains_key(&Provenance {
+                    seq: unit.first.seq + *offset as i64,
+                    ..unit.first
+                })
+            })
+            .count() as u64;
+        if present > 0 && present < unit.count {
+            report.partial += 1;
+        }
+        if present > 0 && unit.kind == UnitKind::Transaction && !unit.committing {
+            report.uncommitted_present += 1;
+        }
+    }
     report.integrity = match db.check_integrity() {
         Ok(_) => "ok".to_owned(),
         Err(error) => format!("failed: {error}"),
@@ -985,11 +1117,44 @@ mod tests {
             )
         ));
         assert!(matches!(parse_line("s 17"), Event::Seen(17)));
+        let first = Provenance {
+            run: 7,
+            cycle: 2,
+            thread: 3,
+            seq: 40,
+        };
+        for (kind, line) in [
+            (UnitKind::Batch, unit_line(UnitKind::Batch, &first, 5)),
+            (
+                UnitKind::Transaction,
+                unit_line(UnitKind::Transaction, &first, 5),
+            ),
+        ] {
+            match parse_line(line.trim_end()) {
+                Event::Unit(parsed, Provenance { thread, seq, .. }, 5) => {
+                    assert_eq!((parsed, thread, seq), (kind, 3, 40), "{line:?}");
+                }
+                _ => panic!("{line:?}"),
+            }
+        }
+        assert!(matches!(
+            parse_line(commit_line(&first).trim_end()),
+            Event::Committing(Provenance {
+                thread: 3,
+                seq: 40,
+                ..
+            })
+        ));
         for bad in [
             "",
             "a 1 2",
             "a x 2 3",
             "b 1",
+            "b 1 2 0",
+            "t 1 2",
+            "t 1 2 3 4",
+            "c 1",
+            "c x 2",
             "a 1 2 3 4",
             "r",
             "r 9",
