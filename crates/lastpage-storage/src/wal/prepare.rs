@@ -56,10 +56,19 @@
 //! implies that every earlier rename of the file is durable too, and an interrupted switch
 //! leaves only a header never written, which recovery removes. (Before this ordering, about one
 //! run in twenty of `recycled_segments_never_bring_old_log_back` left a log that could not be
-//! opened.) Spares survive a restart: the next preparer adopts those of the right size and
-//! removes the others. A rename lost in a crash only leaves an old segment (with a zeroed
-//! header once it was reused), which recovery never reads and the next truncation removes, or a
-//! stray spare.
+//! opened.)
+//!
+//! Spares do not survive a restart: the next preparer removes every spare and the prepared
+//! file before it makes any. A crash that keeps both the old and the new name of a rename
+//! leaves two names of one file, and reusing the file under one of them would write over
+//! whatever the other name is: a truncation's rename of segment A to a spare, kept beside A's
+//! name, made the adopted spare a later segment B that A's stale name still reached, so the
+//! next truncation offered "A" (really B, live) as a spare and the preparer zeroed B's header
+//! and wrote segment C over B's acknowledged log; and creating the prepared file afresh (with
+//! a truncation) over a name a crash kept beside a segment's emptied that segment. Removing a
+//! name only unlinks it, so after the leftovers go each file has one name. A rename lost in a
+//! crash then only leaves an old segment (with a zeroed header if it was being reused), which
+//! recovery never reads and the next truncation removes or offers as a spare of its own.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -129,8 +138,8 @@ pub(crate) struct SegmentPreparer {
 }
 
 impl SegmentPreparer {
-    /// A preparer for segment files of `file_bytes` (header included) in `dir`, which adopts
-    /// the spares a previous writer left there. No thread runs until the first
+    /// A preparer for segment files of `file_bytes` (header included) in `dir`, which removes
+    /// the spares and the prepared file a previous writer left there. No thread runs until the first
     /// [`SegmentPreparer::request`]. Failures are counted in `failures`.
     pub(crate) fn new(
         fs: Arc<dyn FileSystem>,
@@ -146,7 +155,7 @@ impl SegmentPreparer {
             changed: Condvar::new(),
             failures,
         };
-        shared.adopt_spares();
+        shared.discard_leftovers();
         SegmentPreparer {
             shared: Arc::new(shared),
             thread: None,
@@ -253,35 +262,27 @@ impl Shared {
         self.dir.join(format!("{number:016x}.{SPARE_EXTENSION}"))
     }
 
-    /// Whether the file at `path` is a whole segment's size.
-    fn is_whole_segment(&self, path: &Path) -> bool {
-        self.fs
-            .open(path, OpenOptions::existing())
-            .and_then(|file| file.len())
-            .is_ok_and(|len| len == self.file_bytes)
-    }
-
-    /// Takes over the spares in the directory (those of a whole segment's size, up to the
-    /// limit) and removes the others. Failures only leave files behind.
-    fn adopt_spares(&self) {
+    /// Removes the spares and the prepared file an earlier writer left in the directory: a
+    /// crash may have kept another name of any of them, which reusing the file would write
+    /// through (see the module documentation). Spare numbers go on above the removed ones, so
+    /// a name whose removal failed is never reused. Failures only leave files behind.
+    fn discard_leftovers(&self) {
         let Ok(names) = self.fs.list_dir(&self.dir) else {
             return;
         };
         let mut state = sync::lock(&self.state);
         for name in names {
-            let Some(number) = name
+            let spare_number = name
                 .to_str()
                 .and_then(|name| name.strip_suffix(SPARE_EXTENSION))
                 .and_then(|stem| stem.strip_suffix('.'))
-                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            else {
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+            if let Some(number) = spare_number {
+                state.next_spare = state.next_spare.max(number.saturating_add(1));
+            } else if name.as_os_str() != PREPARED_FILE_NAME {
                 continue;
-            };
-            let path = self.dir.join(&name);
-            state.next_spare = state.next_spare.max(number.saturating_add(1));
-            if state.spares.len() < WAL_SPARE_SEGMENTS_MAX && self.is_whole_segment(&path) {
-                state.spares.push(path);
-            } else if self.fs.remove(&path).is_err() {
+            }
+            if self.fs.remove(&self.dir.join(&name)).is_err() {
                 self.failures.fetch_add(1, Relaxed);
             }
         }

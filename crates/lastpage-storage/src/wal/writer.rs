@@ -500,29 +500,43 @@ impl LogWriter {
     /// needs: recovery starts at or after it), keeping some as spares to become later segments
     /// (see `wal/prepare.rs`). Returns how many segments it removed or kept as spares.
     ///
-    /// The segment just before the one holding `lsn` is kept too: a record that starts there
-    /// may cross into the next segment, whose header then names a first record in it, and
-    /// opening the log needs that record. The segment being written is never removed. A
-    /// removal lost in a crash only leaves an old file behind, which recovery never reads, so
-    /// the directory is not synced.
+    /// Opening the log reads from the record holding the last segment's first byte, which may
+    /// start segments before `lsn` when records are longer than a segment: so everything from
+    /// the segment holding the first record of `lsn`'s segment (its header says where that
+    /// record starts) is kept too. A later segment's first record starts at or after `lsn`,
+    /// which is a record boundary. The segment being written is never removed. A removal lost
+    /// in a crash only leaves an old file behind, which recovery never reads, so the directory
+    /// is not synced.
     ///
     /// The files are removed without the flush mutex held: unlinking a large file can take tens
     /// of milliseconds, and every commit would wait for it. Only segments before the current
     /// one are removed, and flushes only ever write the current segment or create later ones.
     pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
-        let (fs, segments, current) = {
+        let (fs, segments, current, segment_bytes) = {
             let io = sync::lock(&self.io);
             let current = io.current.as_ref().map(|(start, _)| *start);
             (
                 StdArc::clone(&io.fs),
                 segment::list(io.fs.as_ref(), &io.dir)?,
                 current,
+                io.segment_bytes,
             )
         };
+        let holder = lsn.0 - lsn.0 % segment_bytes;
+        let holder_header = match segments.iter().find(|(start, _)| *start == holder) {
+            Some((_, path)) => segment::read_header(fs.as_ref(), path)?,
+            None => None,
+        };
+        let keep_from = match holder_header {
+            Some(header) if header.start_lsn == holder => header.first_record_lsn.min(lsn.0),
+            // No readable header to say where its first record starts: keep the segment
+            // before it as well, where a record no longer than a segment starts.
+            _ => holder.saturating_sub(segment_bytes),
+        };
+        let keep_start = keep_from - keep_from % segment_bytes;
         let mut removed = 0;
-        for window in segments.windows(3) {
-            let ((start, path), (after_next, _)) = (&window[0], &window[2]);
-            if *after_next > lsn.0 || current.is_some_and(|current| *start >= current) {
+        for (start, path) in &segments {
+            if *start >= keep_start || current.is_some_and(|current| *start >= current) {
                 break;
             }
             if self
