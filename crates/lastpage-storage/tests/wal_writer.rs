@@ -1432,26 +1432,22 @@ fn a_segment_name_a_crash_keeps_beside_its_spare_name_never_reaches_live_log() {
         write_past(&writer, 5 * SEGMENT + SEGMENT / 2, &mut txn);
         writer.remove_segments_before(recovery_start).unwrap();
         write_past(&writer, 7 * SEGMENT + SEGMENT / 2, &mut txn);
-        let missing: Vec<u64> = acked
-            .difference(&commits_from(&crashed, recovery_start))
-            .copied()
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "seed {seed}: acknowledged commits gone: {missing:?}"
-        );
+        let assert_all_there = |when: &str| {
+            let missing: Vec<u64> = acked
+                .difference(&commits_from(&crashed, recovery_start))
+                .copied()
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "seed {seed}, {when}: acknowledged commits gone: {missing:?}"
+            );
+        };
+        assert_all_there("while running");
         drop(writer);
         let reopened = LogWriter::open(Arc::new(crashed.clone()), DIR, config(4096, SEGMENT))
             .unwrap_or_else(|error| panic!("seed {seed}: a clean restart fails: {error}"));
         drop(reopened);
-        let missing: Vec<u64> = acked
-            .difference(&commits_from(&crashed, recovery_start))
-            .copied()
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "seed {seed}: acknowledged commits gone: {missing:?}"
-        );
+        assert_all_there("after a clean restart");
         if cases == 3 {
             break;
         }
