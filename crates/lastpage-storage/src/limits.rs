@@ -33,6 +33,13 @@ pub const PAGE_BODY_BYTES: usize = PAGE_SIZE_BYTES - PAGE_HEADER_BYTES;
 /// two-level array of `PAGE_TABLE_CHUNK_PAGES`-entry chunks.
 pub const MAX_PAGES: usize = 1 << 24;
 
+/// OPTIMIZE_FOR_SEQUENTIAL_KEY flow control prefers workers likely to finish quickly, but after
+/// this many places in a row went to them while a slow worker (one whose last write split a
+/// page) waited, the slow worker gets the next place: the preference may delay it, never starve
+/// it. Eight keeps splitters rare among the admitted (at most one place in nine while both
+/// kinds wait) without letting one wait more than a few hand-offs per slow worker ahead of it.
+pub const FLOW_CONTROL_FAST_HANDOFFS_MAX: usize = 8;
+
 /// Pages per chunk of the page table (and per allocation of frames).
 pub const PAGE_TABLE_CHUNK_PAGES: usize = 1024;
 

@@ -69,3 +69,48 @@ fn switched_off_it_admits_everyone_and_switched_on_again_it_bounds_again() {
     });
     assert_eq!(flow.admitted(), 0);
 }
+
+/// The preference for likely-fast workers delays a slow one (whose last write split a page) by
+/// at most `FLOW_CONTROL_FAST_HANDOFFS_MAX` hand-offs while fast ones keep coming; unbounded,
+/// one place and four fast workers let the slow one in only once they stopped.
+#[test]
+fn a_slow_worker_gets_in_while_fast_ones_keep_coming() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::time::{Duration, Instant};
+
+    use lastpage_storage::limits::FLOW_CONTROL_FAST_HANDOFFS_MAX;
+
+    let flow = FlowControl::new(1, true);
+    let slow_inside = AtomicBool::new(false);
+    let fast_entries = AtomicU64::new(0);
+    let fast_entries_while_slow_waited = std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !slow_inside.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    let ticket = flow.enter(true);
+                    fast_entries.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_micros(50));
+                    drop(ticket);
+                }
+            });
+        }
+        // Let the fast workers fill the place and the queue first.
+        while fast_entries.load(Ordering::SeqCst) < 100 {
+            std::thread::yield_now();
+        }
+        let before = fast_entries.load(Ordering::SeqCst);
+        let ticket = flow.enter(false);
+        let entered_meanwhile = fast_entries.load(Ordering::SeqCst) - before;
+        slow_inside.store(true, Ordering::SeqCst);
+        drop(ticket);
+        entered_meanwhile
+    });
+    // The fast waiters queued ahead of the slow one (at most the other three) and the bounded
+    // run of hand-offs past it, with room for entries counted just before it queued.
+    let bound = (FLOW_CONTROL_FAST_HANDOFFS_MAX + 8) as u64;
+    assert!(
+        fast_entries_while_slow_waited <= bound,
+        "{fast_entries_while_slow_waited} fast workers got in while the slow one waited"
+    );
+}
