@@ -9,15 +9,17 @@
 //! measured 16% slower at 100 sessions).
 //!
 //! Here: `capacity` workers (the number of CPUs) may be inside at once. A worker that finds the
-//! index full queues in one of two queues: *fast* (the thread's last write, into any index, did not
-//! split a page) or *slow*. A worker leaving hands its place directly to the oldest fast waiter, or
-//! else the oldest slow one, so admission is strictly bounded. The preference is bounded too:
-//! after `FLOW_CONTROL_FAST_HANDOFFS_MAX` places in a row went to fast waiters while a slow one
-//! waited, the oldest slow waiter gets the next. (Unbounded, a slow waiter never got in while
-//! more fast workers kept arriving than there were places: a test with one place and four
-//! fast workers admitted 12,000 of them in 1.5 s and the slow one not once.) It can be switched on and off at run
-//! time (`ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON)`); workers already queued when it is
-//! switched off are still let in by the workers inside as they leave.
+//! index full queues in one of two queues: *fast* (the thread's last write, into any index, did
+//! not split a page) or *slow*. A worker leaving hands its place directly to the oldest fast
+//! waiter, or else the oldest slow one, so admission is strictly bounded. The preference is
+//! bounded too: after `FLOW_CONTROL_FAST_HANDOFFS_MAX` places in a row went to fast waiters while
+//! a slow one waited, the oldest slow waiter gets the next. (Unbounded, a slow waiter never got
+//! in while more fast workers kept arriving than there were places: a test with one place and
+//! four fast workers admitted 12,000 of them in 1.5 s and the slow one not once.)
+//!
+//! It can be switched on and off at run time (`ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY =
+//! ON)`); workers already queued when it is switched off are still let in by the workers inside
+//! as they leave.
 
 use std::collections::VecDeque;
 

@@ -139,8 +139,8 @@ pub(crate) struct SegmentPreparer {
 
 impl SegmentPreparer {
     /// A preparer for segment files of `file_bytes` (header included) in `dir`, which removes
-    /// the spares and the prepared file a previous writer left there. No thread runs until the first
-    /// [`SegmentPreparer::request`]. Failures are counted in `failures`.
+    /// the spares and the prepared file a previous writer left there. No thread runs until the
+    /// first [`SegmentPreparer::request`]. Failures are counted in `failures`.
     pub(crate) fn new(
         fs: Arc<dyn FileSystem>,
         dir: Arc<Path>,
