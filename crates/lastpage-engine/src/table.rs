@@ -2181,12 +2181,18 @@ impl Table {
     }
 
     /// Converts and encodes a (prefix of a) key of `index`, or returns `None` if a value is
-    /// longer than its column, so no stored key can equal it (SQL Server finds no row then,
-    /// rather than failing).
+    /// longer than any value of its column's kind, or outside its column's range (a bigint
+    /// looked up in an int column), so no stored key can equal it (SQL Server finds no row
+    /// then, rather than failing).
     fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
         match self.encode_search_key(index, key) {
             Ok(encoded) => Ok(Some(encoded)),
-            Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => {
+            Err(EngineError::Value(error))
+                if matches!(
+                    error.kind(),
+                    ValueErrorKind::Truncation | ValueErrorKind::Overflow
+                ) =>
+            {
                 Ok(None)
             }
             Err(error) => Err(error),

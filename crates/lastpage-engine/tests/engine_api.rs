@@ -1788,3 +1788,21 @@ fn search_values_longer_than_their_column_compare_with_the_rows() {
     // Binary values compare as if padded with zero bytes, as SQL Server compares them.
     assert_eq!(tagged(vec![1, 2, 0]), 1);
 }
+
+/// A lookup of a value outside its column's range (a bigint in an int key) finds no row, as in
+/// SQL Server, instead of failing with the overflow of converting it to the column's type.
+#[test]
+fn a_lookup_outside_the_key_columns_range_finds_no_row() {
+    let db = database();
+    let table = insert_contention_table(&db, "Wide", DataType::VarChar(10));
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(1, "x"))
+        .unwrap();
+    let beyond = [Value::BigInt(i64::from(i32::MAX) + 1)];
+    assert_eq!(table.get(&session, &beyond).unwrap(), None);
+    assert!(table.delete(&session, &beyond).is_ok_and(|found| !found));
+    assert!(table.get(&session, &[Value::BigInt(1)]).unwrap().is_some());
+    // Values that do not convert at all are still errors.
+    assert!(table.get(&session, &[Value::from("one")]).is_err());
+}
