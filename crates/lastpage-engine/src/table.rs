@@ -2186,21 +2186,19 @@ impl Table {
     /// then, rather than failing).
     fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
         match self.encode_search_key(index, key) {
-            Ok(encoded) => Ok(Some(encoded)),
-            Err(EngineError::Value(error))
-                if matches!(
-                    error.kind(),
-                    ValueErrorKind::Truncation | ValueErrorKind::Overflow
-                ) =>
-            {
+            Ok(SearchKey::Encoded(encoded)) => Ok(Some(encoded)),
+            Ok(SearchKey::OutOfRange { .. }) => Ok(None),
+            Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => {
                 Ok(None)
             }
             Err(error) => Err(error),
         }
     }
 
-    /// Converts and encodes a (prefix of a) key of `index`.
-    fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<Vec<u8>> {
+    /// Converts and encodes a (prefix of a) key of `index`. An integer value outside its
+    /// column's range is not an error but [`SearchKey::OutOfRange`]: it still compares with
+    /// the rows, as SQL Server compares it.
+    fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<SearchKey> {
         if key.len() > index.types.len() {
             return Err(EngineError::KeyArity {
                 index: index.def.name.clone(),
@@ -2223,13 +2221,32 @@ impl Table {
                         None => (Err(error), *data_type),
                     }
                 }
+                // An integer beyond an integer column's range sorts above (or below) every
+                // value of the column, whatever follows it in the key.
+                Err(error)
+                    if error.kind() == ValueErrorKind::Overflow
+                        && matches!(
+                            data_type,
+                            DataType::TinyInt
+                                | DataType::SmallInt
+                                | DataType::Int
+                                | DataType::BigInt
+                        )
+                        && value.as_i64().is_some() =>
+                {
+                    let above = value.as_i64().is_some_and(|value| value > 0);
+                    return Ok(SearchKey::OutOfRange {
+                        prefix: encoded,
+                        above,
+                    });
+                }
                 Err(error) => (Err(error), *data_type),
             };
             let converted =
                 converted.map_err(|error| error.with_column(&self.columns[column].name))?;
             encode_key_value(&encoding_type, &converted, &mut encoded)?;
         }
-        Ok(encoded)
+        Ok(SearchKey::Encoded(encoded))
     }
 
     /// Whether a search key names exactly one record of the clustered index.
@@ -2601,7 +2618,8 @@ impl Table {
 
     /// Scans rows in clustered key order within `range`. Bound values compare with the rows as
     /// SQL Server compares them: a text or binary bound longer than its column (up to the
-    /// longest value of its kind) falls between the rows it sorts between.
+    /// longest value of its kind) falls between the rows it sorts between, and an integer
+    /// beyond its integer column's range above or below every row with the same leading values.
     pub fn scan<'a>(
         &'a self,
         session: &'a Session,
@@ -2612,30 +2630,62 @@ impl Table {
         session.db().check_usable()?;
         self.check_usable_by(session)?;
         let full = |key: &[Value]| self.is_exact_clustered_key(key);
+        let empty = || Ok(RowIter::empty(self, session, direction));
         let lower = match &range.lower {
             Bound::Unbounded => Bound::Unbounded,
-            Bound::Included(key) => Bound::Included(self.encode_search_key(&self.clustered, key)?),
-            Bound::Excluded(key) => {
-                let encoded = self.encode_search_key(&self.clustered, key)?;
-                if full(key) {
-                    Bound::Excluded(encoded)
-                } else {
-                    match prefix_end(&encoded) {
+            Bound::Included(key) | Bound::Excluded(key) => {
+                match self.encode_search_key(&self.clustered, key)? {
+                    SearchKey::Encoded(encoded) => match &range.lower {
+                        Bound::Excluded(_) if !full(key) => match prefix_end(&encoded) {
+                            Some(end) => Bound::Included(end),
+                            None => return empty(),
+                        },
+                        Bound::Excluded(_) => Bound::Excluded(encoded),
+                        _ => Bound::Included(encoded),
+                    },
+                    // Above the column's range: no row with this prefix is that high, so the
+                    // range starts after them all.
+                    SearchKey::OutOfRange {
+                        prefix,
+                        above: true,
+                    } => match prefix_end(&prefix) {
                         Some(end) => Bound::Included(end),
-                        None => return Ok(RowIter::empty(self, session, direction)),
-                    }
+                        None => return empty(),
+                    },
+                    // Below it: every row with this prefix is in range.
+                    SearchKey::OutOfRange {
+                        prefix,
+                        above: false,
+                    } => Bound::Included(prefix),
                 }
             }
         };
         let upper = match &range.upper {
             Bound::Unbounded => Bound::Unbounded,
-            Bound::Excluded(key) => Bound::Excluded(self.encode_search_key(&self.clustered, key)?),
-            Bound::Included(key) => {
-                let encoded = self.encode_search_key(&self.clustered, key)?;
-                if full(key) {
-                    Bound::Included(encoded)
-                } else {
-                    prefix_end(&encoded).map_or(Bound::Unbounded, Bound::Excluded)
+            Bound::Included(key) | Bound::Excluded(key) => {
+                match self.encode_search_key(&self.clustered, key)? {
+                    SearchKey::Encoded(encoded) => match &range.upper {
+                        Bound::Included(_) if !full(key) => {
+                            prefix_end(&encoded).map_or(Bound::Unbounded, Bound::Excluded)
+                        }
+                        Bound::Included(_) => Bound::Included(encoded),
+                        _ => Bound::Excluded(encoded),
+                    },
+                    // Above the column's range: every row with this prefix is in range.
+                    SearchKey::OutOfRange {
+                        prefix,
+                        above: true,
+                    } => prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded),
+                    // Below it: no row with this prefix is that low.
+                    SearchKey::OutOfRange {
+                        prefix,
+                        above: false,
+                    } => {
+                        if prefix.is_empty() {
+                            return empty();
+                        }
+                        Bound::Excluded(prefix)
+                    }
                 }
             }
         };
@@ -3220,6 +3270,15 @@ fn evaluate_default(default: &DefaultValue) -> Result<Value> {
         DefaultValue::NewId => Value::Uuid(Uuid::new_v4()),
         DefaultValue::Function(function) => function()?,
     })
+}
+
+/// A search key as [`Table::encode_search_key`] makes it.
+enum SearchKey {
+    /// The encoded key (prefix).
+    Encoded(Vec<u8>),
+    /// A value is an integer beyond its integer column's range: `above` (or below) every value
+    /// the column can hold. `prefix` encodes the values before it.
+    OutOfRange { prefix: Vec<u8>, above: bool },
 }
 
 /// The widest type whose key encoding is that of `data_type`'s values, for a text or binary

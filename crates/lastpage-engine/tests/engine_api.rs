@@ -1789,20 +1789,85 @@ fn search_values_longer_than_their_column_compare_with_the_rows() {
     assert_eq!(tagged(vec![1, 2, 0]), 1);
 }
 
-/// A lookup of a value outside its column's range (a bigint in an int key) finds no row, as in
-/// SQL Server, instead of failing with the overflow of converting it to the column's type.
+/// A search value outside its column's range (a bigint in an int key) compares with the rows
+/// as in SQL Server, instead of failing with the overflow of converting it to the column's
+/// type: a lookup finds no row, and a range bound lies above or below them all.
 #[test]
-fn a_lookup_outside_the_key_columns_range_finds_no_row() {
+fn search_values_outside_the_key_columns_range_compare_with_the_rows() {
     let db = database();
     let table = insert_contention_table(&db, "Wide", DataType::VarChar(10));
     let session = db.session();
-    table
-        .insert(&session, InsertRow::new().set(1, "x"))
-        .unwrap();
-    let beyond = [Value::BigInt(i64::from(i32::MAX) + 1)];
-    assert_eq!(table.get(&session, &beyond).unwrap(), None);
-    assert!(table.delete(&session, &beyond).is_ok_and(|found| !found));
+    for _ in 0..3 {
+        table
+            .insert(&session, InsertRow::new().set(1, "x"))
+            .unwrap();
+    }
+    let above = || vec![Value::BigInt(i64::from(i32::MAX) + 1)];
+    let below = || vec![Value::BigInt(i64::from(i32::MIN) - 1)];
+    assert_eq!(table.get(&session, &above()).unwrap(), None);
+    assert!(table.delete(&session, &above()).is_ok_and(|found| !found));
     assert!(table.get(&session, &[Value::BigInt(1)]).unwrap().is_some());
+    let count = |lower, upper| {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .count()
+    };
+    use Bound::{Excluded, Included, Unbounded};
+    assert_eq!(count(Included(above()), Unbounded), 0);
+    assert_eq!(count(Excluded(below()), Unbounded), 3);
+    assert_eq!(count(Unbounded, Included(above())), 3);
+    assert_eq!(count(Unbounded, Excluded(below())), 0);
+    assert_eq!(count(Included(below()), Excluded(above())), 3);
     // Values that do not convert at all are still errors.
     assert!(table.get(&session, &[Value::from("one")]).is_err());
+}
+
+/// In a composite key, a value beyond its column's range decides the comparison at that column:
+/// the rows with the same leading values are all below (or all above) the bound.
+#[test]
+fn an_out_of_range_value_inside_a_composite_bound_decides_at_its_column() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Pairs")
+                .column(ColumnDef::new("A", DataType::Int).not_null())
+                .column(ColumnDef::new("B", DataType::TinyInt).not_null())
+                .clustered(IndexDef::new(
+                    "PK_Pairs",
+                    &["A", "B"],
+                    Uniqueness::PrimaryKey,
+                )),
+        )
+        .unwrap();
+    let session = db.session();
+    for a in 1..=3 {
+        for b in [0, 7, 255] {
+            table
+                .insert(&session, InsertRow::new().set(0, a).set(1, b))
+                .unwrap();
+        }
+    }
+    let pairs = |lower, upper| -> Vec<(i64, i64)> {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .map(|row| {
+                let row = row.unwrap();
+                (row[0].as_i64().unwrap(), row[1].as_i64().unwrap())
+            })
+            .collect()
+    };
+    use Bound::{Excluded, Included};
+    let key = |a: i64, b: i64| vec![Value::BigInt(a), Value::BigInt(b)];
+    // (2, 256) lies after every (2, b) and before (3, 0); (2, -1) before every (2, b).
+    assert_eq!(
+        pairs(Included(key(2, 256)), Included(key(3, 300))),
+        [(3, 0), (3, 7), (3, 255)]
+    );
+    assert_eq!(
+        pairs(Excluded(key(2, -1)), Excluded(key(2, 256))),
+        [(2, 0), (2, 7), (2, 255)]
+    );
+    assert_eq!(pairs(Included(key(3, 256)), Bound::Unbounded), []);
 }
