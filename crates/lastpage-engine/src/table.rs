@@ -29,7 +29,10 @@ use std::borrow::{Borrow, Cow};
 
 use crate::catalog::{CatalogEntry, IndexTrees};
 use crate::database::Session;
-use crate::encoding::{decode_key, decode_key_column, decode_row, encode_key_value, encode_row};
+use crate::encoding::{
+    decode_key, decode_key_column, decode_row, encode_key_value, encode_row,
+    push_lowest_value_start,
+};
 use crate::error::{EngineError, Result};
 use crate::identity::{IdentityState, ReservationLog};
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
@@ -2652,11 +2655,15 @@ impl Table {
                         Some(end) => Bound::Included(end),
                         None => return empty(),
                     },
-                    // Below it: every row with this prefix is in range.
+                    // Below it: every row with this prefix and a value (not NULL) there is
+                    // in range, as for any bound NULL sorts below.
                     SearchKey::OutOfRange {
-                        prefix,
+                        mut prefix,
                         above: false,
-                    } => Bound::Included(prefix),
+                    } => {
+                        push_lowest_value_start(&mut prefix);
+                        Bound::Included(prefix)
+                    }
                 }
             }
         };
@@ -2676,14 +2683,13 @@ impl Table {
                         prefix,
                         above: true,
                     } => prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded),
-                    // Below it: no row with this prefix is that low.
+                    // Below it: no row with this prefix and a value there is that low (a
+                    // NULL there sorts below every bound, as for any bound).
                     SearchKey::OutOfRange {
-                        prefix,
+                        mut prefix,
                         above: false,
                     } => {
-                        if prefix.is_empty() {
-                            return empty();
-                        }
+                        push_lowest_value_start(&mut prefix);
                         Bound::Excluded(prefix)
                     }
                 }

@@ -1871,3 +1871,34 @@ fn an_out_of_range_value_inside_a_composite_bound_decides_at_its_column() {
     );
     assert_eq!(pairs(Included(key(3, 256)), Bound::Unbounded), []);
 }
+
+/// NULL sorts below every value of a key column; a bound below the column's range keeps that
+/// order, exactly like a bound at the column's lowest value.
+#[test]
+fn an_out_of_range_bound_sorts_above_null_keys_like_the_lowest_value() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Maybe")
+                .column(ColumnDef::new("K", DataType::Int))
+                .clustered(IndexDef::new("CX_Maybe", &["K"], Uniqueness::NonUnique)),
+        )
+        .unwrap();
+    let session = db.session();
+    for k in [Value::Null, Value::Int(1), Value::Int(2)] {
+        table.insert(&session, InsertRow::new().set(0, k)).unwrap();
+    }
+    let count = |lower, upper| {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .count()
+    };
+    use Bound::{Excluded, Included, Unbounded};
+    let below = || vec![Value::BigInt(i64::from(i32::MIN) - 1)];
+    let lowest = || vec![Value::Int(i32::MIN)];
+    assert_eq!(count(Included(below()), Unbounded), 2);
+    assert_eq!(count(Included(lowest()), Unbounded), 2);
+    assert_eq!(count(Unbounded, Excluded(below())), 1);
+    assert_eq!(count(Unbounded, Excluded(lowest())), 1);
+}

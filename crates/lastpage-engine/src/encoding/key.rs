@@ -11,6 +11,13 @@ use crate::types::{
 const NULL_MARKER: u8 = 0x00;
 const VALUE_MARKER: u8 = 0x01;
 
+/// Appends what every encoded non-NULL value of a key column starts with: a key prefix that
+/// continues with it sorts after every key with NULL in that column and at or before every
+/// key with a value there.
+pub fn push_lowest_value_start(out: &mut Vec<u8>) {
+    out.push(VALUE_MARKER);
+}
+
 /// Pad-run tags of the padded-run form.
 const RUN_BEFORE_SMALLER: u8 = 0x01;
 const END_OF_STRING: u8 = 0x02;

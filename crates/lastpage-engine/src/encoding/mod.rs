@@ -92,7 +92,10 @@
 mod key;
 mod row;
 
-pub use key::{decode_key, decode_key_column, encode_key, encode_key_value, key_prefix_len};
+pub use key::{
+    decode_key, decode_key_column, encode_key, encode_key_value, key_prefix_len,
+    push_lowest_value_start,
+};
 pub use row::{decode_row, decode_row_column, encode_row};
 
 use crate::types::{DataType, Decimal, Value, ValueError, utf16_len};
