@@ -149,8 +149,9 @@ struct Inner {
     /// This database object's number in the process, unique for the process's life (an
     /// address could be reused by a later database).
     instance: u64,
-    /// Statements and transactions rolled back so far (see `Table::committed_value`).
-    rollbacks: AtomicU64,
+    /// Statements rolled back and transactions ended holding row locks, so far (see
+    /// `Table::committed_value`).
+    ended_writes: AtomicU64,
     /// The failure that stopped the database, if one did: once the log could not be made
     /// durable, or a rollback could not undo all of its changes, nothing in memory can be
     /// trusted to match what was committed, so every operation is refused until the database
@@ -221,7 +222,7 @@ impl Database {
                 options,
                 durable,
                 sessions: Mutex::new(Vec::new()),
-                rollbacks: AtomicU64::new(0),
+                ended_writes: AtomicU64::new(0),
                 failure: std::sync::OnceLock::new(),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
@@ -482,15 +483,19 @@ impl Database {
         }
     }
 
-    /// How many statements and transactions were rolled back so far. A reader that sees it
-    /// change knows a row it read may since have been removed by a rollback.
-    pub(crate) fn rollbacks(&self) -> u64 {
-        self.inner.rollbacks.load(Ordering::Acquire)
+    /// How many statements were rolled back and transactions ended holding row locks so far.
+    /// A reader that sees it unchanged since before it read a row, and finds the row unlocked
+    /// now, knows the value it read was committed (see `Table::committed_value`): a row locked
+    /// when it was read can only have been unlocked by a transaction that counted itself here
+    /// after its last change and before its locks went.
+    pub(crate) fn ended_writes(&self) -> u64 {
+        self.inner.ended_writes.load(Ordering::Acquire)
     }
 
-    /// Counts a rollback; called after the undo and before the locks are released.
-    pub(crate) fn note_rollback(&self) {
-        self.inner.rollbacks.fetch_add(1, Ordering::AcqRel);
+    /// Counts a statement rolled back, or a transaction that held row locks ending; called
+    /// after the last change (or undo) and before the locks are released.
+    pub(crate) fn note_ended_write(&self) {
+        self.inner.ended_writes.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn durable(&self) -> Option<&Durable> {

@@ -1103,6 +1103,11 @@ impl TxnLocks {
         Ok(())
     }
 
+    /// Whether the transaction holds any lock.
+    pub fn holds_any(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
     /// Releases every lock the transaction holds (at commit or rollback). The handle is empty
     /// afterwards.
     pub fn release_all(&mut self, manager: &LockManager) {

@@ -2310,8 +2310,8 @@ impl Table {
     /// [`Table::find_record`] for READ COMMITTED: a row that a transaction other than `me`
     /// deleted and has not ended, lying where it would have been found, is waited for (LCK_M_S)
     /// and the lookup made again, so that a miss, or a first match, is a committed one (see
-    /// `pending.rs`). Also returns the database's rollback count read before the tree read that
-    /// found the record, for [`Table::committed_value`].
+    /// `pending.rs`). Also returns the database's count of ended writes read before the tree
+    /// read that found the record, for [`Table::committed_value`].
     fn find_record_waiting(
         &self,
         session: &Session,
@@ -2320,8 +2320,8 @@ impl Table {
     ) -> Result<(Option<FoundRecord>, u64)> {
         let db = session.db();
         let read = || {
-            let rollbacks = db.rollbacks();
-            Ok((self.find_record(key)?, rollbacks))
+            let ended_writes = db.ended_writes();
+            Ok((self.find_record(key)?, ended_writes))
         };
         // A deleted row where the read found nothing: from the search key up to the match, or
         // to the search's end.
@@ -2407,11 +2407,11 @@ impl Table {
         self.check_usable_by(session)?;
         let me = session.current_txn_id();
         loop {
-            let (found, rollbacks) = self.find_record_waiting(session, me, key)?;
+            let (found, ended_writes) = self.find_record_waiting(session, me, key)?;
             let Some((partition, key, value)) = found else {
                 return Ok(None);
             };
-            match self.committed_value(session, partition, &key, value, Some(rollbacks))? {
+            match self.committed_value(session, partition, &key, value, Some(ended_writes))? {
                 Some(value) => return Ok(Some(self.decode_record(&key, &value)?)),
                 // Gone once its writer ended: look again (a later match may be committed).
                 None => continue,
@@ -2424,13 +2424,17 @@ impl Table {
     ///
     /// A row is committed when no other transaction holds an exclusive lock on it, because
     /// writers lock a row before it becomes visible and release the lock only once the row is
-    /// final. The quick check (lock table only) is enough if no rollback ran since the read
-    /// (`read_at`: the database's rollback count before it; `None` when unknown): a rollback
-    /// can remove a row and release its lock between the read and the check, and it counts
-    /// itself before it releases its locks, so the count is read after the lock check.
-    /// Otherwise the row is read again with the lock checked under the leaf's latch; a locked
-    /// row is waited for (LCK_M_S) and read again, and so is a row gone meanwhile that a
-    /// transaction still open deleted (see `pending.rs`).
+    /// final. The quick check (lock table only) is enough if no write ended since the read
+    /// (`read_at`: the database's count of ended writes before it; `None` when unknown): the
+    /// row unlocked now and no writer ended meanwhile means it was unlocked when it was read,
+    /// so what was read was committed. A write that ended in between may have held the row
+    /// then: a rollback can remove a row, and a transaction that changed a row twice commits
+    /// its second value after the first was read (a reader once returned such a first value,
+    /// never committed). Writers count themselves after their last change and before their
+    /// locks go, so the count is read after the lock check. Otherwise the row is read again
+    /// with the lock checked under the leaf's latch; a locked row is waited for (LCK_M_S) and
+    /// read again, and so is a row gone meanwhile that a transaction still open deleted (see
+    /// `pending.rs`).
     fn committed_value(
         &self,
         session: &Session,
@@ -2445,7 +2449,7 @@ impl Table {
         let locks = db.locks();
         if let Some(read_at) = read_at
             && !locks.is_locked_by_other(reader, &lock)
-            && db.rollbacks() == read_at
+            && db.ended_writes() == read_at
         {
             return Ok(Some(value));
         }
@@ -3333,10 +3337,11 @@ pub struct RowIter<'a> {
     /// each row returned.
     lower: Bound<Vec<u8>>,
     upper: Bound<Vec<u8>>,
-    /// The database's rollback count before the rows read ahead were (when the scan started,
-    /// or when it last read ahead again): once it changes, every record read ahead may be a
-    /// rolled-back one, so each is read again (see [`Table::committed_value`]).
-    rollbacks: u64,
+    /// The database's count of ended writes before the rows read ahead were (when the scan
+    /// started, or when it last read ahead again): once it changes, every record read ahead
+    /// may hold a value that was never committed (rolled back, or changed again before its
+    /// transaction committed), so each is read again (see [`Table::committed_value`]).
+    ended_writes: u64,
     /// The table's version of deleted rows (`PendingDeletes::version`) read before the rows
     /// read ahead were.
     pending_version: u64,
@@ -3362,7 +3367,7 @@ impl<'a> RowIter<'a> {
             direction,
             lower,
             upper,
-            rollbacks: session.db().rollbacks(),
+            ended_writes: session.db().ended_writes(),
             pending_version: table.pending_deletes.version(),
             empty: false,
             waited_for: None,
@@ -3381,7 +3386,7 @@ impl<'a> RowIter<'a> {
             direction,
             lower: Bound::Unbounded,
             upper: Bound::Unbounded,
-            rollbacks: 0,
+            ended_writes: 0,
             pending_version: 0,
             empty: true,
             waited_for: None,
@@ -3442,7 +3447,7 @@ impl<'a> RowIter<'a> {
         let version = pending.version();
         if version != self.pending_version {
             self.pending_version = version;
-            self.rollbacks = self.session.db().rollbacks();
+            self.ended_writes = self.session.db().ended_writes();
             self.read_ahead();
             *best = self.best_head();
         }
@@ -3500,7 +3505,7 @@ impl Iterator for RowIter<'_> {
                 best,
                 &key,
                 value,
-                Some(self.rollbacks),
+                Some(self.ended_writes),
             ) {
                 Ok(Some(value)) => Some(self.table.decode_record(&key, &value)),
                 Ok(None) => None,

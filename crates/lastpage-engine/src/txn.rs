@@ -516,7 +516,7 @@ impl Session {
             if let Err(error) = self.undo_to(txn, savepoint, Some(table)) {
                 result = Err(error);
             }
-            db.note_rollback();
+            db.note_ended_write();
         } else if txn.explicit {
             // The transaction outlives the statement: its undo entries name their table.
             for entry in &mut txn.undo[savepoint..] {
@@ -606,7 +606,7 @@ impl Session {
             .db()
             .check_not_failed()
             .and_then(|()| self.undo_to(&mut txn, 0, None));
-        self.db().note_rollback();
+        self.db().note_ended_write();
         // The abort record is flushed like a commit (for FULL durability): the rolled-back
         // inserts' records then are on disk too, so recovery sees their identity values and
         // never hands them out again.
@@ -654,6 +654,11 @@ impl Session {
         // noted waits for its lock, and then reads the outcome.
         for table in txn.deleted_from.drain(..) {
             table.pending_deletes().clear(txn.id);
+        }
+        // After the last change and before the locks go, so that a reader that read one of
+        // its rows while it was locked sees a change of the count (`Table::committed_value`).
+        if txn.locks.holds_any() {
+            self.db().note_ended_write();
         }
         txn.locks.release_all(self.db().locks());
         self.return_spare_undo(std::mem::take(&mut txn.undo));

@@ -1123,6 +1123,45 @@ fn accounts_by_balance() -> TableDef {
     ))
 }
 
+/// READ COMMITTED across a writer that changes a row twice: a scan that read the row ahead
+/// while it held the first (never committed) value, and then finds it unlocked after the commit
+/// of the second, must return the second. It returned the first: the check only asked whether
+/// the row was locked now and whether anything had rolled back.
+#[test]
+fn a_scan_never_returns_a_value_its_writer_changed_again_before_committing() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let writer = db.session();
+    for id in 1..=2 {
+        table
+            .insert(&writer, InsertRow::new().set(0, id).set(1, 0))
+            .unwrap();
+    }
+    writer.begin().unwrap();
+    table
+        .update(&writer, &[Value::Int(2)], &[(1, Value::Int(111))])
+        .unwrap();
+    let reader = db.session();
+    let mut scan = table
+        .scan(&reader, &KeyRange::all(), Direction::Forward)
+        .unwrap();
+    // Row 1 comes back; row 2 is read ahead while it holds 111 under the writer's lock.
+    assert_eq!(
+        scan.next().unwrap().unwrap(),
+        vec![Value::Int(1), Value::Int(0)]
+    );
+    table
+        .update(&writer, &[Value::Int(2)], &[(1, Value::Int(222))])
+        .unwrap();
+    writer.commit().unwrap();
+    assert_eq!(
+        scan.next().unwrap().unwrap(),
+        vec![Value::Int(2), Value::Int(222)],
+        "a value that was never committed"
+    );
+    assert!(scan.next().is_none());
+}
+
 /// What `Accounts`'s two indexes have now: (insert path, OPTIMIZE_FOR_SEQUENTIAL_KEY) each,
 /// every partition's tree alike.
 fn accounts_index_options(db: &Database) -> Vec<(InsertPath, bool)> {
