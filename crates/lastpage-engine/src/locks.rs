@@ -414,9 +414,26 @@ impl LockEntry {
     /// Grants every queued request that can go now, in queue order, and returns how many locks
     /// (not reads) were granted. A lock request that cannot go blocks every lock request behind
     /// it (FIFO), so a stream of S requests cannot starve a waiting X request; readers are
-    /// granted wherever they are, since they take nothing.
+    /// granted wherever they are, since they take nothing, and before any lock: a reader waits
+    /// only for the X lock it found, not for a writer queued ahead of it, which would
+    /// otherwise take X first and hold the reader for its whole transaction (as deadlock
+    /// detection assumes: a reader's only blockers are the holders).
     fn grant_waiters(&mut self) -> u64 {
         let mut now_ns = None;
+        let mut index = 0;
+        while index < self.queue.len() {
+            let waiter = &self.queue[index];
+            if waiter.request != Request::ReadThrough || self.holders.exclusive_by_other(waiter.txn)
+            {
+                index += 1;
+                continue;
+            }
+            let Some(reader) = self.queue.remove(index) else {
+                break;
+            };
+            let now = *now_ns.get_or_insert_with(stats::now_ns);
+            reader.slot.grant(now);
+        }
         let mut granted_locks = 0;
         let mut blocked = false;
         let mut index = 0;

@@ -786,3 +786,39 @@ fn nobody_gets_past_an_uncommitted_range() {
     );
     assert_eq!((stats.timeouts, stats.deadlocks), (0, 0));
 }
+
+/// A READ COMMITTED reader waits only for the X lock it found: when that lock goes, the reader
+/// goes too, even if a writer queued ahead of it takes X next. Granted in queue order, the
+/// reader waited for the writer's whole transaction (here it timed out instead).
+#[test]
+fn a_reader_goes_when_the_x_lock_it_waits_for_goes_even_with_a_writer_queued_ahead() {
+    let manager = LockManager::new(4);
+    let key = LockKey::new(1, [1]);
+    manager.acquire(TxnId(1), &key, Exclusive, None).unwrap();
+    let reader_done = std::sync::atomic::AtomicBool::new(false);
+    let read = thread::scope(|scope| {
+        scope.spawn(|| {
+            manager.acquire(TxnId(2), &key, Exclusive, None).unwrap();
+            // Holds X until the reader is back, or for 5 s.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !reader_done.load(Ordering::SeqCst) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            manager.release_all(TxnId(2), std::slice::from_ref(&key));
+        });
+        while manager.stats().waits < 1 {
+            thread::yield_now();
+        }
+        let reader =
+            scope.spawn(|| manager.wait_for_shared(None, &key, Some(Duration::from_secs(2))));
+        while manager.stats().waits < 2 {
+            thread::yield_now();
+        }
+        manager.release_all(TxnId(1), std::slice::from_ref(&key));
+        let read = reader.join().unwrap();
+        reader_done.store(true, Ordering::SeqCst);
+        read
+    });
+    // Only a reader let through at T1's release returns while the writer holds X.
+    assert!(read.is_ok(), "{read:?}");
+}
