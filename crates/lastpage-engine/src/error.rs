@@ -176,6 +176,18 @@ pub enum EngineError {
     /// refuses everything from now on.
     #[error("{0}")]
     LogFailed(String),
+    /// A function the caller supplied (a computed column's expression or a function default)
+    /// panicked. The statement failed and was undone like any failed statement; the panic
+    /// did not cross the engine.
+    #[error("the function of column '{column}' in table '{table}' panicked: {message}")]
+    FunctionPanicked {
+        /// The table.
+        table: String,
+        /// The column whose expression or default it is.
+        column: String,
+        /// The panic's message, if it had one.
+        message: String,
+    },
     /// The database stopped after a log failure or a rollback that could not undo all of its
     /// changes; reopening it recovers from the log.
     #[error("the database stopped and must be reopened to recover: {0}")]

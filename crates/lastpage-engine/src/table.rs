@@ -1740,7 +1740,7 @@ impl Table {
                             None => Value::Null,
                         }
                     }
-                    (_, Some(default)) => evaluate_default(default)?,
+                    (_, Some(default)) => self.evaluate_default(&definition.name, default)?,
                     _ => Value::Null,
                 },
             })
@@ -1831,7 +1831,9 @@ impl Table {
                     values.push(Cow::Owned(Value::Null));
                     continue;
                 }
-                (None, Some(default)) => Cow::Owned(evaluate_default(default)?),
+                (None, Some(default)) => {
+                    Cow::Owned(self.evaluate_default(&self.columns[position].name, default)?)
+                }
                 (None, None) => Cow::Owned(Value::Null),
             };
             values.push(self.coerce_column(position, value)?);
@@ -1863,6 +1865,37 @@ impl Table {
         Ok(())
     }
 
+    /// The value of column `column`'s default.
+    fn evaluate_default(&self, column: &str, default: &DefaultValue) -> Result<Value> {
+        Ok(match default {
+            DefaultValue::Constant(value) => value.clone(),
+            DefaultValue::CurrentUtcDateTime => Value::DateTime2(DateTime2::now_utc()),
+            DefaultValue::NewId => Value::Uuid(Uuid::new_v4()),
+            DefaultValue::Function(function) => self.call_supplied(column, || function())?,
+        })
+    }
+
+    /// Calls a function the caller supplied for column `column` (a computed column's expression
+    /// or a function default), turning a panic into [`EngineError::FunctionPanicked`]: the
+    /// statement then fails and is undone like any failed statement. Unwinding through the
+    /// engine instead left the statement's row locks held for ever (its transaction was dropped
+    /// without ending), so every later reader and writer of those rows waited for ever, and in
+    /// an explicit transaction the half-run statement stayed applied.
+    fn call_supplied<T>(&self, column: &str, function: impl FnOnce() -> Result<T>) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(function)).unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_owned());
+            Err(EngineError::FunctionPanicked {
+                table: self.name.clone(),
+                column: column.to_owned(),
+                message,
+            })
+        })
+    }
+
     /// Evaluates computed columns, converts values to their column types and checks NULLs
     /// (except in `deferred_identity`, which is filled in later).
     fn finish_row(&self, values: &mut [Value], deferred_identity: Option<usize>) -> Result<()> {
@@ -1874,7 +1907,8 @@ impl Table {
                 .computed
                 .as_ref()
                 .expect("computed column");
-            values[column] = expression(values)?;
+            let name = &self.columns[column].name;
+            values[column] = self.call_supplied(name, || expression(values))?;
         }
         // Owned values go straight through `coerce`: through `coerce_column`'s `Cow` the
         // single-row insert cost 4% more instructions.
@@ -3270,15 +3304,6 @@ fn identity_as_value(value: i64, data_type: DataType) -> Result<Value> {
         DataType::SmallInt => Value::SmallInt(i16::try_from(value).map_err(|_| overflow())?),
         DataType::Int => Value::Int(i32::try_from(value).map_err(|_| overflow())?),
         _ => Value::BigInt(value),
-    })
-}
-
-fn evaluate_default(default: &DefaultValue) -> Result<Value> {
-    Ok(match default {
-        DefaultValue::Constant(value) => value.clone(),
-        DefaultValue::CurrentUtcDateTime => Value::DateTime2(DateTime2::now_utc()),
-        DefaultValue::NewId => Value::Uuid(Uuid::new_v4()),
-        DefaultValue::Function(function) => function()?,
     })
 }
 
