@@ -17,7 +17,7 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
+    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
     RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
@@ -94,6 +94,22 @@ impl std::fmt::Debug for DatabaseOptions {
     }
 }
 
+/// Hands each thread its stripe of the count of ended writes, round robin. A plain counter,
+/// not part of any protocol (std's, like the database instance numbers).
+static NEXT_ENDED_WRITES_STRIPE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+std::thread_local! {
+    static ENDED_WRITES_STRIPE: usize = NEXT_ENDED_WRITES_STRIPE
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        % ENDED_WRITES_STRIPES;
+}
+
+/// The calling thread's stripe of the count of ended writes.
+fn ended_writes_stripe() -> usize {
+    ENDED_WRITES_STRIPE.with(|stripe| *stripe)
+}
+
 /// What a checkpoint did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CheckpointStats {
@@ -150,8 +166,8 @@ struct Inner {
     /// address could be reused by a later database).
     instance: u64,
     /// Statements rolled back and transactions ended holding row locks, so far (see
-    /// `Table::committed_value`).
-    ended_writes: AtomicU64,
+    /// `Table::committed_value`), in stripes (see [`ENDED_WRITES_STRIPES`]).
+    ended_writes: [crossbeam_utils::CachePadded<AtomicU64>; ENDED_WRITES_STRIPES],
     /// The failure that stopped the database, if one did: once the log could not be made
     /// durable, or a rollback could not undo all of its changes, nothing in memory can be
     /// trusted to match what was committed, so every operation is refused until the database
@@ -222,7 +238,7 @@ impl Database {
                 options,
                 durable,
                 sessions: Mutex::new(Vec::new()),
-                ended_writes: AtomicU64::new(0),
+                ended_writes: std::array::from_fn(|_| Default::default()),
                 failure: std::sync::OnceLock::new(),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
@@ -488,14 +504,21 @@ impl Database {
     /// now, knows the value it read was committed (see `Table::committed_value`): a row locked
     /// when it was read can only have been unlocked by a transaction that counted itself here
     /// after its last change and before its locks went.
+    ///
+    /// The stripes are summed one by one, which is enough: each only grows, so a count added
+    /// after a reader's first sum read its stripe makes the second sum larger.
     pub(crate) fn ended_writes(&self) -> u64 {
-        self.inner.ended_writes.load(Ordering::Acquire)
+        self.inner
+            .ended_writes
+            .iter()
+            .map(|stripe| stripe.load(Ordering::Acquire))
+            .fold(0, u64::wrapping_add)
     }
 
     /// Counts a statement rolled back, or a transaction that held row locks ending; called
     /// after the last change (or undo) and before the locks are released.
     pub(crate) fn note_ended_write(&self) {
-        self.inner.ended_writes.fetch_add(1, Ordering::AcqRel);
+        self.inner.ended_writes[ended_writes_stripe()].fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn durable(&self) -> Option<&Durable> {

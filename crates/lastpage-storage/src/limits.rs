@@ -270,6 +270,11 @@ const _: () = assert!(WAL_SEGMENT_BYTES.is_multiple_of(WAL_RECORD_ALIGN_BYTES as
 // A row change fits in a record.
 const _: () = assert!(WAL_ROW_CHANGE_MAX_BYTES <= MAX_WAL_RECORD_BYTES);
 
+/// Stripes of a database's count of ended writes (statements rolled back and transactions
+/// that ended holding row locks): every such commit adds to the count, so one shared counter
+/// would be a cache line every committing writer fights over; a reader sums the stripes.
+pub const ENDED_WRITES_STRIPES: usize = 16;
+
 /// Shards of a row lock manager when the caller has no better number: enough that threads
 /// locking different rows rarely meet on one shard mutex.
 pub const LOCK_MANAGER_DEFAULT_SHARDS: usize = 64;
