@@ -19,9 +19,12 @@
 //! The frame's other metadata (dirty, slot, CRC) follows the same rule; those fields are atomics
 //! only so that a checkpoint (one at a time) may update them under a shared latch, which keeps
 //! writers out of that page. The CLOCK `referenced` bit and the `resident` flag are hints read
-//! without the latch and rechecked under it. Because this protocol adds no synchronization of its
+//! without the latch and rechecked under it. A new page's frame is latched exclusively before
+//! the page table shows it (`BufferPool::allocate`), so no frame is ever visible with bytes and
+//! without a holder who put them there. Because this protocol adds no synchronization of its
 //! own beyond the latch (which `tests/latch_loom.rs` model-checks), it has no loom model of its
-//! own.
+//! own. (Allocation once broke the rule: it published the frame, with its bytes, and latched it
+//! a moment later, and an eviction sweep that tried the latch in between took the new page.)
 
 use std::cell::UnsafeCell;
 use std::path::Path;
@@ -446,12 +449,18 @@ impl BufferPool {
         self.reserve_frame();
         let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);
         frame.dirty.store(true, Ordering::Relaxed);
+        // Latched before the page table shows it: a visible frame with bytes and no latch
+        // held is one eviction may take (it only ever tries the latch), and it did, between
+        // the two steps, freeing the new page's bytes under the caller, who then panicked
+        // holding the latch, so every later latch of the page and every checkpoint waited for
+        // ever.
+        let latched = frame.latch.try_acquire(LatchMode::Exclusive);
+        assert!(latched, "nobody else can reach a frame not yet installed");
         let installed = self.install_frame(page_id, frame).is_ok();
         assert!(installed, "page id {page_id} was handed out twice");
         let frame = self
             .try_frame(page_id)
             .expect("the frame was installed just above");
-        frame.latch.acquire(LatchMode::Exclusive);
         let mut guard = ExclusiveGuard {
             frame,
             page_id,
