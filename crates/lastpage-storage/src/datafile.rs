@@ -480,8 +480,21 @@ impl DataFile {
                 message: "another checkpoint is in progress".into(),
             });
         }
+        // A meta slot's generation is checksummed but otherwise believed: one that cannot grow
+        // (a damaged or forged file) fails the checkpoint rather than wrapping to 0, which the
+        // next open would take for an older image than the one it replaced.
+        let next = state
+            .generation
+            .checked_add(1)
+            .ok_or_else(|| PageError::Corrupt {
+                page: 0,
+                reason: format!(
+                    "the data file's image generation {} cannot grow",
+                    state.generation
+                ),
+            })?;
         state.pending = true;
-        Ok(state.generation + 1)
+        Ok(next)
     }
 
     /// Protects `slot` as part of the pending image. The caller holds the page's latch, so no
@@ -732,6 +745,21 @@ mod tests {
                 Err(other) => panic!("not reported as corrupt: {other}"),
                 Ok(_) => panic!("opened"),
             }
+        }
+    }
+
+    #[test]
+    fn a_generation_that_cannot_grow_fails_the_checkpoint_instead_of_wrapping() {
+        let last = Meta {
+            generation: u64::MAX,
+            ..DataFile::first_meta()
+        };
+        let (file, _) = DataFile::open(file_with_meta(last, 4))
+            .unwrap()
+            .expect("an image");
+        match file.begin_capture() {
+            Err(PageError::Corrupt { reason, .. }) => assert!(reason.contains("cannot grow")),
+            other => panic!("{other:?}"),
         }
     }
 
