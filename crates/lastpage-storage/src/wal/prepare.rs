@@ -327,7 +327,7 @@ impl Shared {
     /// Makes the spare at `spare` the prepared file. Its body is a synced segment's, so only
     /// its header needs writing (zeros, synced); the rename's durability does not matter (see
     /// the module documentation). Returns whether it did; a spare of the wrong size (which
-    /// adoption or a truncation could only leave after a bug) is not used.
+    /// a truncation could only leave after a bug) is not used.
     fn reuse(&self, spare: &Path) -> bool {
         let Ok(file) = self.fs.open(spare, OpenOptions::existing()) else {
             return false;
