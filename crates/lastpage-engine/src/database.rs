@@ -633,8 +633,30 @@ impl Database {
         EngineError::DatabaseFailed(message)
     }
 
+    /// Records that a change stopped half done (`message` says where and why) and could not be
+    /// taken back: its changes are in the trees but in neither the log nor an undo list, so
+    /// only the last image and the log still hold the database's committed state. The database
+    /// refuses every operation from now on, as after [`Database::fail_rollback`]; `message`
+    /// is returned as is if the database had stopped already (it may be that failure's own
+    /// error). Returns the error to report for the statement.
+    pub(crate) fn fail_change(&self, message: String) -> EngineError {
+        if self.inner.failure.get().is_some() {
+            return EngineError::DatabaseFailed(message);
+        }
+        let message = if self.is_durable() {
+            format!("{message}. The next open of the database returns to its committed state")
+        } else {
+            format!(
+                "{message}. An in-memory database has no log to return to its committed state \
+                 from: its contents can no longer be trusted"
+            )
+        };
+        let _ = self.inner.failure.set(message.clone());
+        EngineError::DatabaseFailed(message)
+    }
+
     /// Fails if the database stopped after a failure ([`Database::fail`],
-    /// [`Database::fail_rollback`]).
+    /// [`Database::fail_rollback`], [`Database::fail_change`]).
     pub(crate) fn check_not_failed(&self) -> Result<()> {
         match self.inner.failure.get() {
             Some(message) => Err(EngineError::DatabaseFailed(message.clone())),
@@ -718,6 +740,9 @@ impl Database {
                 .gate
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            // A change that stopped the database half done did so inside the gate (see
+            // `Database::fail_change`): its half must not reach the image.
+            self.check_not_failed()?;
             let paused = Instant::now();
             let checkpoint_lsn = durable.wal.end_lsn().0;
             let recovery_start = self.oldest_active_lsn().min(checkpoint_lsn);

@@ -1381,12 +1381,11 @@ impl Table {
             if let Err((inserted, error)) =
                 tree.insert_batch_with_generated_keys(&encoded, make_keys, &mut keys, &mut key_ends)
             {
-                // Undo is best effort: a page that cannot be read leaves the row behind, and
-                // the statement's error says why.
+                let mut take_back = TakeBack::default();
                 for row in 0..inserted {
-                    let _ = tree.delete(&keys[batch_item_range(&key_ends, row)]);
+                    take_back.delete(tree, &keys[batch_item_range(&key_ends, row)]);
                 }
-                return Err(match error {
+                let error = match error {
                     GeneratedKeyError::Key(error) => error,
                     GeneratedKeyError::Tree(error) => {
                         // The failed row's values, for the message, if its key was made.
@@ -1402,16 +1401,17 @@ impl Table {
                             .unwrap_or_default();
                         self.storage_error(&self.clustered, error, &values)
                     }
-                });
+                };
+                return Err(take_back.outcome(&self.name, error));
             }
             if !rows.is_empty() {
                 let entries = self.insert_batch_entries(&mut rows, first_id, &keys, &key_ends);
                 if let Err(error) = entries {
-                    // Undo is best effort, as above.
+                    let mut take_back = TakeBack::default();
                     for row in 0..row_count {
-                        let _ = tree.delete(&keys[batch_item_range(&key_ends, row)]);
+                        take_back.delete(tree, &keys[batch_item_range(&key_ends, row)]);
                     }
-                    return Err(error);
+                    return Err(take_back.outcome(&self.name, error));
                 }
             }
             if keep_changes {
@@ -1465,15 +1465,15 @@ impl Table {
             match entries {
                 Ok(entries) => inserted.push(entries),
                 Err(error) => {
-                    // Undo is best effort: a page that cannot be read leaves the entry behind.
+                    let mut take_back = TakeBack::default();
                     for (index, (entry_key, _)) in inserted
                         .iter()
                         .rev()
                         .flat_map(|entries| self.nonclustered.iter().zip(entries))
                     {
-                        let _ = index.tree(0).delete(entry_key);
+                        take_back.delete(index.tree(0), entry_key);
                     }
-                    return Err(error);
+                    return Err(take_back.outcome(&self.name, error));
                 }
             }
         }
@@ -1535,14 +1535,11 @@ impl Table {
             }
         }
         if let Some((_, error)) = failure {
+            let mut take_back = TakeBack::default();
             for &(position, partition, row) in done.iter().rev() {
-                // Undo is best effort: a page that cannot be read leaves the entry behind, and
-                // the statement's error says why.
-                let _ = indexes[position]
-                    .tree(partition)
-                    .delete(entry_of(position, row).0);
+                take_back.delete(indexes[position].tree(partition), entry_of(position, row).0);
             }
-            return Err(error);
+            return Err(take_back.outcome(&self.name, error));
         }
         Ok(())
     }
@@ -2166,10 +2163,9 @@ impl Table {
         let entries = match self.nonclustered_entries(values, key) {
             Ok(entries) => entries,
             Err(error) => {
-                // Undo is best effort: a page that cannot be read leaves the entry behind, and
-                // the statement's error says why.
-                let _ = self.clustered.tree(0).delete(key);
-                return Err(error);
+                let mut take_back = TakeBack::default();
+                take_back.delete(self.clustered.tree(0), key);
+                return Err(take_back.outcome(&self.name, error));
             }
         };
         self.insert_nonclustered(0, values, key, &entries)
@@ -2203,15 +2199,14 @@ impl Table {
             self.nonclustered.iter().zip(entries).enumerate()
         {
             if let Err(error) = index.tree(partition).insert(nc_key, nc_value) {
+                let mut take_back = TakeBack::default();
                 for (earlier, (earlier_key, _)) in
                     self.nonclustered.iter().zip(entries).take(position)
                 {
-                    // Undo is best effort: a page that cannot be read leaves the entry behind.
-                    let _ = earlier.tree(partition).delete(earlier_key);
+                    take_back.delete(earlier.tree(partition), earlier_key);
                 }
-                // Undo is best effort: a page that cannot be read leaves the entry behind.
-                let _ = self.clustered.tree(partition).delete(key);
-                return Err(self.storage_error(index, error, values));
+                take_back.delete(self.clustered.tree(partition), key);
+                return Err(take_back.outcome(&self.name, self.storage_error(index, error, values)));
             }
         }
         Ok(())
@@ -3002,39 +2997,52 @@ impl Table {
                 }
             }
         }
-        let undo = |added: &[(&Index, Vec<u8>)]| {
+        let take_back = |added: &[(&Index, Vec<u8>)], error: EngineError| {
+            let mut take_back = TakeBack::default();
             for (index, key) in added {
-                // Undo is best effort: a page that cannot be read leaves the entry behind, and
-                // the statement's error says why.
-                let _ = index.tree(partition).delete(key);
+                take_back.delete(index.tree(partition), key);
             }
+            take_back.outcome(&self.name, error)
         };
         if let Some(error) = failure {
-            undo(&added);
-            return Err(error);
+            return Err(take_back(&added, error));
         }
-        match self
+        let updated = match self
             .clustered
             .tree(partition)
             .compare_and_update(key, old_value, new_value)
-            .map_err(|error| self.storage_error(&self.clustered, error, &new_row))?
         {
+            Ok(updated) => updated,
+            Err(error) => {
+                let error = self.storage_error(&self.clustered, error, &new_row);
+                return Err(take_back(&added, error));
+            }
+        };
+        match updated {
             CompareAndUpdate::Updated => {
                 for (index, key) in removed {
-                    index
-                        .tree(partition)
-                        .delete(&key)
-                        .map_err(storage_failure)?;
+                    if let Err(error) = index.tree(partition).delete(&key) {
+                        // The row holds its new value and its new entries are in; the old
+                        // entry left behind would find the row under a key it no longer has.
+                        return Err(stopped_part_way(
+                            &self.name,
+                            &format!(
+                                "changed a row but could not remove its old entry from index \
+                                 '{}' ({error})",
+                                index.def.name
+                            ),
+                        ));
+                    }
                 }
                 Ok(())
             }
-            CompareAndUpdate::Changed | CompareAndUpdate::NotFound => {
-                undo(&added);
-                Err(EngineError::Storage(format!(
+            CompareAndUpdate::Changed | CompareAndUpdate::NotFound => Err(take_back(
+                &added,
+                EngineError::Storage(format!(
                     "table '{}': the row to update does not hold the expected value",
                     self.name
-                )))
-            }
+                )),
+            )),
         }
     }
 
@@ -3050,11 +3058,25 @@ impl Table {
             return Ok(false);
         }
         for index in &self.nonclustered {
-            let (entry_key, _) = self.nonclustered_entry(index, row, key)?;
-            index
-                .tree(partition)
-                .delete(&entry_key)
-                .map_err(storage_failure)?;
+            // The record is gone: an entry left behind would point at no row.
+            let removed = self
+                .nonclustered_entry(index, row, key)
+                .and_then(|(entry_key, _)| {
+                    index
+                        .tree(partition)
+                        .delete(&entry_key)
+                        .map_err(storage_failure)
+                });
+            if let Err(error) = removed {
+                return Err(stopped_part_way(
+                    &self.name,
+                    &format!(
+                        "removed a row but could not remove its entry from index '{}' \
+                         ({error})",
+                        index.def.name
+                    ),
+                ));
+            }
         }
         Ok(true)
     }
@@ -3549,6 +3571,50 @@ impl Iterator for RowIter<'_> {
 }
 
 /// Maps a tree error from a read path (no key or row to describe) to an engine error.
+/// Takes back what a statement that failed part way had already put into the trees. These
+/// changes are in neither the transaction's undo list nor the log yet (a statement's changes
+/// join both only once it succeeds), so nothing else can take them back: a take-back that fails
+/// (a page it needs cannot be read) leaves them in the trees, where readers would see them and
+/// a checkpoint would write them into the image, with no log record to undo them. The statement
+/// then stops the database, as a rollback that fails does ([`TakeBack::outcome`],
+/// `WriteScope::logged`).
+#[derive(Default)]
+struct TakeBack {
+    /// The first delete that failed, if any.
+    failure: Option<BTreeError>,
+}
+
+impl TakeBack {
+    /// Removes `key` from `tree`, remembering the first failure.
+    fn delete(&mut self, tree: &BTree, key: &[u8]) {
+        if let Err(error) = tree.delete(key) {
+            self.failure.get_or_insert(error);
+        }
+    }
+
+    /// The statement's error: `error` if everything was taken back, else
+    /// [`EngineError::DatabaseFailed`] naming both.
+    fn outcome(self, table: &str, error: EngineError) -> EngineError {
+        match self.failure {
+            None => error,
+            Some(failure) => stopped_part_way(
+                table,
+                &format!(
+                    "failed part way ({error}), and taking back what it had done failed too \
+                     ({failure})"
+                ),
+            ),
+        }
+    }
+}
+
+/// The error of a change to `table` that stopped half done (`what` says how):
+/// [`EngineError::DatabaseFailed`], which `WriteScope::logged` turns into a stopped database
+/// (a rollback's undo, into [`crate::database::Database::fail_rollback`]'s).
+fn stopped_part_way(table: &str, what: &str) -> EngineError {
+    EngineError::DatabaseFailed(format!("a change to table '{table}' {what}"))
+}
+
 fn storage_failure(error: BTreeError) -> EngineError {
     match error {
         BTreeError::PoolFull(full) => EngineError::PoolFull(full),

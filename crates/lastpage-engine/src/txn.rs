@@ -333,6 +333,12 @@ impl<'s> WriteScope<'s> {
         let result = apply(&mut Changes {
             undo: &mut self.txn.undo,
             owner: (!Arc::ptr_eq(table, self.table)).then(|| Arc::clone(table)),
+        })
+        .map_err(|error| match error {
+            // A change that stopped half done (see `table::TakeBack`) stops the database before
+            // the gate opens, so no checkpoint captures the half.
+            EngineError::DatabaseFailed(message) => db.fail_change(message),
+            other => other,
         });
         // Changes made before a failure are logged and kept in the undo list too: the
         // statement's rollback undoes them with logged compensations.

@@ -874,6 +874,165 @@ fn statements_are_atomic_inside_transactions() {
     assert_eq!(table.row_count(), 1);
 }
 
+/// `Notes(Id INT PRIMARY KEY, Text VARCHAR(100) NOT NULL)`: explicit keys and rows of about
+/// 100 bytes.
+fn notes() -> TableDef {
+    TableDef::new("Notes")
+        .column(ColumnDef::new("Id", DataType::Int).not_null())
+        .column(ColumnDef::new("Text", DataType::VarChar(100)).not_null())
+        .clustered(IndexDef::new("PK_Notes", &["Id"], Uniqueness::PrimaryKey))
+}
+
+/// A statement that fails part way takes back the rows it had put in before it returns its
+/// error: they are in neither the log nor the transaction's undo list yet. If that take-back
+/// fails too (here: the batch's early rows were evicted, and the data file can no longer be
+/// read), those rows stay in the trees with nothing to undo them, where readers would see them
+/// and a checkpoint would write them into the image. The database stops, as after a failed
+/// rollback, and its next open has only what committed.
+#[test]
+fn a_statement_that_cannot_take_back_its_own_rows_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(37));
+    let db = open_small(&fs);
+    let table = db.create_table(notes()).unwrap();
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(0, 0).set(1, "committed"))
+        .unwrap();
+    // 20,000 rows of about 100 bytes fill far more pages than the pool's 64, and the last row
+    // repeats the first row's key, so the statement fails after all the others are in.
+    let mut batch: Vec<InsertRow> = (1..=20_000)
+        .map(|id| InsertRow::new().set(0, id).set(1, "x".repeat(90)))
+        .collect();
+    batch.push(InsertRow::new().set(0, 1).set(1, "again"));
+    let evictions = db.pool().stats().evictions;
+    fs.inject(FaultRule::reads_fail_from(1).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
+    let error = table.insert_batch(&session, batch).unwrap_err();
+    assert!(db.pool().stats().evictions > evictions);
+    assert!(matches!(error, EngineError::DatabaseFailed(_)), "{error}");
+    assert!(error.to_string().contains("taking back"), "{error}");
+    assert!(error.to_string().contains("Notes"), "{error}");
+    fs.clear_faults();
+    // Whatever the take-back left in the trees never committed: nothing may read it or build
+    // on it, and no checkpoint may write it into the image.
+    let refused = table
+        .insert(&session, InsertRow::new().set(0, 30_000).set(1, "later"))
+        .unwrap_err();
+    assert!(
+        matches!(refused, EngineError::DatabaseFailed(_)),
+        "{refused}"
+    );
+    assert!(table.get(&session, &[Value::Int(0)]).is_err());
+    assert!(db.checkpoint().is_err());
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    let db = open_small(&after);
+    let table = db.table("Notes").unwrap();
+    let session = db.session();
+    let ids: Vec<Value> = table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .map(|row| row.unwrap()[0].clone())
+        .collect();
+    assert_eq!(ids, vec![Value::Int(0)]);
+    db.check_integrity().unwrap();
+}
+
+/// Opens `fs` with [`small_budget`] and fills `Accounts` (with `IX_Balance`) with 40,000 rows
+/// whose balance is their id: far more pages than the pool holds (checked). Then reads row 20
+/// and looks up balance 1,000,000, so that those pages are resident and only long-evicted pages
+/// (IX_Balance's entry of row 20 among them) need the data file.
+fn accounts_past_the_budget(
+    fs: &FaultyFileSystem,
+) -> (
+    Database,
+    Arc<lastpage_engine::Table>,
+    lastpage_engine::Session,
+) {
+    let db = open_small(fs);
+    let table = db.create_table(accounts_by_balance()).unwrap();
+    let session = db.session();
+    for first in (0..40_000).step_by(500) {
+        let rows = (first..first + 500)
+            .map(|id| InsertRow::new().set(0, id).set(1, id))
+            .collect();
+        table.insert_batch(&session, rows).unwrap();
+    }
+    assert!(db.pool().stats().evictions > 0);
+    let row = vec![Value::Int(20), Value::Int(20)];
+    assert_eq!(table.get(&session, &[Value::Int(20)]).unwrap(), Some(row));
+    assert!(
+        table
+            .get_by_index(&session, "IX_Balance", &[Value::Int(1_000_000)])
+            .unwrap()
+            .is_empty()
+    );
+    (db, table, session)
+}
+
+/// Crashes `fs` (losing unsynced writes), reopens it and checks that row 20 of `Accounts` is
+/// there as it committed, found by its key and by its balance, and that the trees are whole.
+fn assert_account_20_as_committed(fs: &FaultyFileSystem, db: Database, held: impl Sized) {
+    let after = crash(fs, CrashMode::LoseUnsynced, db, held, ());
+    let db = open_small(&after);
+    let table = db.table("Accounts").unwrap();
+    let session = db.session();
+    let row = vec![Value::Int(20), Value::Int(20)];
+    assert_eq!(
+        table.get(&session, &[Value::Int(20)]).unwrap(),
+        Some(row.clone())
+    );
+    let by_balance = table
+        .get_by_index(&session, "IX_Balance", &[Value::Int(20)])
+        .unwrap();
+    assert_eq!(by_balance, vec![row]);
+    assert!(
+        table
+            .get_by_index(&session, "IX_Balance", &[Value::Int(1_000_000)])
+            .unwrap()
+            .is_empty()
+    );
+    db.check_integrity().unwrap();
+}
+
+/// An update that moves a row's nonclustered entry inserts the new entry and changes the row
+/// before it removes the old entry. If that removal fails (here: the old entry's page was
+/// evicted, and the data file can no longer be read), the old entry would find the row under a
+/// value it no longer has, and nothing (no log record, no undo entry) could take the half
+/// change back: the database stops, and its next open has the row as it committed.
+#[test]
+fn an_update_that_cannot_remove_the_old_index_entry_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(41));
+    let (db, table, session) = accounts_past_the_budget(&fs);
+    fs.inject(FaultRule::reads_fail_from(1).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
+    let error = table
+        .update(&session, &[Value::Int(20)], &[(1, Value::Int(1_000_000))])
+        .unwrap_err();
+    assert!(matches!(error, EngineError::DatabaseFailed(_)), "{error}");
+    assert!(error.to_string().contains("IX_Balance"), "{error}");
+    fs.clear_faults();
+    assert!(
+        table
+            .get_by_index(&session, "IX_Balance", &[Value::Int(20)])
+            .is_err()
+    );
+    assert_account_20_as_committed(&fs, db, (session, table));
+}
+
+/// A delete removes the row, then its nonclustered entries. If removing an entry fails (its
+/// page was evicted and cannot be read), the entry would point at no row: the database stops,
+/// as above, and its next open has the row as it committed.
+#[test]
+fn a_delete_that_cannot_remove_an_index_entry_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(43));
+    let (db, table, session) = accounts_past_the_budget(&fs);
+    fs.inject(FaultRule::reads_fail_from(1).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
+    let error = table.delete(&session, &[Value::Int(20)]).unwrap_err();
+    assert!(matches!(error, EngineError::DatabaseFailed(_)), "{error}");
+    assert!(error.to_string().contains("IX_Balance"), "{error}");
+    fs.clear_faults();
+    assert!(table.get(&session, &[Value::Int(20)]).is_err());
+    assert_account_20_as_committed(&fs, db, (session, table));
+}
+
 /// A rollback that fails part way (here: an undo needs a page that was evicted, and the data
 /// file can no longer be read) leaves some of the transaction's changes in the trees. Nothing
 /// may read them or commit on top of them: the database stops, and its next open undoes the
