@@ -40,7 +40,7 @@ use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
 use crate::txn::WriteScope;
 use crate::types::{
-    DataType, DateTime2, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueErrorKind,
+    DataType, DateTime2, Decimal, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueErrorKind,
 };
 
 /// A row: one value per column, in column order.
@@ -2213,13 +2213,14 @@ impl Table {
     }
 
     /// Converts and encodes a (prefix of a) key of `index`, or returns `None` if a value is
-    /// longer than any value of its column's kind, or outside its column's range (a bigint
-    /// looked up in an int column), so no stored key can equal it (SQL Server finds no row
-    /// then, rather than failing).
+    /// longer than any value of its column's kind, outside its column's range (a bigint
+    /// looked up in an int column) or a number its column cannot hold exactly (1.5 in an int
+    /// column), so no stored key can equal it (SQL Server finds no row then, rather than
+    /// failing or rounding).
     fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
         match self.encode_search_key(index, key) {
             Ok(SearchKey::Encoded(encoded)) => Ok(Some(encoded)),
-            Ok(SearchKey::OutOfRange { .. }) => Ok(None),
+            Ok(SearchKey::OutOfRange { .. } | SearchKey::Beside { .. }) => Ok(None),
             Err(EngineError::Value(error)) if error.kind() == ValueErrorKind::Truncation => {
                 Ok(None)
             }
@@ -2227,9 +2228,10 @@ impl Table {
         }
     }
 
-    /// Converts and encodes a (prefix of a) key of `index`. An integer value outside its
-    /// column's range is not an error but [`SearchKey::OutOfRange`]: it still compares with
-    /// the rows, as SQL Server compares it.
+    /// Converts and encodes a (prefix of a) key of `index`. A number outside its numeric
+    /// column's range is not an error but [`SearchKey::OutOfRange`], and one the column cannot
+    /// hold exactly is not rounded but [`SearchKey::Beside`]: either still compares with the
+    /// rows, as SQL Server compares it.
     fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<SearchKey> {
         if key.len() > index.types.len() {
             return Err(EngineError::KeyArity {
@@ -2240,8 +2242,28 @@ impl Table {
         }
         let mut encoded = Vec::with_capacity(32);
         for ((value, data_type), &column) in key.iter().zip(&index.types).zip(&index.column_ids) {
+            // A number searched for in a numeric column compares exactly, as SQL Server
+            // compares it (in the type of higher precedence): 1.5 equals no INT, and lies
+            // between the keys 1 and 2, where converting it would have rounded it onto one.
+            let exact = if is_numeric(data_type) {
+                value.as_exact_number()
+            } else {
+                None
+            };
             let (converted, encoding_type) = match data_type.coerce(value.clone()) {
-                Ok(converted) => (Ok(converted), *data_type),
+                Ok(converted) => {
+                    let stored = converted.as_exact_number();
+                    match exact.zip(stored).map(|(exact, stored)| exact.cmp(&stored)) {
+                        Some(order @ (std::cmp::Ordering::Less | std::cmp::Ordering::Greater)) => {
+                            encode_key_value(data_type, &converted, &mut encoded)?;
+                            return Ok(SearchKey::Beside {
+                                key: encoded,
+                                above: order == std::cmp::Ordering::Greater,
+                            });
+                        }
+                        _ => (Ok(converted), *data_type),
+                    }
+                }
                 // A search value longer than its column equals no row but still sorts among
                 // them ('abcd' between 'abc' and 'abd' of a varchar(3) key), as SQL Server
                 // compares it: the key encoding of text and binary does not depend on the
@@ -2253,20 +2275,10 @@ impl Table {
                         None => (Err(error), *data_type),
                     }
                 }
-                // An integer beyond an integer column's range sorts above (or below) every
-                // value of the column, whatever follows it in the key.
-                Err(error)
-                    if error.kind() == ValueErrorKind::Overflow
-                        && matches!(
-                            data_type,
-                            DataType::TinyInt
-                                | DataType::SmallInt
-                                | DataType::Int
-                                | DataType::BigInt
-                        )
-                        && value.as_i64().is_some() =>
-                {
-                    let above = value.as_i64().is_some_and(|value| value > 0);
+                // A number beyond a numeric column's range sorts above (or below) every value
+                // of the column, whatever follows it in the key.
+                Err(error) if error.kind() == ValueErrorKind::Overflow && exact.is_some() => {
+                    let above = exact.is_some_and(|exact| exact > Decimal::ZERO);
                     return Ok(SearchKey::OutOfRange {
                         prefix: encoded,
                         above,
@@ -2654,8 +2666,9 @@ impl Table {
 
     /// Scans rows in clustered key order within `range`. Bound values compare with the rows as
     /// SQL Server compares them: a text or binary bound longer than its column (up to the
-    /// longest value of its kind) falls between the rows it sorts between, and an integer
-    /// beyond its integer column's range above or below every row with the same leading values.
+    /// longest value of its kind) falls between the rows it sorts between, as does a number its
+    /// numeric column cannot hold exactly (1.5 between the INT keys 1 and 2), and a number
+    /// beyond its numeric column's range above or below every row with the same leading values.
     pub fn scan<'a>(
         &'a self,
         session: &'a Session,
@@ -2697,6 +2710,13 @@ impl Table {
                         push_lowest_value_start(&mut prefix);
                         Bound::Included(prefix)
                     }
+                    // Between two keys of the column: the range starts after (or at) every
+                    // key with the column value it converts to.
+                    SearchKey::Beside { key, above: true } => match prefix_end(&key) {
+                        Some(end) => Bound::Included(end),
+                        None => return empty(),
+                    },
+                    SearchKey::Beside { key, above: false } => Bound::Included(key),
                 }
             }
         };
@@ -2725,6 +2745,12 @@ impl Table {
                         push_lowest_value_start(&mut prefix);
                         Bound::Excluded(prefix)
                     }
+                    // Between two keys of the column: the range ends after (or before) every
+                    // key with the column value it converts to.
+                    SearchKey::Beside { key, above: true } => {
+                        prefix_end(&key).map_or(Bound::Unbounded, Bound::Excluded)
+                    }
+                    SearchKey::Beside { key, above: false } => Bound::Excluded(key),
                 }
             }
         };
@@ -3333,9 +3359,28 @@ fn identity_as_value(value: i64, data_type: DataType) -> Result<Value> {
 enum SearchKey {
     /// The encoded key (prefix).
     Encoded(Vec<u8>),
-    /// A value is an integer beyond its integer column's range: `above` (or below) every value
+    /// A value is a number beyond its numeric column's range: `above` (or below) every value
     /// the column can hold. `prefix` encodes the values before it.
     OutOfRange { prefix: Vec<u8>, above: bool },
+    /// A value is a number its numeric column cannot hold exactly (1.5 in an INT column): it
+    /// lies just `above` (or below) every key that starts with `key`, which encodes the values
+    /// before it and the column value it converts to.
+    Beside { key: Vec<u8>, above: bool },
+}
+
+/// Whether `data_type` holds numbers, which a search compares exactly (see
+/// [`Value::as_exact_number`]).
+fn is_numeric(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::TinyInt
+            | DataType::SmallInt
+            | DataType::Int
+            | DataType::BigInt
+            | DataType::Bit
+            | DataType::Decimal { .. }
+            | DataType::Money
+    )
 }
 
 /// The widest type whose key encoding is that of `data_type`'s values, for a text or binary

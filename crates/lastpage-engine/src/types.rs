@@ -1718,6 +1718,20 @@ impl Value {
         }
     }
 
+    /// The exact numeric value of a number (an integer, bit, decimal or money value), for
+    /// comparing numbers of different types as SQL Server does (in the type of higher
+    /// precedence, so that nothing is rounded away); `None` for other values.
+    pub fn as_exact_number(&self) -> Option<Decimal> {
+        match self {
+            Value::Decimal(d) => Some(*d),
+            Value::Money(m) => Some(Decimal {
+                mantissa: i128::from(*m),
+                scale: 4,
+            }),
+            other => other.as_i64().map(Decimal::from),
+        }
+    }
+
     /// The text of a string value.
     pub fn as_str(&self) -> Option<&str> {
         match self {

@@ -1823,6 +1823,89 @@ fn search_values_outside_the_key_columns_range_compare_with_the_rows() {
     assert!(table.get(&session, &[Value::from("one")]).is_err());
 }
 
+/// A number that a numeric key column cannot hold exactly (1.5 in an INT key, 1.005 in a
+/// DECIMAL(5,2) one) compares with the rows exactly, as SQL Server compares it (in the type of
+/// higher precedence): a lookup finds no row, and a range bound lies between the keys around
+/// it. Converting it to the column's type first rounded it onto a key: a lookup of 1.5 found
+/// row 1, `>= 1.5` returned row 1 and `< 1.5` missed it.
+#[test]
+fn search_numbers_a_key_column_cannot_hold_exactly_compare_with_the_rows() {
+    use lastpage_engine::types::Decimal;
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Prices")
+                .column(ColumnDef::new("A", DataType::Int).not_null())
+                .column(
+                    ColumnDef::new(
+                        "Price",
+                        DataType::Decimal {
+                            precision: 5,
+                            scale: 2,
+                        },
+                    )
+                    .not_null(),
+                )
+                .clustered(IndexDef::new("PK_Prices", &["A"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new("IX_Price", &["Price"], Uniqueness::NonUnique)),
+        )
+        .unwrap();
+    let session = db.session();
+    let decimal = |mantissa, scale| Value::Decimal(Decimal::new(mantissa, scale).unwrap());
+    for a in -2..=2 {
+        let price = decimal(i128::from(a) * 100 + 1, 2);
+        table
+            .insert(&session, InsertRow::new().set(0, a).set(1, price))
+            .unwrap();
+    }
+    let keys = |lower, upper| -> Vec<i64> {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .map(|row| row.unwrap()[0].as_i64().unwrap())
+            .collect()
+    };
+    use Bound::{Excluded, Included, Unbounded};
+    let one_and_a_half = || vec![decimal(15, 1)];
+    let minus_one_and_a_half = || vec![decimal(-15, 1)];
+    assert_eq!(table.get(&session, &one_and_a_half()).unwrap(), None);
+    assert_eq!(table.get(&session, &minus_one_and_a_half()).unwrap(), None);
+    assert!(!table.delete(&session, &one_and_a_half()).unwrap());
+    assert_eq!(keys(Included(one_and_a_half()), Unbounded), [2]);
+    assert_eq!(keys(Excluded(one_and_a_half()), Unbounded), [2]);
+    assert_eq!(keys(Unbounded, Excluded(one_and_a_half())), [-2, -1, 0, 1]);
+    assert_eq!(keys(Unbounded, Included(one_and_a_half())), [-2, -1, 0, 1]);
+    // -1.5 converts toward zero, to -1, and lies below it.
+    assert_eq!(
+        keys(Included(minus_one_and_a_half()), Unbounded),
+        [-1, 0, 1, 2]
+    );
+    assert_eq!(keys(Unbounded, Included(minus_one_and_a_half())), [-2]);
+    assert_eq!(
+        keys(Excluded(minus_one_and_a_half()), Excluded(one_and_a_half())),
+        [-1, 0, 1]
+    );
+    // Numbers the column holds exactly still find their row, whatever their type.
+    let row_two = Some(vec![Value::Int(2), decimal(201, 2)]);
+    assert_eq!(table.get(&session, &[decimal(20, 1)]).unwrap(), row_two);
+    assert_eq!(
+        table.get(&session, &[Value::Money(20_000)]).unwrap(),
+        row_two
+    );
+    assert_eq!(table.get(&session, &[Value::Money(25_000)]).unwrap(), None);
+    // A decimal beyond the column's range is above (or below) every row, as an integer is.
+    let huge = || vec![decimal(10_000_000_000, 0)];
+    assert_eq!(table.get(&session, &huge()).unwrap(), None);
+    assert_eq!(keys(Included(huge()), Unbounded), Vec::<i64>::new());
+    assert_eq!(keys(Unbounded, Excluded(huge())).len(), 5);
+    // The same in a DECIMAL(5,2) index: 1.005 lies between 1.00 and 1.01.
+    let priced = |price: Value| table.get_by_index(&session, "IX_Price", &[price]).unwrap();
+    assert!(priced(decimal(1005, 3)).is_empty());
+    assert!(priced(decimal(1014, 3)).is_empty());
+    assert_eq!(priced(decimal(1010, 3)).len(), 1);
+    assert_eq!(priced(Value::Int(1)).len(), 0);
+}
+
 /// In a composite key, a value beyond its column's range decides the comparison at that column:
 /// the rows with the same leading values are all below (or all above) the bound.
 #[test]
