@@ -32,6 +32,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -260,11 +261,21 @@ pub fn run_child(args: &CrashChildArgs) -> ExitCode {
             let seed = mix(args.seed ^ u64::from(thread).wrapping_mul(0x9e37_79b9));
             scope.spawn(move || {
                 let result = child_thread(db, table, out, run, cycle, thread as i32, seed);
-                if let Err(error) = result {
-                    failure
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .get_or_insert(error);
+                match result {
+                    Ok(()) => {}
+                    Err(error) if error == PIPE_CLOSED => {
+                        failure
+                            .lock()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .get_or_insert(error);
+                    }
+                    // Reported at once: the other threads go on inserting until the kill, so
+                    // the scope would never end, and an error kept for its end would never
+                    // reach the parent, which would then pass the cycle.
+                    Err(error) => {
+                        eprintln!("lastpage crash-child: thread {thread}: {error}");
+                        std::process::exit(1);
+                    }
                 }
             });
         }
@@ -284,6 +295,22 @@ pub fn run_child(args: &CrashChildArgs) -> ExitCode {
 }
 
 const PIPE_CLOSED: &str = "the parent closed the pipe";
+
+/// The environment variable that makes a crash test's child misbehave, so that the crash
+/// test's own tests can show that the parent catches it: `error` makes thread 0 fail as an
+/// insert that returned an error would, `abort` makes it abort the process (as a crash of the
+/// engine would), either once it has run [`CHILD_FAULT_AFTER_STATEMENTS`] statements.
+pub const CHILD_FAULT_VAR: &str = "LASTPAGE_CRASH_CHILD_FAULT";
+
+/// See [`CHILD_FAULT_VAR`].
+const CHILD_FAULT_AFTER_STATEMENTS: i64 = 200;
+
+/// The fault [`CHILD_FAULT_VAR`] asks thread `thread` of the child for, if any.
+fn child_fault(thread: i32) -> Option<String> {
+    (thread == 0)
+        .then(|| std::env::var(CHILD_FAULT_VAR).ok())
+        .flatten()
+}
 
 fn write_lines(out: &Mutex<std::io::Stdout>, text: &str) -> Result<(), String> {
     let stdout = out.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -327,7 +354,15 @@ fn child_thread(
     let id_of = |id: Option<i64>| id.ok_or_else(|| "the table has no identity column".to_owned());
     // A pipelined commit and the acknowledgements it holds back until it is durable.
     let mut in_flight: Option<(CommitTicket, String)> = None;
+    let fault = child_fault(thread);
     loop {
+        if seq >= CHILD_FAULT_AFTER_STATEMENTS {
+            match fault.as_deref() {
+                Some("error") => return Err(format!("a fault from {CHILD_FAULT_VAR}")),
+                Some("abort") => std::process::abort(),
+                _ => {}
+            }
+        }
         // The previous statement's pipelined commit is waited for after this statement.
         let previous = in_flight.take();
         let choice = rng.below(100);
@@ -716,6 +751,13 @@ fn one_cycle(
     // `Child::kill` sends SIGKILL on Unix: no destructor, no flush, no chance to finish.
     let _ = child.kill();
     let status = child.wait();
+    // The child never ends by itself while its parent reads its pipe: an exit code, or a
+    // signal other than the kill (a crash, an abort, the OOM killer), means it stopped before
+    // the kill, and a cycle that verified what it wrote until then would pass a test that
+    // never ran to the kill.
+    let killed = status
+        .as_ref()
+        .is_ok_and(|status| status.signal() == Some(libc::SIGKILL));
     for reader in readers {
         let _ = reader.join();
     }
@@ -741,6 +783,12 @@ fn one_cycle(
     if eof && acks.is_empty() && !stderr_text.is_empty() {
         return Err(format!(
             "the child stopped before it was killed: {stderr_text}"
+        ));
+    }
+    if !killed && stderr_text.is_empty() {
+        return Err(format!(
+            "the child stopped before it was killed (exit status {}), and wrote no error",
+            status.map_or_else(|error| error.to_string(), |status| status.to_string()),
         ));
     }
     if !stderr_text.is_empty() {

@@ -755,6 +755,43 @@ fn durable_bench_runs_both_engines() {
     assert!(left.is_empty(), "bench durable left files behind");
 }
 
+/// A run limited by rows counts every pipelined batch: its last batches become durable with
+/// the flush at the end of the cell, which its time takes in. They used to be left out, so a
+/// cell of 64 batches or fewer reported 0 rows/s.
+#[test]
+fn durable_bench_counts_every_pipelined_batch_of_a_run_limited_by_rows() {
+    let scratch = Scratch::new("durable-rows");
+    let output = lastpage(&[
+        "bench",
+        "durable",
+        "--threads",
+        "1",
+        "--rows",
+        "2000",
+        "--batch-rows",
+        "100",
+        "--json",
+        "--db",
+        &scratch.path(""),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let cells = report["cells"].as_array().expect("cells");
+    let pipelined = cells
+        .iter()
+        .find(|cell| cell["workload"] == "pipelined batch")
+        .expect("the pipelined cell");
+    assert_eq!(pipelined["rows"], 2000, "{pipelined}");
+    let rows_per_sec = pipelined["rows_per_sec"].as_f64().expect("rows_per_sec");
+    let elapsed_sec = pipelined["elapsed_sec"].as_f64().expect("elapsed_sec");
+    // Every row over the cell's time (both rounded in the report).
+    let expected = 2000.0 / elapsed_sec;
+    assert!(
+        (rows_per_sec - expected).abs() <= expected * 0.01 + 1.0,
+        "{rows_per_sec} rows/s, expected {expected}: {pipelined}"
+    );
+}
+
 #[test]
 fn recovery_bench_replays_the_whole_log() {
     let scratch = Scratch::new("recovery");
@@ -808,6 +845,32 @@ fn recovery_bench_replays_the_whole_log() {
         .expect("read the scratch directory")
         .collect();
     assert!(left.is_empty(), "bench recovery left files behind");
+}
+
+/// A child that fails or dies before the kill fails the crash test: with more than one
+/// thread, an insert error used to wait for the other threads (which insert until the kill)
+/// and never reached the parent, and a child that aborted looked like one that was killed.
+#[test]
+fn crash_test_fails_when_its_child_fails_before_the_kill() {
+    for (fault, expected) in [
+        ("error", "a fault from LASTPAGE_CRASH_CHILD_FAULT"),
+        (
+            "abort",
+            "stopped before it was killed (exit status signal: 6",
+        ),
+    ] {
+        let scratch = Scratch::new(&format!("crash-fault-{fault}"));
+        let db = scratch.path("db");
+        let output = Command::new(env!("CARGO_BIN_EXE_lastpage"))
+            .args(["crash-test", "--db", &db, "--threads", "4"])
+            .args(["--seconds", "2", "--cycles", "1"])
+            .env("LASTPAGE_CRASH_CHILD_FAULT", fault)
+            .output()
+            .expect("the lastpage binary runs");
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{fault}: {stderr}");
+        assert!(stderr.contains(expected), "{fault}: {stderr}");
+    }
 }
 
 #[test]

@@ -244,6 +244,11 @@ struct Driven {
     measured_statements: u64,
     /// The time the measured statements took: the deadline, or the last thread's finish.
     elapsed_sec: f64,
+    /// When the threads were let go.
+    start: Instant,
+    /// Whether every thread ran out of statements before any deadline (a run limited by rows,
+    /// or a timed one that reached its row cap): the statements' span ended with the last.
+    ran_out: bool,
     latency_ns: Histogram<u64>,
 }
 
@@ -383,8 +388,9 @@ where
             .add(&result.histogram)
             .map_err(|error| failed("cannot merge latency histograms", &error))?;
     }
-    // A timed run that ended early (an error) is measured to the last finish instead.
-    let end = match deadline.get().copied().flatten() {
+    // A timed run that ended early (at its row cap) is measured to the last finish instead.
+    let deadline = deadline.get().copied().flatten();
+    let end = match deadline {
         Some(deadline) => deadline.min(finished),
         None => finished,
     };
@@ -392,6 +398,8 @@ where
         statements,
         measured_statements,
         elapsed_sec: end.saturating_duration_since(start).as_secs_f64().max(1e-9),
+        start,
+        ran_out: deadline.is_none_or(|deadline| finished < deadline),
         latency_ns,
     })
 }
@@ -566,6 +574,7 @@ fn lastpage_cell(
     // flush them, so that every row the verification counts is durable.
     db.flush_log()
         .map_err(|error| failed("cannot flush the log", &error))?;
+    let flushed = Instant::now();
     let rows = driven.statements * rows_per_commit;
     let costs = cost_probe.finish(rows, driven.statements);
     let waits = db.wait_stats();
@@ -573,12 +582,25 @@ fn lastpage_cell(
         .zip(wal_before)
         .map(|(after, before)| after.since(&before));
     // A pipelined cell's statements acknowledge the batch committed the given number of
-    // statements earlier: the last batches of the measured ones were not acknowledged in time.
-    let acknowledged = match commit {
-        Commit::Full => driven.measured_statements,
-        Commit::Pipelined => driven
-            .measured_statements
-            .saturating_sub(PIPELINED_BATCHES_IN_FLIGHT as u64),
+    // statements earlier. In a timed run the last batches of the measured ones were not
+    // acknowledged by the deadline; in one that ran out of rows they were made durable by the
+    // flush above, whose time the span then takes in (leaving them out gave 0 rows/s for a
+    // cell of 64 batches or fewer).
+    let (acknowledged, elapsed_sec) = match commit {
+        Commit::Full => (driven.measured_statements, driven.elapsed_sec),
+        Commit::Pipelined if driven.ran_out => (
+            driven.measured_statements,
+            flushed
+                .saturating_duration_since(driven.start)
+                .as_secs_f64()
+                .max(1e-9),
+        ),
+        Commit::Pipelined => (
+            driven
+                .measured_statements
+                .saturating_sub(PIPELINED_BATCHES_IN_FLIGHT as u64),
+            driven.elapsed_sec,
+        ),
     };
     let verified = verify_lastpage(&db, &table, rows);
     let writelog = waits.wait(WaitType::WriteLog);
@@ -589,8 +611,8 @@ fn lastpage_cell(
         rows_per_commit,
         rows,
         commits: driven.statements,
-        elapsed_sec: round6(driven.elapsed_sec),
-        rows_per_sec: (acknowledged as f64 * rows_per_commit as f64 / driven.elapsed_sec).round(),
+        elapsed_sec: round6(elapsed_sec),
+        rows_per_sec: (acknowledged as f64 * rows_per_commit as f64 / elapsed_sec).round(),
         latency_us: latency_report(&driven.latency_ns),
         commits_per_fsync: wal
             .and_then(|wal| wal.transactions_per_fsync(driven.statements))

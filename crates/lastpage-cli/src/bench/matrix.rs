@@ -16,7 +16,7 @@ use lastpage_engine::{InsertPath, LatchPolicy, WaitType};
 use serde::Serialize;
 
 use super::compare::median;
-use super::ideal::{IdealReport, run_ideal_append};
+use super::ideal::{IDEAL_MAX_PASSES, IdealReport, run_ideal_append};
 use super::insert::{
     BenchError, InsertConfig, InsertReport, KeyKind, MAX_VARCHAR_ROW_BYTES, Remedy,
     run_insert_bench,
@@ -1044,7 +1044,7 @@ pub fn render(report: &MatrixReport) -> String {
         }
         out.push_str(&format!("{grid}\n"));
     }
-    out.push_str(
+    out.push_str(&format!(
         "÷ base: rows/s ÷ ascending/none on classic+fifo (SQL Server-like), same threads and row size. \
          ÷ rand: rows/s ÷ random/none on the same path+latch. EX, SH, FLOW: PAGELATCH_EX, PAGELATCH_SH, \
          BTREE_INSERT_FLOW_CONTROL waiting_tasks_count per row (every index); cs: voluntary + involuntary \
@@ -1054,8 +1054,8 @@ pub fn render(report: &MatrixReport) -> String {
          fetch_add plus a copy of the row's bytes into a buffer allocated and touched before the clock \
          starts (so it pays no page faults; the engine runs pay theirs, pf), same threads, start gate \
          and per-row timing as the engine runs; each of its runs repeats that pass with fresh threads until \
-         a quarter of a second has been timed, and counts every pass's rows over every pass's time.\n",
-    );
+         a quarter of a second has been timed (at most {IDEAL_MAX_PASSES} passes), and counts every pass's rows over every pass's time.\n",
+    ));
     for cell in &report.cells {
         if cell.integrity != "ok" {
             out.push_str(&format!(
