@@ -2214,8 +2214,8 @@ impl Table {
 
     /// Converts and encodes a (prefix of a) key of `index`, or returns `None` if a value is
     /// longer than any value of its column's kind, outside its column's range (a bigint
-    /// looked up in an int column) or a number its column cannot hold exactly (1.5 in an int
-    /// column), so no stored key can equal it (SQL Server finds no row then, rather than
+    /// looked up in an int column) or a number or instant its column cannot hold exactly (1.5
+    /// in an int column, noon in a date column), so no stored key can equal it (SQL Server finds no row then, rather than
     /// failing or rounding).
     fn encode_lookup_key(&self, index: &Index, key: &[Value]) -> Result<Option<Vec<u8>>> {
         match self.encode_search_key(index, key) {
@@ -2228,10 +2228,10 @@ impl Table {
         }
     }
 
-    /// Converts and encodes a (prefix of a) key of `index`. A number outside its numeric
+    /// Converts and encodes a (prefix of a) key of `index`. A number or instant outside its
     /// column's range is not an error but [`SearchKey::OutOfRange`], and one the column cannot
-    /// hold exactly is not rounded but [`SearchKey::Beside`]: either still compares with the
-    /// rows, as SQL Server compares it.
+    /// hold exactly is not rounded but [`SearchKey::Beside`] (see [`ExactValue`]): either
+    /// still compares with the rows, as SQL Server compares it.
     fn encode_search_key(&self, index: &Index, key: &[Value]) -> Result<SearchKey> {
         if key.len() > index.types.len() {
             return Err(EngineError::KeyArity {
@@ -2242,28 +2242,21 @@ impl Table {
         }
         let mut encoded = Vec::with_capacity(32);
         for ((value, data_type), &column) in key.iter().zip(&index.types).zip(&index.column_ids) {
-            // A number searched for in a numeric column compares exactly, as SQL Server
-            // compares it (in the type of higher precedence): 1.5 equals no INT, and lies
-            // between the keys 1 and 2, where converting it would have rounded it onto one.
-            let exact = if is_numeric(data_type) {
-                value.as_exact_number()
-            } else {
-                None
-            };
+            // A number or an instant compares exactly, as SQL Server compares it (in the type
+            // of higher precedence): 1.5 equals no INT, and lies between the keys 1 and 2,
+            // where converting it would have rounded it onto one.
+            let exact = ExactValue::of(data_type, value);
             let (converted, encoding_type) = match data_type.coerce(value.clone()) {
-                Ok(converted) => {
-                    let stored = converted.as_exact_number();
-                    match exact.zip(stored).map(|(exact, stored)| exact.cmp(&stored)) {
-                        Some(order @ (std::cmp::Ordering::Less | std::cmp::Ordering::Greater)) => {
-                            encode_key_value(data_type, &converted, &mut encoded)?;
-                            return Ok(SearchKey::Beside {
-                                key: encoded,
-                                above: order == std::cmp::Ordering::Greater,
-                            });
-                        }
-                        _ => (Ok(converted), *data_type),
+                Ok(converted) => match exact.and_then(|exact| exact.cmp_converted(&converted)) {
+                    Some(order @ (std::cmp::Ordering::Less | std::cmp::Ordering::Greater)) => {
+                        encode_key_value(data_type, &converted, &mut encoded)?;
+                        return Ok(SearchKey::Beside {
+                            key: encoded,
+                            above: order == std::cmp::Ordering::Greater,
+                        });
                     }
-                }
+                    _ => (Ok(converted), *data_type),
+                },
                 // A search value longer than its column equals no row but still sorts among
                 // them ('abcd' between 'abc' and 'abd' of a varchar(3) key), as SQL Server
                 // compares it: the key encoding of text and binary does not depend on the
@@ -2275,13 +2268,12 @@ impl Table {
                         None => (Err(error), *data_type),
                     }
                 }
-                // A number beyond a numeric column's range sorts above (or below) every value
-                // of the column, whatever follows it in the key.
+                // A number or instant beyond its column's range sorts above (or below) every
+                // value of the column, whatever follows it in the key.
                 Err(error) if error.kind() == ValueErrorKind::Overflow && exact.is_some() => {
-                    let above = exact.is_some_and(|exact| exact > Decimal::ZERO);
                     return Ok(SearchKey::OutOfRange {
                         prefix: encoded,
-                        above,
+                        above: exact.is_some_and(ExactValue::is_positive),
                     });
                 }
                 Err(error) => (Err(error), *data_type),
@@ -2666,9 +2658,10 @@ impl Table {
 
     /// Scans rows in clustered key order within `range`. Bound values compare with the rows as
     /// SQL Server compares them: a text or binary bound longer than its column (up to the
-    /// longest value of its kind) falls between the rows it sorts between, as does a number its
-    /// numeric column cannot hold exactly (1.5 between the INT keys 1 and 2), and a number
-    /// beyond its numeric column's range above or below every row with the same leading values.
+    /// longest value of its kind) falls between the rows it sorts between, as does a number or
+    /// instant its column cannot hold exactly (1.5 between the INT keys 1 and 2, noon between
+    /// two DATE keys), and a number or instant beyond its column's range above or below every
+    /// row with the same leading values.
     pub fn scan<'a>(
         &'a self,
         session: &'a Session,
@@ -3359,28 +3352,60 @@ fn identity_as_value(value: i64, data_type: DataType) -> Result<Value> {
 enum SearchKey {
     /// The encoded key (prefix).
     Encoded(Vec<u8>),
-    /// A value is a number beyond its numeric column's range: `above` (or below) every value
+    /// A value is a number or instant beyond its column's range: `above` (or below) every value
     /// the column can hold. `prefix` encodes the values before it.
     OutOfRange { prefix: Vec<u8>, above: bool },
-    /// A value is a number its numeric column cannot hold exactly (1.5 in an INT column): it
+    /// A value is a number or instant its column cannot hold exactly (1.5 in an INT column): it
     /// lies just `above` (or below) every key that starts with `key`, which encodes the values
     /// before it and the column value it converts to.
     Beside { key: Vec<u8>, above: bool },
 }
 
-/// Whether `data_type` holds numbers, which a search compares exactly (see
-/// [`Value::as_exact_number`]).
-fn is_numeric(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::TinyInt
+/// A search value that a search compares exactly with the values of its column rather than
+/// converting it to the column's type first (which may round it onto a key).
+#[derive(Clone, Copy)]
+enum ExactValue {
+    /// A number searched for in a numeric column.
+    Number(Decimal),
+    /// A date or datetime2 searched for in a date or datetime2 column.
+    Instant(DateTime2),
+}
+
+impl ExactValue {
+    /// `value` as an exact value for a column of `data_type`, if both are numeric or both
+    /// temporal.
+    fn of(data_type: &DataType, value: &Value) -> Option<ExactValue> {
+        match data_type {
+            DataType::TinyInt
             | DataType::SmallInt
             | DataType::Int
             | DataType::BigInt
             | DataType::Bit
             | DataType::Decimal { .. }
-            | DataType::Money
-    )
+            | DataType::Money => value.as_exact_number().map(ExactValue::Number),
+            DataType::Date | DataType::DateTime2(_) => {
+                value.as_exact_instant().map(ExactValue::Instant)
+            }
+            _ => None,
+        }
+    }
+
+    /// How the value compares with `converted`, what it converted to in its column's type.
+    fn cmp_converted(self, converted: &Value) -> Option<std::cmp::Ordering> {
+        match self {
+            ExactValue::Number(number) => converted.as_exact_number().map(|c| number.cmp(&c)),
+            ExactValue::Instant(instant) => converted.as_exact_instant().map(|c| instant.cmp(&c)),
+        }
+    }
+
+    /// Whether a value beyond its column's range lies above it (rather than below). An
+    /// instant can only leave it upwards, by rounding past 9999-12-31.
+    fn is_positive(self) -> bool {
+        match self {
+            ExactValue::Number(number) => number > Decimal::ZERO,
+            ExactValue::Instant(_) => true,
+        }
+    }
 }
 
 /// The widest type whose key encoding is that of `data_type`'s values, for a text or binary

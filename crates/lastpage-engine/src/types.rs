@@ -1732,6 +1732,17 @@ impl Value {
         }
     }
 
+    /// The exact instant of a date or datetime2 value (a date is its midnight), for comparing
+    /// them as SQL Server does (in the type of higher precedence, so that no time of day or
+    /// fraction of a second is rounded away); `None` for other values.
+    pub fn as_exact_instant(&self) -> Option<DateTime2> {
+        match self {
+            Value::Date(date) => Some(DateTime2::from_date(*date)),
+            Value::DateTime2(instant) => Some(*instant),
+            _ => None,
+        }
+    }
+
     /// The text of a string value.
     pub fn as_str(&self) -> Option<&str> {
         match self {

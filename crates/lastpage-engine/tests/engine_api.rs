@@ -1906,6 +1906,65 @@ fn search_numbers_a_key_column_cannot_hold_exactly_compare_with_the_rows() {
     assert_eq!(priced(Value::Int(1)).len(), 0);
 }
 
+/// A date or datetime2 that a temporal key column cannot hold exactly (a time of day in a DATE
+/// key, a fraction of a second in a DATETIME2(0) one) compares exactly too, as SQL Server
+/// compares it (in the type of higher precedence): converting it first cut or rounded it onto
+/// a key.
+#[test]
+fn search_instants_a_key_column_cannot_hold_exactly_compare_with_the_rows() {
+    use lastpage_engine::types::{Date, DateTime2};
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Events")
+                .column(ColumnDef::new("At", DataType::DateTime2(0)).not_null())
+                .column(ColumnDef::new("Day", DataType::Date).not_null())
+                .clustered(IndexDef::new("PK_Events", &["At"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new("IX_Day", &["Day"], Uniqueness::NonUnique)),
+        )
+        .unwrap();
+    let session = db.session();
+    let day = |d| Date::from_ymd(2026, 11, d).unwrap();
+    let at = |d, second, ticks| {
+        Value::DateTime2(DateTime2::from_hms(day(d), 10, 0, second, ticks).unwrap())
+    };
+    for d in 1..=3 {
+        for second in 0..2 {
+            table
+                .insert(
+                    &session,
+                    InsertRow::new()
+                        .set(0, at(d, second, 0))
+                        .set(1, Value::Date(day(d))),
+                )
+                .unwrap();
+        }
+    }
+    // 10:00:00.4 on the 2nd rounds to 10:00:00 in DATETIME2(0), but lies between two keys.
+    let between = || vec![at(2, 0, 4_000_000)];
+    assert_eq!(table.get(&session, &between()).unwrap(), None);
+    let count = |lower, upper| {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .count()
+    };
+    use Bound::{Included, Unbounded};
+    assert_eq!(count(Included(between()), Unbounded), 3);
+    assert_eq!(count(Unbounded, Included(between())), 3);
+    // 10:00:00.6 rounds up to 10:00:01, and lies below it.
+    let below_next = || vec![at(2, 0, 6_000_000)];
+    assert_eq!(table.get(&session, &below_next()).unwrap(), None);
+    assert_eq!(count(Included(below_next()), Unbounded), 3);
+    // The same key at whole seconds, and a date (its midnight), compare as usual.
+    assert!(table.get(&session, &[at(2, 1, 0)]).unwrap().is_some());
+    assert_eq!(count(Included(vec![Value::Date(day(2))]), Unbounded), 4);
+    // Noon on the 2nd is no DATE; a lookup by the day itself finds its two rows.
+    let by_day = |value: Value| table.get_by_index(&session, "IX_Day", &[value]).unwrap();
+    assert!(by_day(at(2, 0, 0)).is_empty());
+    assert_eq!(by_day(Value::Date(day(2))).len(), 2);
+}
+
 /// In a composite key, a value beyond its column's range decides the comparison at that column:
 /// the rows with the same leading values are all below (or all above) the bound.
 #[test]
