@@ -586,6 +586,72 @@ fn sequence_lanes_keep_every_row_in_order() {
 
 /// Makes a batch's keys the way the engine does: one block of `rows` numbers from `counter`,
 /// each encoded big-endian. Returns the block's first number.
+/// Sequence lanes while another thread switches the tree's insert path back and forth
+/// (`BTree::set_insert_path`, as ALTER INDEX may at run time). While it is Classic, rows go in
+/// by the classic path, outside the tail gate, with numbers from the same counter, so a classic
+/// append split can move the last leaf between a lane's insert and its next one. A lane used
+/// to re-read the tail hint after its leaf's latch was gone and could take a classic writer's
+/// new last leaf for its own: its next row then went on a page whose keys all lie above it,
+/// where no search finds it (and later splits failed as corrupt). Every row must be found
+/// where it belongs, and the tree must pass the integrity check. (By Rust's Release and
+/// Acquire through the tree's latches the lane's record is exact: it is taken while the leaf
+/// is latched.)
+#[test]
+fn sequence_lanes_keep_their_rows_while_the_insert_path_switches() {
+    let seed = common::seed();
+    let tree = tree_with(LatchPolicy::Adaptive, InsertPath::Default);
+    let counter = std::sync::atomic::AtomicI64::new(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let kept: Vec<Vec<(i64, Vec<u8>)>> = std::thread::scope(|scope| {
+        let (tree, counter, stop) = (&tree, &counter, &stop);
+        let switcher = scope.spawn(move || {
+            let mut rng = StdRng::seed_from_u64(seed);
+            while std::time::Instant::now() < deadline {
+                tree.set_insert_path(if rng.random_bool(0.5) {
+                    InsertPath::Classic
+                } else {
+                    InsertPath::Default
+                });
+                std::thread::sleep(std::time::Duration::from_micros(rng.random_range(1..200)));
+            }
+            tree.set_insert_path(InsertPath::Default);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let writers: Vec<_> = (0..8u64)
+            .map(|thread| {
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (thread + 1));
+                    let mut kept = Vec::new();
+                    let mut key = Vec::new();
+                    // Rows of a few hundred to 1,500 bytes split leaves often; the count is
+                    // capped to keep the test's memory small.
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && kept.len() < 15_000 {
+                        let value = vec![thread as u8; rng.random_range(300..1500)];
+                        key.clear();
+                        let number = insert_on_lane(tree, counter, &value, &mut key);
+                        kept.push((number, value));
+                    }
+                    kept
+                })
+            })
+            .collect();
+        let kept = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        switcher.join().unwrap();
+        kept
+    });
+    let rows: usize = kept.iter().map(Vec::len).sum();
+    println!("{rows} rows inserted while the insert path switched");
+    for (number, value) in kept.iter().flatten() {
+        assert_eq!(
+            tree.get(&number.to_be_bytes()).unwrap().as_ref(),
+            Some(value),
+            "row {number} is not where a search finds it (seed {seed})"
+        );
+    }
+    assert_holds_what_was_kept(&tree, kept, "switching paths");
+}
+
 fn make_block_keys(
     counter: &std::sync::atomic::AtomicI64,
     rows: usize,

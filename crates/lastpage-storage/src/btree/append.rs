@@ -270,7 +270,7 @@ impl BTree {
     /// empty root leaf, or past the last key of the last leaf, splitting it at its end if it
     /// is full. `None` if that cannot be done here (nothing was changed, except as
     /// [`BTree::split_tail`] says); the caller counts the row.
-    fn try_append_on_last_leaf<'a>(
+    pub(super) fn try_append_on_last_leaf<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
         key: &[u8],

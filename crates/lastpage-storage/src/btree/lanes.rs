@@ -336,17 +336,27 @@ impl BTree {
                 && count > 0
                 && let Some(inserted) = self.append_on_new_tail(&mut leaf, key, value)
             {
-                inserted?;
+                state.page = inserted?;
                 self.rows.add(1);
-                state.page = self.tail_hint.load(Ordering::Relaxed);
                 state.page_next = NO_PAGE;
                 return Ok(number);
             }
-            if self.append_on_last_leaf(leaf, key, value)? {
-                // The key is the largest, so it is on the last leaf.
-                state.page = self.tail_hint.load(Ordering::Relaxed);
+            if let Some(result) = self.try_append_on_last_leaf(&mut leaf, key, value) {
+                result?;
+                self.rows.add(1);
+                // Still under the leaf's latch: its next link names the page a split of it
+                // just made, which holds the key; no next link means the key is on it.
+                let next = leaf.page().next();
+                state.page = if next == NO_PAGE {
+                    leaf.page_id()
+                } else {
+                    next
+                };
                 state.page_next = NO_PAGE;
+                return Ok(number);
             }
+            drop(leaf);
+            self.insert_classic(key, value)?;
             return Ok(number);
         }
         drop(leaf);
@@ -356,13 +366,17 @@ impl BTree {
 
     /// Starts a new last leaf holding only `key` (which sorts after every key of the latched
     /// last leaf `leaf`), even though `leaf` may have room: that room belongs to the lane
-    /// filling it. `None` if the parent could not take the new leaf, and nothing was changed.
+    /// filling it. Returns the new leaf's page, which the lane records while it holds the latch
+    /// of the leaf before it (re-reading the tail hint after letting that latch go took, when a
+    /// classic writer's split moved the tail in between, a page whose keys all lie above the
+    /// lane's next ones). `None` if the parent could not take the new leaf, and nothing was
+    /// changed.
     fn append_on_new_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
         key: &[u8],
         value: &[u8],
-    ) -> Option<Result<(), BTreeError>> {
+    ) -> Option<Result<PageId, BTreeError>> {
         let mut parent = match self.try_latch_tail_parent(leaf, key)? {
             Ok(parent) => parent,
             Err(error) => return Some(Err(error)),
@@ -377,6 +391,6 @@ impl BTree {
             .expect("a checked record fits on an empty page");
         self.link_new_tail(leaf, &mut parent, &mut right, key);
         self.stats.leaf_appends.add(1);
-        Some(Ok(()))
+        Some(Ok(right.page_id()))
     }
 }
