@@ -1491,3 +1491,175 @@ fn a_truncation_keeps_the_start_of_a_record_spanning_three_segments() {
     drop(reopened);
     assert_eq!(commits_from(&fs, next), BTreeSet::from([2]));
 }
+
+/// One autocommit insert of an 8-byte key and the value `v`: 88 bytes of log (an insert and a
+/// commit record), so that 8 of them fill a 704-byte segment exactly. Returns the commit's end
+/// once it is durable.
+fn commit_small(writer: &LogWriter, txn: u64) -> Result<Lsn, WalError> {
+    let key = txn.to_be_bytes();
+    writer.append(&Record::Insert {
+        txn: TxnId(txn),
+        index_id: 1,
+        key: Cow::Borrowed(&key),
+        value: Cow::Borrowed(b"v"),
+    })?;
+    let end = writer.append(&Record::Commit { txn: TxnId(txn) })?;
+    writer.wait_durable(end).map(|()| end)
+}
+
+/// The transactions whose commit records a power loss leaves in `fs`'s log.
+fn committed_after_power_loss(fs: &FaultyFileSystem) -> Vec<u64> {
+    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    let mut reader = LogReader::open(Arc::new(after), DIR, Lsn::ZERO).unwrap();
+    let mut committed = Vec::new();
+    while let Some(entry) = reader.next_record().unwrap() {
+        if let Record::Commit { txn } = entry.record {
+            committed.push(txn.0);
+        }
+    }
+    committed
+}
+
+/// After a failed fdatasync the kernel may keep the pages it could not write in its cache,
+/// readable but marked clean, so that no later fdatasync writes them (fsyncgate; the faulty
+/// file system models it for some seeds). A writer opened after a restart (no power loss)
+/// read those bytes as the log, appended after them and acknowledged its commits on
+/// successful fdatasyncs: a power loss then left a hole before them, and they were gone. The
+/// writer now writes the end segment's bytes again on open and syncs them.
+#[test]
+fn a_commit_acknowledged_after_a_restart_that_followed_a_failed_fsync_survives_power_loss() {
+    let segment = Path::new(DIR).join("0000000000000000.wal");
+    let mut checked = 0;
+    for seed in 0..32u64 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        let config = WalConfig {
+            prepare_segments: false,
+            ..config(64 << 10, 1 << 20)
+        };
+        let writer = open(&fs, config);
+        commit_small(&writer, 1).unwrap();
+        fs.inject(FaultRule::sync_fails(1).on_path(&segment));
+        assert!(
+            commit_small(&writer, 2).is_err(),
+            "a failed fsync is acknowledged"
+        );
+        fs.clear_faults();
+        if fs.contents(&segment) == fs.durable_contents(&segment) {
+            // This seed's failed fsync kept the pages dirty: nothing to show.
+            continue;
+        }
+        checked += 1;
+        drop(writer);
+        let writer = open(&fs, config);
+        commit_small(&writer, 3).expect("transaction 3 is acknowledged");
+        drop(writer);
+        let committed = committed_after_power_loss(&fs);
+        assert!(
+            committed.contains(&1) && committed.contains(&3),
+            "seed {seed}: acknowledged transactions lost: the log holds {committed:?}"
+        );
+    }
+    assert!(checked > 0, "no seed dropped the pages of the failed fsync");
+}
+
+/// The same for a new segment's header whose fdatasync failed: after a restart the header read
+/// back as valid, commits went into the segment and were acknowledged, and after a power loss
+/// the header was zeros, so the next open removed the segment, and them with it, as one whose
+/// creation was cut short.
+#[test]
+fn a_new_segment_header_whose_fsync_failed_is_made_durable_after_a_restart() {
+    let second = Path::new(DIR).join(format!("{:016x}.wal", 704));
+    let header_of =
+        |contents: Option<Vec<u8>>| contents.and_then(|c| c.get(..8).map(<[u8]>::to_vec));
+    let mut checked = 0;
+    for seed in 0..32u64 {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        let config = WalConfig {
+            prepare_segments: false,
+            ..config(64 << 10, 704)
+        };
+        let writer = open(&fs, config);
+        for txn in 1..=8 {
+            commit_small(&writer, txn).unwrap();
+        }
+        assert_eq!(writer.durable_lsn(), Lsn(704));
+        fs.inject(FaultRule::sync_fails(1).on_path(&second));
+        assert!(commit_small(&writer, 9).is_err());
+        fs.clear_faults();
+        if header_of(fs.contents(&second)) == header_of(fs.durable_contents(&second)) {
+            continue;
+        }
+        checked += 1;
+        drop(writer);
+        let writer = open(&fs, config);
+        commit_small(&writer, 10).expect("transaction 10 is acknowledged");
+        drop(writer);
+        let committed = committed_after_power_loss(&fs);
+        assert!(
+            committed.contains(&10),
+            "seed {seed}: acknowledged transaction 10 lost: the log holds {committed:?}"
+        );
+    }
+    assert!(
+        checked > 0,
+        "no seed dropped the header of the failed fsync"
+    );
+}
+
+/// A process killed between a flush's write and its fdatasync leaves log bytes in the page
+/// cache that a power loss may still take. A writer opened after it makes them durable before
+/// it appends. It did when the log ended inside a segment (the segment is synced as it is
+/// truncated to the end), but not when the log ended exactly at a segment boundary: nothing
+/// synced the full segment before it, and a transaction acknowledged after the restart was
+/// lost with its tail.
+#[test]
+fn a_killed_writers_unsynced_bytes_are_made_durable_even_at_a_segment_boundary() {
+    for (segment_bytes, case) in [
+        (1 << 20, "end inside a segment"),
+        (704, "end at a boundary"),
+    ] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+        let config = WalConfig {
+            prepare_segments: false,
+            ..config(64 << 10, segment_bytes)
+        };
+        let writer = open(&fs, config);
+        let mut end = Lsn::ZERO;
+        for txn in 1..=7 {
+            end = commit_small(&writer, txn).unwrap();
+        }
+        drop(writer);
+        // The killed process: transaction 8's records written into segment 0, never synced.
+        let segment = Path::new(DIR).join("0000000000000000.wal");
+        let file = fs.open(&segment, OpenOptions::existing()).unwrap();
+        let mut header = [0u8; 52];
+        file.read_exact_at(0, &mut header).unwrap();
+        let log_id = u64::from_le_bytes(header[40..48].try_into().unwrap());
+        let key = 8u64.to_be_bytes();
+        let insert = Record::Insert {
+            txn: TxnId(8),
+            index_id: 1,
+            key: Cow::Borrowed(&key),
+            value: Cow::Borrowed(b"v"),
+        };
+        let mut bytes = lastpage_storage::wal::record::encode(&insert, end, log_id);
+        let commit_lsn = Lsn(end.0 + bytes.len() as u64);
+        bytes.extend(lastpage_storage::wal::record::encode(
+            &Record::Commit { txn: TxnId(8) },
+            commit_lsn,
+            log_id,
+        ));
+        file.write_all_at(WAL_SEGMENT_HEADER_BYTES as u64 + end.0, &bytes)
+            .unwrap();
+        drop(file);
+        let writer = open(&fs, config);
+        assert_eq!(writer.durable_lsn().0, end.0 + bytes.len() as u64, "{case}");
+        commit_small(&writer, 10).expect("transaction 10 is acknowledged");
+        drop(writer);
+        let committed = committed_after_power_loss(&fs);
+        assert!(
+            committed.contains(&8) && committed.contains(&10),
+            "{case}: the log holds {committed:?}"
+        );
+    }
+}

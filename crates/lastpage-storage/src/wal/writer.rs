@@ -76,8 +76,8 @@ use super::{Lsn, WalConfig, WalError, align_up};
 use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
     WAL_KEPT_RECORD_IMAGE_BYTES, WAL_MAX_START_LSN, WAL_PREALLOCATE_BYTES,
-    WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_RECORD_ALIGN_BYTES, WAL_RESERVE_FLUSH_BYTES,
-    WAL_YIELD_WAIT_MAX_NS,
+    WAL_PREPARE_AT_SEGMENT_PERCENT, WAL_READ_CHUNK_BYTES, WAL_RECORD_ALIGN_BYTES,
+    WAL_RESERVE_FLUSH_BYTES, WAL_YIELD_WAIT_MAX_NS,
 };
 use crate::scratch::with_scratch;
 use crate::stats::{self, WaitType};
@@ -1205,6 +1205,43 @@ fn recover_end(
         None => end_segment.checked_sub(1),
     };
     cut_after(fs.as_ref(), dir, &segments, keep_up_to)?;
+    // What this open read may not be durable: a previous process may have been killed between
+    // a write and its fdatasync, or its fdatasync may have failed, after which the kernel may
+    // keep the pages in its cache, readable, but marked clean, so that no later fdatasync
+    // writes them (PostgreSQL's "fsyncgate"). Appending after such bytes and acknowledging
+    // commits on a later, successful fdatasync would leave a hole before them at the next
+    // power loss (or, for a new segment's header, a segment the next open removes as never
+    // created). So the bytes that may not be durable are written again, from what was read, and
+    // synced: the header and log of the segment holding the end, and of the one holding the
+    // log's last byte if that is the segment before. Only those can hold such bytes (the writer
+    // syncs a segment before it creates the next), and only from `known_durable` on (the
+    // checkpoint recovery started from, whose log was flushed before its image was written).
+    let known_durable = expected.as_ref().map_or(0, |expected| expected.at_least.0);
+    let last_byte_segment = end.checked_sub(1).map(|last| last - last % segment_bytes);
+    for index in [last_byte_segment, holder.map(|_| end_segment)]
+        .into_iter()
+        .flatten()
+        .filter(|&start| start + segment_bytes > known_durable)
+        .filter_map(|start| segments.iter().position(|(other, _)| *other == start))
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let (start, path) = &segments[index];
+        // The reader read through both segments, so both headers are valid.
+        let Some(header) = headers[index] else {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(*start),
+                reason: format!("the header of log segment {} is invalid", path.display()),
+            });
+        };
+        let from = known_durable.max(*start);
+        let to = end.min(start + segment_bytes);
+        rewrite_durably(
+            fs.as_ref(),
+            path,
+            &header,
+            from - start..to.max(from) - start,
+        )?;
+    }
     let current = match holder {
         None => None,
         Some(index) => {
@@ -1225,6 +1262,35 @@ fn recover_end(
         log_id: header.log_id,
         current,
     })
+}
+
+/// Writes segment `path`'s `header` and the log bytes at `range` (offsets into its log, after
+/// the header) again, as they read now, and syncs the file: bytes a page cache shows may be
+/// bytes it will never write (see `recover_end`).
+fn rewrite_durably(
+    fs: &dyn FileSystem,
+    path: &Path,
+    header: &SegmentHeader,
+    range: std::ops::Range<u64>,
+) -> Result<(), WalError> {
+    let file = fs
+        .open(path, OpenOptions::existing())
+        .map_err(io_error(format!("opening {}", path.display())))?;
+    let rewrite = |error| WalError::io(format!("rewriting {}", path.display()), error);
+    file.write_all_at(0, &header.encode()).map_err(rewrite)?;
+    let mut chunk = vec![0u8; WAL_READ_CHUNK_BYTES];
+    let mut position = range.start;
+    while position < range.end {
+        let length = (range.end - position).min(chunk.len() as u64) as usize;
+        let offset = HEADER_BYTES + position;
+        file.read_exact_at(offset, &mut chunk[..length])
+            .map_err(rewrite)?;
+        file.write_all_at(offset, &chunk[..length])
+            .map_err(rewrite)?;
+        position += length as u64;
+    }
+    file.sync_data()
+        .map_err(io_error(format!("fdatasync of {}", path.display())))
 }
 
 /// Removes every segment that starts after LSN `keep_up_to` (all of them if `None`) and syncs
