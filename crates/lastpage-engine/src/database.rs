@@ -374,10 +374,13 @@ impl Database {
             }
         }));
         let replayed = recovery.records > 0 || catalog.is_none();
+        // Clean if the image says so and nothing was logged after it. Records before it are
+        // those of transactions still open at the close, read only to undo them: they never
+        // touch a table that is not logged (a close with such a change open is not clean).
         let clean = catalog
             .as_ref()
             .is_some_and(|catalog| catalog.clean_shutdown)
-            && !replayed;
+            && recovery.records_after_checkpoint == 0;
         if !clean {
             // Not a clean shutdown: a table that is not logged may hold any mix of its
             // changes, with no log to repair it, so it starts empty (as PostgreSQL's UNLOGGED
@@ -729,6 +732,9 @@ impl Database {
         };
         let started = Instant::now();
         let mut last = sync::lock(&durable.checkpoint);
+        // Again once the checkpoint is this one's: a checkpoint queued behind a close would
+        // write an image after the close's clean one, not marked clean.
+        self.check_usable()?;
         // Most pages are written before the writers are stopped, so that the pause below only
         // writes those dirtied meanwhile.
         self.inner
@@ -741,8 +747,9 @@ impl Database {
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             // A change that stopped the database half done did so inside the gate (see
-            // `Database::fail_change`): its half must not reach the image.
-            self.check_not_failed()?;
+            // `Database::fail_change`): its half must not reach the image. And nothing may
+            // follow a close's image.
+            self.check_usable()?;
             let paused = Instant::now();
             let checkpoint_lsn = durable.wal.end_lsn().0;
             let recovery_start = self.oldest_active_lsn().min(checkpoint_lsn);
@@ -835,6 +842,10 @@ impl Database {
             crate::catalog::check_persistable(&definition)?;
         }
         let _gate = self.enter_gate();
+        // Again inside the gate, where a close cannot slip in between the check and the
+        // change: a table created after the close's clean image would be logged after it, and
+        // the next open would take the close for a crash.
+        self.check_usable()?;
         let key = table_name_key(&definition.name);
         let mut tables = self
             .inner
@@ -1018,8 +1029,9 @@ impl Database {
     /// happens completes, as if it had run just before the drop, and its rows go with the
     /// table.
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        self.check_usable()?;
         let _gate = self.enter_gate();
+        // Inside the gate, where a close cannot slip in between the check and the change.
+        self.check_usable()?;
         let mut tables = self
             .inner
             .tables

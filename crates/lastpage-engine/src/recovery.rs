@@ -48,6 +48,9 @@ pub struct RecoveryStats {
     pub log_bytes: u64,
     /// Log records read.
     pub records: u64,
+    /// Log records read at or after the checkpoint's LSN (the others were read only to undo
+    /// transactions that were open at the checkpoint).
+    pub records_after_checkpoint: u64,
     /// Transactions whose changes after the checkpoint were applied.
     pub committed_txns: u64,
     /// Transactions that never ended, whose changes were undone.
@@ -149,6 +152,9 @@ pub(crate) fn replay(
     while let Some(raw) = reader.next_raw().map_err(storage)? {
         stats.records += 1;
         let lsn = raw.lsn.0;
+        if lsn >= checkpoint_lsn {
+            stats.records_after_checkpoint += 1;
+        }
         // The row changes of the record keep ranges of its bytes rather than copies.
         let payload = Arc::new(raw.payload);
         let record = RawRecord::decode_payload(raw.lsn, raw.kind, &payload).map_err(storage)?;

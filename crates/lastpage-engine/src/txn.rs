@@ -599,9 +599,11 @@ impl Session {
 
     /// Refuses a commit once the database failed: a statement of the transaction may be only
     /// half undone (see [`Database::fail_rollback`]), and a log failure refuses the commit
-    /// record anyway.
+    /// record anyway. And once it was closed: a commit record after the close's clean image
+    /// would make the next open take the close for a crash (and empty every table that is not
+    /// logged); refused, the transaction is undone by the next open, like any left open.
     fn check_can_commit(&self) -> Result<()> {
-        self.db().check_not_failed()
+        self.db().check_usable()
     }
 
     fn finish_rollback(&self, mut txn: Transaction) -> Result<()> {

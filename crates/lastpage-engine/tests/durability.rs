@@ -1918,6 +1918,86 @@ fn a_non_logged_table_is_emptied_by_crash_recovery_and_kept_by_a_clean_close() {
     db.check_integrity().unwrap();
 }
 
+/// A clean close while a transaction that changed only logged tables is still open keeps the
+/// non-logged tables' rows: the transaction is undone by the next open (a commit after the
+/// close is refused, a rollback too), and undoing it touches no table that is not logged. The
+/// open used to call any record it read unclean, so the loser's records (read only to undo
+/// it) emptied the non-logged table, and a commit after the close was logged after the clean
+/// image.
+#[test]
+fn a_close_during_an_open_logged_transaction_keeps_the_non_logged_rows() {
+    for commit in [true, false] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+        let db = open(&fs);
+        let scratch = db.create_table(orders().not_logged()).unwrap();
+        let accounts = db.create_table(accounts()).unwrap();
+        let session = db.session();
+        for _ in 0..50 {
+            scratch
+                .insert(&session, InsertRow::new().set(1, "u"))
+                .unwrap();
+        }
+        accounts
+            .insert(&session, InsertRow::new().set(0, 1).set(1, 1))
+            .unwrap();
+        let open_txn = db.session();
+        open_txn.begin().unwrap();
+        accounts
+            .update(&open_txn, &[Value::Int(1)], &[(1, Value::Int(2))])
+            .unwrap();
+        db.clone().close().unwrap();
+        let ended = if commit {
+            open_txn.commit()
+        } else {
+            open_txn.rollback()
+        };
+        assert!(
+            matches!(ended, Err(EngineError::DatabaseClosed)),
+            "{ended:?}"
+        );
+        drop((session, open_txn, scratch, accounts));
+        drop(db);
+        let db = open(&fs);
+        assert_eq!(orders_rows(&db).len(), 50, "commit={commit}");
+        let accounts = db.table("Accounts").unwrap();
+        assert_eq!(
+            accounts.get(&db.session(), &[Value::Int(1)]).unwrap(),
+            Some(vec![Value::Int(1), Value::Int(1)]),
+            "commit={commit}: the open transaction is undone"
+        );
+        db.check_integrity().unwrap();
+    }
+}
+
+/// A checkpoint asked for while a close is writing its image waits for it, and then must not
+/// write an image after the clean one: that image, not marked clean, made the next open take
+/// the close for a crash and empty the non-logged table. It now fails with DatabaseClosed.
+#[test]
+fn a_checkpoint_queued_behind_a_close_does_not_undo_its_clean_image() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(9).sync_delay(Duration::from_millis(40)));
+    let db = open(&fs);
+    let scratch = db.create_table(orders().not_logged()).unwrap();
+    let rows: Vec<InsertRow> = (0..20_000)
+        .map(|_| InsertRow::new().set(1, "x".repeat(90)))
+        .collect();
+    scratch.insert_batch(&db.session(), rows).unwrap();
+    drop(scratch);
+    let other = db.clone();
+    let racer = std::thread::spawn(move || {
+        // The close's image takes several 40 ms fdatasyncs; this starts during them.
+        std::thread::sleep(Duration::from_millis(60));
+        other.checkpoint().map(|_| ())
+    });
+    db.close().unwrap();
+    let raced = racer.join().unwrap();
+    assert!(
+        matches!(raced, Err(EngineError::DatabaseClosed)),
+        "{raced:?}"
+    );
+    let db = open(&fs);
+    assert_eq!(orders_rows(&db).len(), 20_000);
+}
+
 /// A clean close while a transaction that changed a non-logged table is still open does not
 /// call its image clean: nothing in the log could undo those changes, so the next open treats
 /// the table as after a crash and empties it. Before, the uncommitted row became permanent.
