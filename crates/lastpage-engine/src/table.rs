@@ -2576,26 +2576,35 @@ impl Table {
             }
             Ok(None)
         };
-        let candidates = self.read_waiting_for_deleters(
-            session,
-            me,
-            || self.index_candidates(index, &encoded),
-            missed,
-        )?;
-        let mut rows = Vec::new();
-        for (partition, record_key, value) in candidates {
-            let Some(value) = self.committed_value(session, partition, &record_key, value, None)?
-            else {
-                continue;
-            };
-            let row = self.decode_record(&record_key, &value)?;
-            // A row whose change was rolled back while this lookup waited for it may no longer
-            // match.
-            if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
-                rows.push(row);
+        'lookup: loop {
+            let candidates = self.read_waiting_for_deleters(
+                session,
+                me,
+                || self.index_candidates(index, &encoded),
+                missed,
+            )?;
+            let mut rows = Vec::new();
+            for (partition, record_key, read) in candidates {
+                let Some(value) =
+                    self.committed_value(session, partition, &record_key, read.clone(), None)?
+                else {
+                    // Gone once its writer ended: it may have moved the row to another
+                    // clustered key with the same entry here, so look again, as `get` does.
+                    continue 'lookup;
+                };
+                let row = self.decode_record(&record_key, &value)?;
+                if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
+                    rows.push(row);
+                } else if value != read {
+                    // Changed (committed or rolled back) while this lookup waited for it: its
+                    // entries may have moved too, so look again; the next look finds it only if
+                    // it matches now. A row that does not match and did not change is skipped:
+                    // looking again would find the same, for ever, in a damaged index.
+                    continue 'lookup;
+                }
             }
+            return Ok(rows);
         }
-        Ok(rows)
     }
 
     /// The clustered records whose entries in `index` start with `prefix`, in every partition,

@@ -1446,6 +1446,71 @@ fn index_option_changes_survive_a_crash_and_a_checkpoint() {
     assert_eq!(accounts_index_options(&db), changed, "the clean image");
 }
 
+/// A lookup through a nonclustered index that waits for a row's lock, while the lock's holder
+/// moves the row to another clustered key (same code, same group) and commits, finds the row
+/// at its new key: a row with that code exists in every committed state. It returned nothing
+/// (and the group lookup one row short): it skipped a row gone from its old key without
+/// looking again, as `get` does.
+#[test]
+fn an_index_lookup_finds_a_row_its_lock_holder_moved_and_committed() {
+    for (index, key, expected) in [
+        ("UX_Code", Value::from("c2"), 1),
+        ("IX_Grp", Value::Int(0), 4),
+    ] {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout: Some(Duration::from_secs(5)),
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("Codes")
+                    .column(ColumnDef::new("Id", DataType::Int).not_null())
+                    .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+                    .column(ColumnDef::new("Grp", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK_Codes", &["Id"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new("UX_Code", &["Code"], Uniqueness::UniqueIndex))
+                    .nonclustered(IndexDef::new("IX_Grp", &["Grp"], Uniqueness::NonUnique)),
+            )
+            .unwrap();
+        let session = db.session();
+        for id in 0..4 {
+            let row = InsertRow::new()
+                .set(0, id)
+                .set(1, format!("c{id}"))
+                .set(2, 0);
+            table.insert(&session, row).unwrap();
+        }
+        let writer = db.session();
+        writer.begin().unwrap();
+        // Locks row 2 without moving an entry.
+        let unchanged = [(1, Value::from("c2"))];
+        assert!(table.update(&writer, &[Value::Int(2)], &unchanged).unwrap());
+        let found = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                table
+                    .get_by_index(&db.session(), index, std::slice::from_ref(&key))
+                    .unwrap()
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while db.lock_stats().waits == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the reader did not wait"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let moved = [(0, Value::Int(20))];
+            assert!(table.update(&writer, &[Value::Int(2)], &moved).unwrap());
+            writer.commit().unwrap();
+            reader.join().unwrap()
+        });
+        assert_eq!(found.len(), expected, "{index}: {found:?}");
+        let now = table.get_by_index(&session, index, &[key]).unwrap();
+        assert_eq!(now.len(), expected, "{index}");
+    }
+}
+
 #[test]
 fn index_lookups_wait_for_rows_deleted_or_rekeyed_by_an_open_transaction() {
     let db = Database::create(DatabaseOptions {
