@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use lastpage_io::File;
 
 use crate::buffer::PageError;
-use crate::limits::{MAX_PAGES, PAGE_SIZE_BYTES};
+use crate::limits::{MAX_DATA_FILE_SLOTS, MAX_PAGES, PAGE_SIZE_BYTES, STREAM_RESERVE_BYTES};
 use crate::page::{PageBytes, PageId};
 
 /// Identifies a lastpage data file. The last byte is the major format version.
@@ -301,8 +301,13 @@ impl DataFile {
                 },
             ));
         };
+        // Opening sizes its slot marks and free list by the file's length, so a length no
+        // image can reach (a sparse file claims any length for free) is damage, and must not
+        // become allocations of that size.
         let len_slots = u32::try_from(len.div_ceil(PAGE_SIZE_BYTES as u64))
-            .map_err(|_| corrupt(0, format!("the data file is too large ({len} bytes)")))?;
+            .ok()
+            .filter(|&slots| slots <= MAX_DATA_FILE_SLOTS)
+            .ok_or_else(|| corrupt(0, format!("the data file is too large ({len} bytes)")))?;
         let end = len_slots.max(FIRST_DATA_SLOT);
         if meta.page_count as usize >= MAX_PAGES {
             return Err(corrupt(
@@ -338,7 +343,11 @@ impl DataFile {
             pending: false,
         };
         // The stream: a chain of slots, each checked to lie inside the file and to be used once.
-        let mut stream = Vec::with_capacity(usize::try_from(meta.stream_len).unwrap_or(0));
+        // Reserved only up to a bound: the stream grows as its slots are read, and a length a
+        // meta slot merely claims must not be allocated at once.
+        let mut stream = Vec::with_capacity(
+            usize::try_from(meta.stream_len.min(STREAM_RESERVE_BYTES)).unwrap_or(0),
+        );
         let mut next = meta.stream_head;
         let mut buffer = zeroed_page();
         while (stream.len() as u64) < meta.stream_len {
@@ -761,6 +770,104 @@ mod tests {
             Err(PageError::Corrupt { reason, .. }) => assert!(reason.contains("cannot grow")),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A file that claims `len` bytes (as a sparse file does, for free) and holds `slots`
+    /// (slot number and bytes) and zeros everywhere else, without storing them.
+    #[derive(Debug)]
+    struct SparseFile {
+        len: u64,
+        slots: Vec<(u32, Box<PageBytes>)>,
+    }
+
+    impl SparseFile {
+        /// A file of `len` bytes holding `meta` in its meta slot and the stream `payload` in
+        /// the slot `meta` names.
+        fn new(len: u64, meta: Meta, payload: &[u8]) -> SparseFile {
+            let mut stream = zeroed_page();
+            stream[STREAM_HEADER_BYTES..STREAM_HEADER_BYTES + payload.len()]
+                .copy_from_slice(payload);
+            let slots = vec![
+                ((meta.generation % 2) as u32, meta.encode()),
+                (meta.stream_head, stream),
+            ];
+            SparseFile { len, slots }
+        }
+    }
+
+    impl File for SparseFile {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+            let read = buf.len().min(self.len.saturating_sub(offset) as usize);
+            buf[..read].fill(0);
+            for (slot, bytes) in &self.slots {
+                for (index, byte) in buf[..read].iter_mut().enumerate() {
+                    if let Some(at) = (offset + index as u64).checked_sub(slot_offset(*slot))
+                        && at < PAGE_SIZE_BYTES as u64
+                    {
+                        *byte = bytes[at as usize];
+                    }
+                }
+            }
+            Ok(read)
+        }
+        fn write_all_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+            Err(std::io::Error::other("read only"))
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(self.len)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read only"))
+        }
+        fn allocate(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read only"))
+        }
+        fn try_lock(&self) -> std::io::Result<bool> {
+            Ok(true)
+        }
+    }
+
+    /// A hostile data file: a sparse file claims any length for free, and a checksummed meta
+    /// slot any stream length that fits it. Opening reserved the stream's claimed length at
+    /// once, so a file whose meta slot claims a stream of hundreds of GB aborted the process
+    /// (the allocation failed); and it sizes its slot marks and free list by the file's
+    /// length, so a valid image in a file of terabytes took gigabytes. Both are now bounded:
+    /// the stream grows as its slots are read, and a file longer than any image can make
+    /// (`MAX_DATA_FILE_SLOTS`) is refused.
+    #[test]
+    fn a_sparse_file_with_hostile_lengths_is_refused_not_allocated() {
+        let slot_bytes = PAGE_SIZE_BYTES as u64;
+        let at_the_bound = u64::from(MAX_DATA_FILE_SLOTS) * slot_bytes;
+        let payload = [7u8; 8];
+        let meta = |stream_len: u64, stream_crc| Meta {
+            generation: 1,
+            page_count: 0,
+            stream_head: FIRST_DATA_SLOT,
+            stream_len,
+            stream_crc,
+            blob_len: stream_len,
+        };
+        let cases = [
+            // A claimed stream of 320 GiB in a file that could hold it.
+            (at_the_bound, meta(at_the_bound / 2, 0)),
+            // A valid image in a file one slot longer than any image makes.
+            (at_the_bound + slot_bytes, meta(8, crc32c::crc32c(&payload))),
+        ];
+        for (len, meta) in cases {
+            match DataFile::open(Box::new(SparseFile::new(len, meta, &payload))) {
+                Err(PageError::Corrupt { .. }) => {}
+                Err(other) => panic!("{len} bytes: not reported as corrupt: {other}"),
+                Ok(_) => panic!("{len} bytes: opened"),
+            }
+        }
+        // The same image in a file at the bound opens.
+        let len = at_the_bound;
+        let file = SparseFile::new(len, meta(8, crc32c::crc32c(&payload)), &payload);
+        let (_, image) = DataFile::open(Box::new(file)).unwrap().unwrap();
+        assert_eq!(image.blob.as_deref(), Some(&payload[..]));
     }
 
     #[test]

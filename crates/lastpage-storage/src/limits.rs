@@ -33,6 +33,19 @@ pub const PAGE_BODY_BYTES: usize = PAGE_SIZE_BYTES - PAGE_HEADER_BYTES;
 /// two-level array of `PAGE_TABLE_CHUNK_PAGES`-entry chunks.
 pub const MAX_PAGES: usize = 1 << 24;
 
+/// The most 8 KiB slots a data file can have: each page is in at most three slots at once (the
+/// durable image's, a captured image's not yet durable, and the one it was written to since),
+/// a failed checkpoint may leak one more until the file is reopened, and the images' streams
+/// take a few more: five per page leaves room for those. `DataFile::open` refuses a longer
+/// file as damage (a sparse file claims any length for free), since it sizes its slot marks
+/// and free list by the file's length.
+pub const MAX_DATA_FILE_SLOTS: u32 = 5 * MAX_PAGES as u32;
+
+/// The most bytes of a data file image's stream (page map and catalog) reserved before its
+/// slots are read: the stream grows as they are, and a length a meta slot merely claims must
+/// not be allocated at once.
+pub const STREAM_RESERVE_BYTES: u64 = 1 << 20;
+
 /// OPTIMIZE_FOR_SEQUENTIAL_KEY flow control prefers workers likely to finish quickly, but after
 /// this many places in a row went to them while a slow worker (one whose last write split a
 /// page) waited, the slow worker gets the next place: the preference may delay it, never starve
