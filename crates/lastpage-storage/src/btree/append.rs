@@ -67,7 +67,7 @@ impl BTree {
             return Some(Err(error));
         }
         let _gate = self.enter_tail_gate(own_page);
-        let mut leaf = match self.latch_tail(self.tail_hint.load(Ordering::Relaxed)) {
+        let mut leaf = match self.latch_tail() {
             Ok(leaf) => leaf,
             Err(error) => return Some(Err(error)),
         };
@@ -138,7 +138,7 @@ impl BTree {
         // The gate is held until the row is in, whichever way it goes in, so generated keys
         // reach the tree in the order they were made.
         let _gate = self.enter_tail_gate(needs_own_page(value.len()));
-        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed))?;
+        let mut leaf = self.latch_tail()?;
         make_key(&mut key).map_err(GeneratedKeyError::Key)?;
         check_record_size(&key, value)?;
         self.note_generated_key_len(key.len());
@@ -210,9 +210,7 @@ impl BTree {
         self.prepare_spare_leaf()
             .map_err(|error| (0, error.into()))?;
         let _gate = self.enter_tail_gate(false);
-        let mut leaf = self
-            .latch_tail(self.tail_hint.load(Ordering::Relaxed))
-            .map_err(|error| (0, error.into()))?;
+        let mut leaf = self.latch_tail().map_err(|error| (0, error.into()))?;
         make_keys(keys, ends).map_err(|error| (0, GeneratedKeyError::Key(error)))?;
         check_batch_keys(values, keys, ends).map_err(|error| (0, error.into()))?;
         if let Some(&first_key_len) = ends.first() {
@@ -231,18 +229,14 @@ impl BTree {
                 if !self.is_last_leaf(&leaf) {
                     // The leaf split: the rows that follow go on the new last leaf.
                     drop(leaf);
-                    leaf = self
-                        .latch_tail(self.tail_hint.load(Ordering::Relaxed))
-                        .map_err(|error| (row + 1, error.into()))?;
+                    leaf = self.latch_tail().map_err(|error| (row + 1, error.into()))?;
                 }
                 continue;
             }
             drop(leaf);
             self.insert_classic(key, value)
                 .map_err(|error| (row, error.into()))?;
-            leaf = self
-                .latch_tail(self.tail_hint.load(Ordering::Relaxed))
-                .map_err(|error| (row + 1, error.into()))?;
+            leaf = self.latch_tail().map_err(|error| (row + 1, error.into()))?;
         }
         Ok(())
     }
@@ -582,9 +576,47 @@ impl BTree {
         }
     }
 
-    /// Latches the last leaf for the gate holder. Other appenders are held at the gate, so the
-    /// latch is normally free; a reader or a classic writer may hold it briefly.
-    pub(super) fn latch_tail(&self, page: PageId) -> Result<ExclusiveGuard<'_>, BTreeError> {
+    /// Latches the last leaf for the gate holder: the page the tail hint names, normally. Other
+    /// appenders are held at the gate, so the latch is normally free; a reader or a classic
+    /// writer may hold it briefly.
+    ///
+    /// If the hint names a page that is not the last leaf (a reopened tree's hint is its root,
+    /// and a split in the middle of the last leaf moves the tail without an append), the hint
+    /// is found again by a descent along the right edge, and that leaf is latched: otherwise
+    /// every append would go down the classic path until an append split fixed the hint, and
+    /// a sequence lane would start a new block (skipping the rest of its last one) for every
+    /// row meanwhile. The caller still checks what it got (a classic split may move the tail
+    /// again at any time).
+    pub(super) fn latch_tail(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        let leaf = self.latch_hinted_tail()?;
+        if self.is_last_leaf(&leaf) {
+            return Ok(leaf);
+        }
+        // Latches are taken top down: the stale page goes before the descent.
+        drop(leaf);
+        let mut node = self.root_shared()?;
+        while !node.page().is_leaf() {
+            let page = node.page();
+            let child = match page.slot_count() {
+                0 => page.low_child(),
+                count => page.child(count - 1),
+            };
+            node = self.child_shared(&page, child)?;
+        }
+        let page = node.page();
+        let first_key = if page.slot_count() > 0 {
+            page.key(0)
+        } else {
+            &[]
+        };
+        self.set_tail(node.page_id(), first_key);
+        drop(node);
+        self.latch_hinted_tail()
+    }
+
+    /// Latches the page the tail hint names, exclusively.
+    fn latch_hinted_tail(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        let page = self.tail_hint.load(Ordering::Relaxed);
         match self.pool.try_latch_exclusive(page)? {
             Some(guard) => Ok(guard),
             None => Ok(self.pool.latch_exclusive(page)?),

@@ -304,7 +304,7 @@ impl BTree {
             len => len,
         };
         let _gate = self.enter_tail_gate(false);
-        let mut leaf = self.latch_tail(self.tail_hint.load(Ordering::Relaxed))?;
+        let mut leaf = self.latch_tail()?;
         let is_last = self.is_last_leaf(&leaf);
         let count = leaf.page().slot_count();
         let own_tail = is_last

@@ -248,8 +248,8 @@ impl BTree {
 
     /// Reattaches a tree that already exists in `pool` (after the pool was reopened from its
     /// data file) from its root page. Nothing is read here: the hints start at the root, and
-    /// every hint is checked under a latch before it is trusted, so the first inserts fall back
-    /// to the classic path until an end-of-index split points the hints at the real last leaf.
+    /// every hint is checked under a latch before it is trusted; the first append finds the
+    /// stale tail hint and looks for the real last leaf (see `BTree::latch_tail`).
     /// `row_count` is what the caller recorded with the checkpoint.
     pub fn open(
         pool: Arc<BufferPool>,
