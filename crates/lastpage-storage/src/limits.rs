@@ -169,6 +169,11 @@ pub const WAL_RECORD_ALIGN_BYTES: usize = 8;
 /// LSNs and record lengths below it cannot overflow.
 pub const WAL_MAX_START_LSN: u64 = 1 << 62;
 
+/// The largest log segment a configuration may ask for, or a segment header may claim (1 TiB):
+/// sums of a segment's size, its header and an offset into it cannot overflow below it, and a
+/// header claiming more was not written by the writer.
+pub const WAL_MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
 /// Largest log record, header and payload, that the log accepts or a reader believes: a length
 /// field above it marks garbage (a torn tail). One megabyte holds any row change (key plus old
 /// and new values, each limited by a page) with room for large checkpoint records.

@@ -1663,3 +1663,37 @@ fn a_killed_writers_unsynced_bytes_are_made_durable_even_at_a_segment_boundary()
         );
     }
 }
+
+/// A segment size the writer could never have used, from a configuration or from a segment
+/// header forged with a valid checksum, is refused: sums of it and the header's size
+/// overflowed (a panic in debug builds, a wrapped size in release builds).
+#[test]
+fn a_segment_size_beyond_the_limit_is_refused_from_a_configuration_or_a_header() {
+    let huge: u64 = !7;
+    let fs = faulty(FaultyConfig::new(3));
+    let opened = LogWriter::open(Arc::new(fs.clone()), DIR, config(64 << 10, huge));
+    assert!(matches!(opened, Err(WalError::Config(_))), "{opened:?}");
+    let writer = open(&fs, config(64 << 10, 1 << 20));
+    commit(&writer, 1).unwrap();
+    drop(writer);
+    let segment = Path::new(DIR).join("0000000000000000.wal");
+    let file = fs.open(&segment, OpenOptions::existing()).unwrap();
+    let mut header = [0u8; 52];
+    file.read_exact_at(0, &mut header).unwrap();
+    header[16..24].copy_from_slice(&huge.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..48]);
+    header[48..52].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(0, &header).unwrap();
+    drop(file);
+    let opened = LogWriter::open(Arc::new(fs.clone()), DIR, config(64 << 10, 1 << 20));
+    assert!(
+        matches!(opened, Err(WalError::Corrupt { .. })),
+        "{opened:?}"
+    );
+    let read = LogReader::open(Arc::new(fs), DIR, Lsn::ZERO)
+        .and_then(|mut reader| reader.next_record().map(|_| ()));
+    assert!(
+        read.is_ok() || matches!(read, Err(WalError::Corrupt { .. })),
+        "{read:?}"
+    );
+}

@@ -27,8 +27,8 @@ use std::io;
 use std::sync::Arc;
 
 use crate::limits::{
-    MAX_WAL_RECORD_BYTES, WAL_BUFFER_BYTES, WAL_RECORD_ALIGN_BYTES, WAL_RECORD_HEADER_BYTES,
-    WAL_SEGMENT_BYTES, WAL_YIELD_WAIT_COMMITTERS_PER_CPU,
+    MAX_WAL_RECORD_BYTES, WAL_BUFFER_BYTES, WAL_MAX_SEGMENT_BYTES, WAL_RECORD_ALIGN_BYTES,
+    WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_BYTES, WAL_YIELD_WAIT_COMMITTERS_PER_CPU,
 };
 
 pub use reader::{LogEnd, LogEntry, LogReader, RawRecord, TailKind};
@@ -100,9 +100,13 @@ impl WalConfig {
                 self.buffer_bytes
             )));
         }
-        if !self.segment_bytes.is_multiple_of(align as u64) || self.segment_bytes == 0 {
+        if !self.segment_bytes.is_multiple_of(align as u64)
+            || self.segment_bytes == 0
+            || self.segment_bytes > WAL_MAX_SEGMENT_BYTES
+        {
             return Err(WalError::Config(format!(
-                "the log segment size must be a positive multiple of {align} bytes, not {}",
+                "the log segment size must be a positive multiple of {align} bytes, at most \
+                 {WAL_MAX_SEGMENT_BYTES}, not {}",
                 self.segment_bytes
             )));
         }

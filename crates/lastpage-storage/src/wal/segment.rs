@@ -30,7 +30,7 @@ use lastpage_io::FileSystem;
 
 use super::WalError;
 use super::record::RecordHeader;
-use crate::limits::{WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES};
+use crate::limits::{WAL_MAX_SEGMENT_BYTES, WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES};
 
 const MAGIC: &[u8; 8] = b"LPWALSEG";
 /// The format version this build writes and reads. Version 1 logs (whose record checksums
@@ -98,6 +98,7 @@ impl SegmentHeader {
             log_id: u64_at(40),
         };
         let sane = header.segment_bytes > 0
+            && header.segment_bytes <= WAL_MAX_SEGMENT_BYTES
             && header.start_lsn.is_multiple_of(header.segment_bytes)
             && header.first_record_lsn <= header.start_lsn;
         sane.then_some(header)
