@@ -2125,17 +2125,23 @@ impl Table {
                             self.storage_error(&self.clustered, error, &values.owned_copy())
                         }
                     })?;
+                // The record is in: anything that fails from here takes it back.
+                let take_back = |error: EngineError| {
+                    let mut take_back = TakeBack::default();
+                    take_back.delete(self.clustered.tree(0), key);
+                    take_back.outcome(&self.name, error)
+                };
                 if let Some(values) = values.owned() {
-                    values[identity.column] = identity_as_value(id, data_type)?;
+                    values[identity.column] =
+                        identity_as_value(id, data_type).map_err(take_back)?;
                     self.insert_nonclustered_with_identity_key(values, key)?;
                 } else if !self.nonclustered.is_empty() {
                     // Not reached: `PreparedInsert` borrows values only for tables without
                     // nonclustered indexes. Should that change, the row must not go in
                     // without its entries.
-                    let _ = self.clustered.tree(0).delete(key);
-                    return Err(EngineError::Storage(
+                    return Err(take_back(EngineError::Storage(
                         "a row of borrowed values cannot feed nonclustered indexes".into(),
-                    ));
+                    )));
                 }
                 if keep_change {
                     changes.push(RowChange::Insert {
