@@ -681,6 +681,25 @@ impl Table {
         def: TableDef,
         make_tree: &mut dyn FnMut(TreeOptions) -> Result<BTree>,
     ) -> Result<Table> {
+        // A PRIMARY KEY's columns are NOT NULL, as in SQL Server ("if nullability isn't
+        // specified, all columns participating in a PRIMARY KEY constraint have their
+        // nullability set to NOT NULL"): a NULL key was stored before.
+        let mut def = def;
+        let primary_key_columns: Vec<String> = def
+            .clustered
+            .iter()
+            .chain(&def.nonclustered)
+            .filter(|index| index.uniqueness == Uniqueness::PrimaryKey)
+            .flat_map(|index| index.columns.iter().cloned())
+            .collect();
+        for column in &mut def.columns {
+            if primary_key_columns
+                .iter()
+                .any(|name| name.eq_ignore_ascii_case(&column.name))
+            {
+                column.nullable = false;
+            }
+        }
         let definition = def.clone();
         let invalid = |reason: String| EngineError::InvalidDefinition {
             table: def.name.clone(),
@@ -2252,6 +2271,26 @@ impl Table {
             // of higher precedence): 1.5 equals no INT, and lies between the keys 1 and 2,
             // where converting it would have rounded it onto one.
             let exact = ExactValue::of(data_type, value);
+            // BIT converts every nonzero number to 1 rather than to the nearest bit, so a number
+            // it cannot hold is placed here: below 0, between 0 and 1, or above 1.
+            if *data_type == DataType::Bit
+                && let Some(ExactValue::Number(number)) = exact
+            {
+                let one = Decimal::from(1i64);
+                if number < Decimal::ZERO || number > one {
+                    return Ok(SearchKey::OutOfRange {
+                        prefix: encoded,
+                        above: number > one,
+                    });
+                }
+                if number > Decimal::ZERO && number < one {
+                    encode_key_value(data_type, &Value::Bit(false), &mut encoded)?;
+                    return Ok(SearchKey::Beside {
+                        key: encoded,
+                        above: true,
+                    });
+                }
+            }
             let (converted, encoding_type) = match data_type.coerce(value.clone()) {
                 Ok(converted) => match exact.and_then(|exact| exact.cmp_converted(&converted)) {
                     Some(order @ (std::cmp::Ordering::Less | std::cmp::Ordering::Greater)) => {

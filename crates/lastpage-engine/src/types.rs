@@ -440,7 +440,7 @@ impl DataType {
             }
             DataType::UniqueIdentifier => match value {
                 Value::Uuid(u) => Ok(Value::Uuid(u)),
-                Value::String(s) => Uuid::parse_text(s.trim()).map(Value::Uuid).ok_or_else(|| {
+                Value::String(s) => Uuid::parse_converted_text(s.trim()).map(Value::Uuid).ok_or_else(|| {
                     ValueError::conversion(
                         "Conversion failed when converting from a character string to uniqueidentifier.",
                     )
@@ -810,6 +810,22 @@ fn text_of(value: Value, target: &DataType) -> Result<String, ValueError> {
         Value::Date(d) => d.to_string(),
         Value::DateTime2(dt) => dt.to_string(),
         Value::Uuid(u) => u.to_string(),
+        // NCHAR and NVARCHAR hold UTF-16 in SQL Server, and a binary converts to them as its
+        // code units, little-endian, two bytes each (an odd last byte is padded with a zero:
+        // CAST(CAST(0x41 AS nvarchar) AS varbinary) is 0x4100). CHAR and VARCHAR take the
+        // bytes as they are: here, UTF-8.
+        Value::Binary(b) if matches!(target, DataType::NChar(_) | DataType::NVarChar(_)) => {
+            let units: Vec<u16> = b
+                .chunks(2)
+                .map(|pair| u16::from_le_bytes([pair[0], pair.get(1).copied().unwrap_or(0)]))
+                .collect();
+            String::from_utf16(&units).map_err(|_| {
+                ValueError::conversion(format!(
+                    "Cannot convert varbinary to {}: the bytes are not valid UTF-16.",
+                    target.name()
+                ))
+            })?
+        }
         Value::Binary(b) => String::from_utf8(b).map_err(|_| {
             ValueError::conversion(format!(
                 "Cannot convert varbinary to {}: the bytes are not valid UTF-8.",
@@ -1560,6 +1576,17 @@ impl Uuid {
             k[15], k[14], k[13], k[12], k[11], k[10], k[9], k[8], k[6], k[7], k[0], k[1], k[2],
             k[3], k[4], k[5],
         ])
+    }
+
+    /// Parses text converted to uniqueidentifier: as [`Uuid::parse_text`], but text longer than
+    /// that (without braces) is cut to its first 36 bytes, as SQL Server does: for a conversion
+    /// from text, uniqueidentifier counts as a character type of 36 and follows the truncation
+    /// rules (`CONVERT(uniqueidentifier, '0E984725-C51C-4BF4-9960-E1C80E27ABA0wrong')` works).
+    fn parse_converted_text(text: &str) -> Option<Uuid> {
+        match text.get(..36) {
+            Some(first) if text.len() > 36 && !text.starts_with('{') => Uuid::parse_text(first),
+            _ => Uuid::parse_text(text),
+        }
     }
 
     /// Parses `XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX` (any case, optionally in braces).

@@ -755,3 +755,34 @@ fn value_display_and_names() {
     assert_eq!(Value::from(Some("a")), Value::from("a"));
     assert_eq!(Value::from(&b"ab"[..]), Value::Binary(b"ab".to_vec()));
 }
+
+/// Text converted to uniqueidentifier follows the truncation rules of a 36-character type, as
+/// in SQL Server: characters past the GUID are cut off (they made the conversion fail). A
+/// Rust parse of a `Uuid` stays strict.
+#[test]
+fn text_converted_to_uniqueidentifier_is_cut_to_36_characters() {
+    let guid = "0E984725-C51C-4BF4-9960-E1C80E27ABA0";
+    let converted = coerce(DataType::UniqueIdentifier, format!("{guid}wrong")).unwrap();
+    assert_eq!(converted, coerce(DataType::UniqueIdentifier, guid).unwrap());
+    assert!(coerce(DataType::UniqueIdentifier, &guid[..35]).is_err());
+    assert!(coerce(DataType::UniqueIdentifier, format!("{{{guid}}}x")).is_err());
+    assert!(format!("{guid}wrong").parse::<Uuid>().is_err());
+}
+
+/// A binary converts to NCHAR and NVARCHAR as UTF-16 code units, little-endian, as SQL Server
+/// stores those types (it was read as UTF-8: 0x41004200 became "A\0B\0"); an odd last byte is
+/// padded with a zero; CHAR and VARCHAR still take the bytes as UTF-8.
+#[test]
+fn binary_converts_to_nvarchar_as_utf16_and_to_varchar_as_utf8() {
+    let ab = vec![0x41, 0x00, 0x42, 0x00];
+    assert_eq!(coerce(DataType::NVarChar(10), ab.clone()), Ok(Value::from("AB")));
+    assert_eq!(coerce(DataType::NChar(2), ab.clone()), Ok(Value::from("AB")));
+    assert_eq!(coerce(DataType::NVarChar(10), vec![0x41]), Ok(Value::from("A")));
+    assert_eq!(coerce(DataType::VarChar(10), ab), Ok(Value::from("A\0B\0")));
+    // An unpaired surrogate is no text.
+    let unpaired = vec![0x00, 0xD8];
+    assert_eq!(
+        err(DataType::NVarChar(10), unpaired).kind(),
+        ValueErrorKind::Conversion
+    );
+}

@@ -1965,6 +1965,89 @@ fn search_instants_a_key_column_cannot_hold_exactly_compare_with_the_rows() {
     assert_eq!(by_day(Value::Date(day(2))).len(), 2);
 }
 
+/// BIT converts every nonzero number to 1, so a number searched for in a BIT key is placed by
+/// its value, not by its conversion: -1 lies below both bits (`>= -1` returned only 1, and
+/// `<= -1` returned 0), 0.5 between them, 2 above them.
+#[test]
+fn search_numbers_in_a_bit_key_lie_below_between_or_above_the_bits() {
+    use lastpage_engine::types::Decimal;
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Flags")
+                .column(ColumnDef::new("Flag", DataType::Bit).not_null())
+                .clustered(IndexDef::new("PK_Flags", &["Flag"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    for flag in [false, true] {
+        table
+            .insert(&session, InsertRow::new().set(0, flag))
+            .unwrap();
+    }
+    let flags = |lower, upper| -> Vec<Value> {
+        table
+            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
+            .unwrap()
+            .map(|row| row.unwrap()[0].clone())
+            .collect()
+    };
+    use Bound::{Included, Unbounded};
+    let both = vec![Value::Bit(false), Value::Bit(true)];
+    let half = Value::Decimal(Decimal::new(5, 1).unwrap());
+    for (search, at_least, at_most) in [
+        (Value::Int(-1), both.clone(), vec![]),
+        (half, vec![Value::Bit(true)], vec![Value::Bit(false)]),
+        (Value::Int(2), vec![], both.clone()),
+        (Value::Int(1), vec![Value::Bit(true)], both.clone()),
+    ] {
+        let key = || vec![search.clone()];
+        assert_eq!(
+            flags(Included(key()), Unbounded),
+            at_least,
+            "Flag >= {search:?}"
+        );
+        assert_eq!(
+            flags(Unbounded, Included(key())),
+            at_most,
+            "Flag <= {search:?}"
+        );
+        let found = table.get(&session, &key()).unwrap();
+        assert_eq!(
+            found.is_some(),
+            search == Value::Int(1),
+            "Flag = {search:?}"
+        );
+    }
+}
+
+/// A PRIMARY KEY's columns are NOT NULL even when their definition does not say so, as in SQL
+/// Server: a NULL key was stored.
+#[test]
+fn a_primary_key_column_refuses_null() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Keys")
+                .column(ColumnDef::new("Id", DataType::Int))
+                .column(ColumnDef::new("V", DataType::Int))
+                .clustered(IndexDef::new("PK_Keys", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let error = table
+        .insert(&session, InsertRow::new().set(0, Value::Null).set(1, 1))
+        .unwrap_err();
+    assert!(
+        matches!(error, EngineError::NullNotAllowed { .. }),
+        "{error}"
+    );
+    // Only the key's columns: V still takes NULL.
+    table
+        .insert(&session, InsertRow::new().set(0, 1).set(1, Value::Null))
+        .unwrap();
+}
+
 /// In a composite key, a value beyond its column's range decides the comparison at that column:
 /// the rows with the same leading values are all below (or all above) the bound.
 #[test]
