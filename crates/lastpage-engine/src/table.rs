@@ -3647,6 +3647,9 @@ impl Iterator for RowIter<'_> {
         if self.empty {
             return None;
         }
+        // The scan's waits (row locks, page latches as it reads on) happen here, after `scan`
+        // returned: they are the scanning session's too.
+        let _attribution = self.session.attribute();
         loop {
             let mut best = self.best_head();
             if let Some(deleted) = self.deleted_in_gap(&mut best) {

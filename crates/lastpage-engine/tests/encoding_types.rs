@@ -775,9 +775,18 @@ fn text_converted_to_uniqueidentifier_is_cut_to_36_characters() {
 #[test]
 fn binary_converts_to_nvarchar_as_utf16_and_to_varchar_as_utf8() {
     let ab = vec![0x41, 0x00, 0x42, 0x00];
-    assert_eq!(coerce(DataType::NVarChar(10), ab.clone()), Ok(Value::from("AB")));
-    assert_eq!(coerce(DataType::NChar(2), ab.clone()), Ok(Value::from("AB")));
-    assert_eq!(coerce(DataType::NVarChar(10), vec![0x41]), Ok(Value::from("A")));
+    assert_eq!(
+        coerce(DataType::NVarChar(10), ab.clone()),
+        Ok(Value::from("AB"))
+    );
+    assert_eq!(
+        coerce(DataType::NChar(2), ab.clone()),
+        Ok(Value::from("AB"))
+    );
+    assert_eq!(
+        coerce(DataType::NVarChar(10), vec![0x41]),
+        Ok(Value::from("A"))
+    );
     assert_eq!(coerce(DataType::VarChar(10), ab), Ok(Value::from("A\0B\0")));
     // An unpaired surrogate is no text.
     let unpaired = vec![0x00, 0xD8];

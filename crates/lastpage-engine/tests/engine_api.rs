@@ -2200,3 +2200,92 @@ fn a_supplied_function_that_panics_fails_its_statement_and_leaves_nothing_behind
     assert_eq!(table.row_count(), 1);
     table.check_integrity().unwrap();
 }
+
+/// Starts a transaction of `writer` holding row 1 of a fresh `T(Id, V)`, runs `read` on
+/// another thread, and once it waits on the row's lock, commits `writer` after 20 ms; returns
+/// what `read` returned.
+fn read_waiting_on_a_lock<R: Send>(
+    db: &Database,
+    delete: bool,
+    read: impl FnOnce(&Arc<lastpage_engine::Table>) -> R + Send,
+) -> R {
+    let table = db
+        .create_table(
+            TableDef::new("T")
+                .column(ColumnDef::new("Id", DataType::Int).not_null())
+                .column(ColumnDef::new("V", DataType::Int))
+                .clustered(IndexDef::new("PK_T", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let setup = db.session();
+    for id in 0..3 {
+        table
+            .insert(&setup, InsertRow::new().set(0, id).set(1, id))
+            .unwrap();
+    }
+    let writer = db.session();
+    writer.begin().unwrap();
+    if delete {
+        assert!(table.delete(&writer, &[Value::Int(1)]).unwrap());
+    } else {
+        assert!(
+            table
+                .update(&writer, &[Value::Int(1)], &[(1, Value::Int(10))])
+                .unwrap()
+        );
+    }
+    let waits_before = db.lock_stats().waits;
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read(&table));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while db.lock_stats().waits == waits_before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reader did not wait"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        writer.commit().unwrap();
+        reader.join().unwrap()
+    })
+}
+
+/// A wait inside `Session::run_statement` counts once for the session: the statement's own
+/// read installed the session's accumulator a second time, and every wait of a statement run
+/// that way counted twice in `Session::waits`.
+#[test]
+fn a_statements_wait_counts_once_for_its_session() {
+    let db = database();
+    let (statement, session) = read_waiting_on_a_lock(&db, false, |table| {
+        let session = db.session();
+        let (row, statement) = session.run_statement(|| table.get(&session, &[Value::Int(1)]));
+        assert!(row.unwrap().is_some());
+        (statement, session.waits())
+    });
+    let (statement, session) = (
+        statement.wait(WaitType::LckMS),
+        session.wait(WaitType::LckMS),
+    );
+    assert_eq!(statement.waiting_tasks_count, 1);
+    assert_eq!(session.waiting_tasks_count, 1, "{session:?}");
+    assert_eq!(session.wait_time_ns, statement.wait_time_ns);
+}
+
+/// A scan waits while it is iterated, after `Table::scan` returned: those waits are the
+/// scanning session's too (they were only in the global statistics).
+#[test]
+fn a_scans_waits_are_its_sessions() {
+    let db = database();
+    let (rows, waits) = read_waiting_on_a_lock(&db, true, |table| {
+        let session = db.session();
+        let rows = table
+            .scan(&session, &KeyRange::all(), Direction::Forward)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        (rows.len(), session.waits())
+    });
+    assert_eq!(rows, 2);
+    assert_eq!(waits.wait(WaitType::LckMS).waiting_tasks_count, 1);
+}

@@ -550,23 +550,38 @@ pub fn clear() {
 
 /// While the returned guard lives, every wait this thread records is also added to
 /// `accumulator` (a session's or a statement's). Guards nest: a wait is added to every
-/// accumulator installed on the thread; dropping a guard removes its accumulator.
+/// accumulator installed on the thread, each once (an accumulator installed already, as a
+/// session's is by a statement run inside its `run_statement`, is not installed again: a wait
+/// was counted twice); dropping a guard removes what it installed.
 pub fn attribute_waits_to(accumulator: Arc<WaitAccumulator>) -> AttributionGuard {
-    ATTRIBUTION.with(|attribution| attribution.borrow_mut().push(accumulator));
+    let pushed = ATTRIBUTION.with(|attribution| {
+        let mut attribution = attribution.borrow_mut();
+        let installed = attribution
+            .iter()
+            .any(|other| Arc::ptr_eq(other, &accumulator));
+        if !installed {
+            attribution.push(accumulator);
+        }
+        !installed
+    });
     AttributionGuard {
+        pushed,
         _not_send: std::marker::PhantomData,
     }
 }
 
-/// Removes the accumulator its [`attribute_waits_to`] call installed when dropped. It must be
-/// dropped on the thread that created it, so it is not `Send`.
+/// Removes the accumulator its [`attribute_waits_to`] call installed, if it installed one,
+/// when dropped. It must be dropped on the thread that created it, so it is not `Send`.
 pub struct AttributionGuard {
+    pushed: bool,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for AttributionGuard {
     fn drop(&mut self) {
-        let _ = ATTRIBUTION.try_with(|attribution| attribution.borrow_mut().pop());
+        if self.pushed {
+            let _ = ATTRIBUTION.try_with(|attribution| attribution.borrow_mut().pop());
+        }
     }
 }
 

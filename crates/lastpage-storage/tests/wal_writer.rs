@@ -1697,3 +1697,42 @@ fn a_segment_size_beyond_the_limit_is_refused_from_a_configuration_or_a_header()
         "{read:?}"
     );
 }
+
+/// A committer that parks, is woken to lead the next flush and runs it, counts as signal wait
+/// only the time from its wake-up to taking the lead, not its own flush: its WRITELOG signal
+/// wait took in its whole 40 ms fdatasync.
+#[test]
+fn a_committer_woken_to_lead_does_not_count_its_own_fsync_as_signal_wait() {
+    let sync_delay = Duration::from_millis(40);
+    let fs = faulty(FaultyConfig::new(7).sync_delay(sync_delay));
+    let writer = open(
+        &fs,
+        WalConfig {
+            yield_wait_committers: 0,
+            ..WalConfig::default()
+        },
+    );
+    commit(&writer, 1).unwrap();
+    let waits = thread::scope(|scope| {
+        let leader = Arc::clone(&writer);
+        // This one leads a 40 ms flush.
+        scope.spawn(move || commit(&leader, 2).unwrap());
+        thread::sleep(Duration::from_millis(10));
+        let writer = Arc::clone(&writer);
+        // This one parks during it, and is woken to lead the next.
+        let woken = scope.spawn(move || {
+            let accumulator = Arc::new(WaitAccumulator::new());
+            let _guard = stats::attribute_waits_to(Arc::clone(&accumulator));
+            commit(&writer, 3).unwrap();
+            accumulator.snapshot().wait(WaitType::WriteLog)
+        });
+        woken.join().unwrap()
+    });
+    assert_eq!(waits.waiting_tasks_count, 1);
+    assert!(
+        waits.signal_wait_time_ns < 10_000_000,
+        "signal wait {} ms of a {} ms wait",
+        waits.signal_wait_time_ns / 1_000_000,
+        waits.wait_time_ns / 1_000_000
+    );
+}

@@ -618,6 +618,10 @@ impl LogWriter {
             if !self.leading.load(Ordering::Relaxed) {
                 self.leading.store(true, Ordering::Relaxed);
                 drop(group);
+                // A committer woken to lead runs its own flush now: its signal wait (from the
+                // wake-up to running again) ended when it took the lead, and must not take in
+                // its own write and fdatasync.
+                signalled_ns = None;
                 self.lead(target, &waiter);
                 continue;
             }
