@@ -374,13 +374,15 @@ impl Database {
             }
         }));
         let replayed = recovery.records > 0 || catalog.is_none();
-        // Clean if the image says so and nothing was logged after it. Records before it are
+        // Clean if the image says so and no change was logged after it. Records before it are
         // those of transactions still open at the close, read only to undo them: they never
         // touch a table that is not logged (a close with such a change open is not clean).
+        // A commit or an identity reservation racing the close may land after it (their
+        // checks of the close run outside the checkpoint gate): they change no row.
         let clean = catalog
             .as_ref()
             .is_some_and(|catalog| catalog.clean_shutdown)
-            && recovery.records_after_checkpoint == 0;
+            && recovery.changes_after_checkpoint == 0;
         if !clean {
             // Not a clean shutdown: a table that is not logged may hold any mix of its
             // changes, with no log to repair it, so it starts empty (as PostgreSQL's UNLOGGED

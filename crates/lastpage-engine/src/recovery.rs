@@ -48,9 +48,10 @@ pub struct RecoveryStats {
     pub log_bytes: u64,
     /// Log records read.
     pub records: u64,
-    /// Log records read at or after the checkpoint's LSN (the others were read only to undo
-    /// transactions that were open at the checkpoint).
-    pub records_after_checkpoint: u64,
+    /// Row changes and schema changes read at or after the checkpoint's LSN: what the image
+    /// does not hold. (Records before it were read only to undo transactions open at the
+    /// checkpoint; commits, aborts and identity reservations after it change no row.)
+    pub changes_after_checkpoint: u64,
     /// Transactions whose changes after the checkpoint were applied.
     pub committed_txns: u64,
     /// Transactions that never ended, whose changes were undone.
@@ -152,9 +153,6 @@ pub(crate) fn replay(
     while let Some(raw) = reader.next_raw().map_err(storage)? {
         stats.records += 1;
         let lsn = raw.lsn.0;
-        if lsn >= checkpoint_lsn {
-            stats.records_after_checkpoint += 1;
-        }
         // The row changes of the record keep ranges of its bytes rather than copies.
         let payload = Arc::new(raw.payload);
         let record = RawRecord::decode_payload(raw.lsn, raw.kind, &payload).map_err(storage)?;
@@ -166,6 +164,9 @@ pub(crate) fn replay(
             | Record::InsertRun { txn, index_id, .. }
             | Record::Delete { txn, index_id, .. }
             | Record::Update { txn, index_id, .. } => {
+                if lsn >= checkpoint_lsn {
+                    stats.changes_after_checkpoint += 1;
+                }
                 let Some((table, partition)) = trees.get(&index_id).cloned() else {
                     // A table dropped later in the log: nothing of it survives.
                     continue;
@@ -198,6 +199,7 @@ pub(crate) fn replay(
                 }
             }
             Record::Schema { description } if lsn >= checkpoint_lsn => {
+                stats.changes_after_checkpoint += 1;
                 apply_schema(db, &description, lsn)?;
                 trees = tree_map(db);
                 tables = table_map(db);

@@ -40,7 +40,8 @@ use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
 use crate::txn::WriteScope;
 use crate::types::{
-    DataType, DateTime2, Decimal, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueErrorKind,
+    DataType, DateTime2, Decimal, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueError,
+    ValueErrorKind,
 };
 
 /// A row: one value per column, in column order.
@@ -2270,6 +2271,31 @@ impl Table {
             // A number or an instant compares exactly, as SQL Server compares it (in the type
             // of higher precedence): 1.5 equals no INT, and lies between the keys 1 and 2,
             // where converting it would have rounded it onto one.
+            // A number, date or uniqueidentifier has a higher precedence than text, so SQL Server
+            // compares it with a text column by converting the column (every row, failing on
+            // text that does not convert), which no index on the text can answer. Converting
+            // the value to text instead compared text ('05' missed 5, '10' sorted below it):
+            // refused, with the way out in the message.
+            let text_column = matches!(
+                data_type,
+                DataType::Char(_)
+                    | DataType::VarChar(_)
+                    | DataType::NChar(_)
+                    | DataType::NVarChar(_)
+            );
+            if text_column && !matches!(value, Value::Null | Value::String(_) | Value::Binary(_)) {
+                return Err(EngineError::Value(
+                    ValueError::conversion(format!(
+                        "cannot search the {} column '{}' for a {} value: SQL Server compares \
+                         them by converting the column's text (the type of lower precedence) \
+                         row by row, which no index on it can do; pass the value as text",
+                        data_type.name(),
+                        self.columns[column].name,
+                        value.data_type_name(),
+                    ))
+                    .with_column(&self.columns[column].name),
+                ));
+            }
             let exact = ExactValue::of(data_type, value);
             // BIT converts every nonzero number to 1 rather than to the nearest bit, so a number
             // it cannot hold is placed here: below 0, between 0 and 1, or above 1.

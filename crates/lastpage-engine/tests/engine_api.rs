@@ -2021,6 +2021,44 @@ fn search_numbers_in_a_bit_key_lie_below_between_or_above_the_bits() {
     }
 }
 
+/// A number (or a date, or a uniqueidentifier) searched for in a text key is refused with a
+/// clear error: SQL Server compares them by converting the column's text to the number, row by
+/// row, which no index on the text can answer. Converting the number to text instead gave
+/// other rows without a word (`Code >= 5` returned '5' alone, where SQL Server returns '05',
+/// '10' and '5').
+#[test]
+fn a_number_searched_for_in_a_text_key_is_refused() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Codes")
+                .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
+                .clustered(IndexDef::new("PK_Codes", &["Code"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    for code in ["05", "5", "10"] {
+        // Stored values convert to the column's type, as an INSERT converts them.
+        table
+            .insert(&session, InsertRow::new().set(0, code))
+            .unwrap();
+    }
+    table.insert(&session, InsertRow::new().set(0, 7)).unwrap();
+    let refused = table.get(&session, &[Value::Int(5)]).unwrap_err();
+    assert!(
+        refused.to_string().contains("pass the value as text"),
+        "{refused}"
+    );
+    let range = KeyRange {
+        lower: Bound::Included(vec![Value::Int(5)]),
+        upper: Bound::Unbounded,
+    };
+    assert!(table.scan(&session, &range, Direction::Forward).is_err());
+    // As text, the search is the index's own.
+    assert!(table.get(&session, &[Value::from("5")]).unwrap().is_some());
+    assert!(table.get(&session, &[Value::from("7")]).unwrap().is_some());
+}
+
 /// A PRIMARY KEY's columns are NOT NULL even when their definition does not say so, as in SQL
 /// Server: a NULL key was stored.
 #[test]
