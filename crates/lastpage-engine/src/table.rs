@@ -2499,6 +2499,8 @@ impl Table {
             &crate::txn::lock_key(self.id, 0, &deleted.0),
             db.lock_timeout(),
         )?;
+        // The deleter's end may have been refused (see `Table::committed_value`).
+        db.check_usable()?;
         *waited_for = Some(deleted);
         Ok(())
     }
@@ -2582,12 +2584,20 @@ impl Table {
                     }
                     let exact = Bound::Included(key);
                     if held.first_of_others(reader, exact, exact).is_none() {
+                        db.check_usable()?;
                         return Ok(None);
                     }
                     drop(held);
                     locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
                 }
-                Some((false, current)) => return Ok(Some(current)),
+                Some((false, current)) => {
+                    // A writer whose commit or rollback was refused (the database closed or
+                    // failed) lets its locks go with its changes still in the trees: what this
+                    // read finds may never have committed. The refusal marks the database
+                    // before the locks go, so a read after them sees the mark.
+                    db.check_usable()?;
+                    return Ok(Some(current));
+                }
                 Some((true, _)) => locks.wait_for_shared(reader, &lock, db.lock_timeout())?,
             }
         }
@@ -2648,12 +2658,18 @@ impl Table {
             Ok(None)
         };
         'lookup: loop {
-            let candidates = self.read_waiting_for_deleters(
+            let mut candidates = self.read_waiting_for_deleters(
                 session,
                 me,
                 || self.index_candidates(index, &encoded),
                 missed,
             )?;
+            // The index is read a leaf at a time, so a row whose entry moved from one end of
+            // the search key's range to the other meanwhile can be found twice: each row is
+            // returned once.
+            let mut seen = std::collections::HashSet::with_capacity(candidates.len());
+            candidates
+                .retain(|(partition, record_key, _)| seen.insert((*partition, record_key.clone())));
             let mut rows = Vec::new();
             for (partition, record_key, read) in candidates {
                 let Some(value) =

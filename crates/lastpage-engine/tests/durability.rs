@@ -2159,6 +2159,149 @@ fn an_identity_reservation_racing_a_clean_close_keeps_the_non_logged_rows() {
     );
 }
 
+/// A writer whose commit or rollback is refused (the database was closed, or its log failed)
+/// lets its locks go with its change still in the trees. A reader that waited for those locks
+/// must not return that change: it returned the update's balance (or missed the deleted row)
+/// although the next open undoes it. It now fails with the database's state.
+#[test]
+fn a_reader_waiting_for_a_writer_whose_end_is_refused_does_not_return_its_change() {
+    for (case, delete) in [("commit", false), ("rollback", false), ("delete", true)] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+        let db = Database::open(
+            DIR,
+            DatabaseOptions {
+                lock_timeout: Some(Duration::from_secs(5)),
+                ..options(&fs)
+            },
+        )
+        .unwrap();
+        let table = db.create_table(accounts()).unwrap();
+        let session = db.session();
+        table
+            .insert(&session, InsertRow::new().set(0, 1).set(1, 1))
+            .unwrap();
+        let writer = db.session();
+        writer.begin().unwrap();
+        if delete {
+            assert!(table.delete(&writer, &[Value::Int(1)]).unwrap());
+        } else {
+            let change = [(1, Value::Int(2))];
+            assert!(table.update(&writer, &[Value::Int(1)], &change).unwrap());
+        }
+        let read = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| table.get(&db.session(), &[Value::Int(1)]));
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while db.lock_stats().waits == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the reader did not wait"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            db.clone().close().unwrap();
+            let ended = if case == "rollback" {
+                writer.rollback()
+            } else {
+                writer.commit()
+            };
+            assert!(
+                matches!(ended, Err(EngineError::DatabaseClosed)),
+                "{ended:?}"
+            );
+            reader.join().unwrap()
+        });
+        assert!(
+            matches!(read, Err(EngineError::DatabaseClosed)),
+            "{case}: {read:?}"
+        );
+        drop((session, writer, table));
+        drop(db);
+        let db = open(&fs);
+        let row = db
+            .table("Accounts")
+            .unwrap()
+            .get(&db.session(), &[Value::Int(1)])
+            .unwrap();
+        assert_eq!(row, Some(vec![Value::Int(1), Value::Int(1)]), "{case}");
+    }
+}
+
+/// A lookup through an index reads it a leaf at a time, so a row whose entry moves from one
+/// end of the search key's range to the other meanwhile (autocommit updates of the second key
+/// column) can be found twice: it was returned twice.
+#[test]
+fn an_index_lookup_returns_a_row_once_while_its_entry_moves() {
+    let seed = seed();
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Items")
+                .column(ColumnDef::new("Id", DataType::Int).not_null())
+                .column(ColumnDef::new("Grp", DataType::Int).not_null())
+                .column(ColumnDef::new("Val", DataType::Int).not_null())
+                .clustered(IndexDef::new("PK_Items", &["Id"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new(
+                    "IX_Grp_Val",
+                    &["Grp", "Val"],
+                    Uniqueness::NonUnique,
+                )),
+        )
+        .unwrap();
+    let session = db.session();
+    let rows: Vec<InsertRow> = (0..3000)
+        .map(|id| InsertRow::new().set(0, id).set(1, 1).set(2, id))
+        .collect();
+    table.insert_batch(&session, rows).unwrap();
+    let moving = 1_000_000;
+    table
+        .insert(
+            &session,
+            InsertRow::new().set(0, moving).set(1, 1).set(2, -1),
+        )
+        .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let failure = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let session = db.session();
+            let mut high = false;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                high = !high;
+                let val = if high {
+                    1_000_000 + rng.random_range(0..10)
+                } else {
+                    -1 - rng.random_range(0..10)
+                };
+                let change = [(2, Value::Int(val))];
+                table
+                    .update(&session, &[Value::Int(moving)], &change)
+                    .unwrap();
+            }
+        });
+        let start = std::time::Instant::now();
+        let mut failure = None;
+        while failure.is_none() && start.elapsed() < Duration::from_secs(2) {
+            let rows = table
+                .get_by_index(&session, "IX_Grp_Val", &[Value::Int(1)])
+                .unwrap();
+            let found = rows
+                .iter()
+                .filter(|row| row[0] == Value::Int(moving))
+                .count();
+            if rows.len() != 3001 || found != 1 {
+                failure = Some((rows.len(), found));
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        failure
+    });
+    assert_eq!(
+        failure, None,
+        "seed {seed}: (rows, times the moving row came back)"
+    );
+}
+
 /// A checkpoint asked for while a close is writing its image waits for it, and then must not
 /// write an image after the clean one: that image, not marked clean, made the next open take
 /// the close for a crash and empty the non-logged table. It now fails with DatabaseClosed.
