@@ -1214,6 +1214,12 @@ impl Session {
         stats::attribute_waits_to(Arc::clone(&self.waits))
     }
 
+    /// The session's wait statistics, for a wait done on its behalf elsewhere (a
+    /// [`crate::CommitTicket`]'s).
+    pub(crate) fn waits_accumulator(&self) -> Arc<WaitAccumulator> {
+        Arc::clone(&self.waits)
+    }
+
     /// Runs `statement`, attributing its waits to the session and to a fresh per-statement
     /// accumulator, whose totals are returned with the result (per-statement runtime stats).
     pub fn run_statement<T>(&self, statement: impl FnOnce() -> T) -> (T, WaitSnapshot) {

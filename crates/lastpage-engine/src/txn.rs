@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lastpage_storage::limits::{WAL_INSERT_RUN_MAX_BYTES, WAL_RECORD_HEADER_BYTES};
+use lastpage_storage::stats::{self, WaitAccumulator};
 use lastpage_storage::sync::{AtomicBool, AtomicU64, Ordering};
 use lastpage_storage::wal::{Lsn, Record, TxnId};
 
@@ -61,6 +62,9 @@ impl Durability {
 #[must_use = "a pipelined commit is acknowledged only by waiting for its ticket"]
 pub struct CommitTicket {
     db: Database,
+    /// The committing session's wait statistics: the ticket's WRITELOG wait is the session's,
+    /// whichever thread waits on it.
+    session_waits: Arc<WaitAccumulator>,
     /// End LSN of the commit record, or `None` if the transaction logged nothing (or the
     /// database is in memory): then there is nothing to wait for.
     end: Option<Lsn>,
@@ -80,6 +84,7 @@ impl CommitTicket {
     /// not be made durable up to the commit: the commit then must not be acknowledged, and the
     /// database refuses further work until it is reopened.
     pub fn wait(self) -> Result<()> {
+        let _attribution = stats::attribute_waits_to(Arc::clone(&self.session_waits));
         match (self.end, self.db.wal()) {
             (Some(end), Some(wal)) => wal.wait_durable(end).map_err(|error| self.db.fail(error)),
             _ => Ok(()),
@@ -460,6 +465,7 @@ impl Session {
         }
         Ok(CommitTicket {
             db: self.db().clone(),
+            session_waits: self.waits_accumulator(),
             end,
         })
     }

@@ -2445,6 +2445,25 @@ fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
     }
 }
 
+/// A pipelined commit's WRITELOG wait, done when its ticket is waited on, is the committing
+/// session's, as a FULL commit's is (it was only in the global statistics).
+#[test]
+fn a_commit_tickets_wait_is_its_sessions() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3).sync_delay(Duration::from_millis(20)));
+    let db = open(&fs);
+    let table = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    session.begin().unwrap();
+    table
+        .insert(&session, InsertRow::new().set(0, 1).set(1, 1))
+        .unwrap();
+    let ticket = session.commit_pipelined().unwrap();
+    let before = session.waits().wait(WaitType::WriteLog).waiting_tasks_count;
+    ticket.wait().unwrap();
+    let after = session.waits().wait(WaitType::WriteLog).waiting_tasks_count;
+    assert_eq!(after, before + 1);
+}
+
 #[test]
 fn pipelined_commits_are_durable_once_their_ticket_returns() {
     // One session pipelines batches: it commits batch n with `commit_pipelined` and waits for
