@@ -19,8 +19,8 @@ use lastpage_storage::btree::{
     TreeCheck, TreeOptions, batch_item_range,
 };
 use lastpage_storage::limits::{
-    BATCH_BUFFER_KEPT_BYTES, BORROWED_ROW_INLINE_COLUMNS, INSERT_SCRATCH_KEPT_BYTES,
-    LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
+    BATCH_BUFFER_KEPT_BYTES, BATCH_BUFFER_RESERVE_MAX_BYTES, BORROWED_ROW_INLINE_COLUMNS,
+    INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicBool, Ordering};
@@ -372,9 +372,18 @@ fn take_batch_buffer() -> Vec<u8> {
 /// `row_count` rows, reserves room for the others if they are the size of the first.
 fn end_batch_row(buffer: &mut Vec<u8>, value_ends: &mut Vec<usize>, row_count: usize) {
     if value_ends.is_empty() {
-        buffer.reserve(buffer.len().saturating_mul(row_count - 1));
+        reserve_for_batch(buffer, row_count);
     }
     value_ends.push(buffer.len());
+}
+
+/// Reserves room in a batch's `buffer`, which holds its first row, for the other rows of
+/// `row_count` if they are the size of the first, up to `BATCH_BUFFER_RESERVE_MAX_BYTES` (more
+/// grows as usual). The guess is only a guess: a long first row in a batch of millions of
+/// short ones asked for tens of GB at once, and a failed allocation aborts the process.
+fn reserve_for_batch(buffer: &mut Vec<u8>, row_count: usize) {
+    let guess = buffer.len().saturating_mul(row_count.saturating_sub(1));
+    buffer.reserve(guess.min(BATCH_BUFFER_RESERVE_MAX_BYTES));
 }
 
 /// Keeps `buffer` as the thread's batch buffer, unless it grew past `BATCH_BUFFER_KEPT_BYTES`.
@@ -1155,8 +1164,12 @@ impl Table {
     /// Inserts many rows as one statement (the batching remedy): each leaf is latched once per
     /// run of rows that land on it, not once per row, and an identity table hands the batch a
     /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
-    /// the batch already inserted are removed again and the first error (in row order) is
-    /// returned; readers never see the batch's rows before it commits (an in-memory
+    /// the batch already inserted are removed again and one error is returned, found in this
+    /// order: every row's values are checked first (NULLs, conversions, sizes), then the rows go
+    /// into the clustered index, then into each nonclustered index in turn, and the error is
+    /// the first row's rejected at the first step that rejects any (so a duplicate clustered key
+    /// in a later row is reported before a duplicate unique nonclustered key in an earlier one);
+    /// readers never see the batch's rows before it commits (an in-memory
     /// database's autocommit batch of fresh identity keys into a table without nonclustered
     /// indexes takes no locks, but nothing can fail once its rows are in, so readers see only
     /// rows that commit: see `WriteScope::needs_locks`).
@@ -1275,8 +1288,7 @@ impl Table {
             self.check_sizes(&self.clustered, key, value)?;
             let entries = self.nonclustered_entries(&values, key)?;
             if key_start == 0 {
-                // Room for the other rows if they are the size of the first (more grows as usual).
-                buffer.reserve(buffer.len().saturating_mul(row_count - 1));
+                reserve_for_batch(&mut buffer, row_count);
             }
             records.push((
                 self.partition_of_row(&values),
@@ -1502,7 +1514,8 @@ impl Table {
 
     /// Inserts a batch's prepared records: clustered index first, then each nonclustered
     /// index, each as one batch per partition. If any entry is rejected, removes everything
-    /// the batch inserted and returns the first error in row order.
+    /// the batch inserted and returns the error of the first row (in row order) that the first
+    /// rejecting index rejected.
     fn apply_batch(&self, buffer: &[u8], records: &[PreparedRow]) -> Result<()> {
         // `done` remembers what went in (index position, partition, row), for the undo. The
         // vectors are sized up front: grown row by row, their reallocations cost as much as a
@@ -3793,11 +3806,28 @@ fn storage_failure(error: BTreeError) -> EngineError {
 
 #[cfg(test)]
 mod tests {
-    use super::{RowChange, prefix_end};
+    use super::{BATCH_BUFFER_RESERVE_MAX_BYTES, RowChange, prefix_end, reserve_for_batch};
     use crate::encoding::encode_key;
     use crate::{
         ColumnDef, DataType, Database, DatabaseOptions, IndexDef, TableDef, Uniqueness, Value,
     };
+
+    /// A batch's buffer reserves room for its other rows by its first row's size, but never
+    /// more than `BATCH_BUFFER_RESERVE_MAX_BYTES`: a 3.2M-row batch whose first row was long
+    /// asked for 25 GB at once, and the failed allocation aborted the process.
+    #[test]
+    fn a_batch_reserves_at_most_the_cap_whatever_its_first_row() {
+        let mut buffer = vec![7u8; 8_000];
+        reserve_for_batch(&mut buffer, 10_000_000);
+        assert!(buffer.capacity() <= 8_000 + BATCH_BUFFER_RESERVE_MAX_BYTES);
+        assert!(buffer.capacity() >= 8_000 + BATCH_BUFFER_RESERVE_MAX_BYTES / 2);
+        let mut small = vec![7u8; 100];
+        reserve_for_batch(&mut small, 1_000);
+        assert!(small.capacity() >= 100 * 1_000);
+        let mut single = vec![7u8; 100];
+        reserve_for_batch(&mut single, 1);
+        assert_eq!(single.len(), 100);
+    }
 
     /// Replay raises a table's identity once per log record: past the farthest value the
     /// record's rows hold, whichever row holds it, for ascending and descending identities.

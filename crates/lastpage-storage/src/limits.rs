@@ -267,6 +267,11 @@ pub const INSERT_SCRATCH_KEPT_BYTES: usize = 16 << 10;
 /// a kilobyte.
 pub const BATCH_BUFFER_KEPT_BYTES: usize = 1 << 20;
 
+/// The most a multi-row insert reserves up front for its encoded rows (its first row's size
+/// times the rows): 64 MiB, far more than the batching benchmarks' batches need, and small
+/// enough that a wrong guess (a long first row among millions of short ones) costs no more.
+pub const BATCH_BUFFER_RESERVE_MAX_BYTES: usize = 64 << 20;
+
 /// Columns a row of borrowed values (the engine's `BorrowedRow`, which a prepared insert
 /// completes per row) holds on the stack; a wider table's rows spill to the heap, one
 /// allocation per row, and work the same.
