@@ -1166,9 +1166,10 @@ impl Table {
     /// contiguous block of values. The statement is atomic: if any row is rejected, the rows of
     /// the batch already inserted are removed again and one error is returned, found in this
     /// order: every row's values are checked first (NULLs, conversions, sizes), then the rows go
-    /// into the clustered index, then into each nonclustered index in turn, and the error is
-    /// the first row's rejected at the first step that rejects any (so a duplicate clustered key
-    /// in a later row is reported before a duplicate unique nonclustered key in an earlier one);
+    /// into the clustered index, then into each nonclustered index in turn (row by row, every
+    /// index, for a batch that goes in at the tail), and the error is the first row's rejected
+    /// at the first step that rejects any (so a duplicate clustered key in a later row is
+    /// reported before a duplicate unique nonclustered key in an earlier one);
     /// readers never see the batch's rows before it commits (an in-memory
     /// database's autocommit batch of fresh identity keys into a table without nonclustered
     /// indexes takes no locks, but nothing can fail once its rows are in, so readers see only
