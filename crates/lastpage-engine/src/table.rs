@@ -20,7 +20,8 @@ use lastpage_storage::btree::{
 };
 use lastpage_storage::limits::{
     BATCH_BUFFER_KEPT_BYTES, BATCH_BUFFER_RESERVE_MAX_BYTES, BORROWED_ROW_INLINE_COLUMNS,
-    INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT, MAX_RECORD_BYTES,
+    INDEX_LOOKUP_MAX_PASSES, INSERT_SCRATCH_KEPT_BYTES, LANE_IDENTITY_MAX_INCREMENT,
+    MAX_RECORD_BYTES,
 };
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::sync::{AtomicBool, Ordering};
@@ -2563,6 +2564,20 @@ impl Table {
         value: Vec<u8>,
         read_at: Option<u64>,
     ) -> Result<Option<Vec<u8>>> {
+        self.committed_value_noting_waits(session, partition, key, value, read_at, &mut false)
+    }
+
+    /// [`Table::committed_value`], setting `waited` if it waited for the row's lock (the row's
+    /// writer ended meanwhile, and may have moved it).
+    fn committed_value_noting_waits(
+        &self,
+        session: &Session,
+        partition: usize,
+        key: &[u8],
+        value: Vec<u8>,
+        read_at: Option<u64>,
+        waited: &mut bool,
+    ) -> Result<Option<Vec<u8>>> {
         let db = session.db();
         let reader = session.current_txn_id();
         let lock = crate::txn::lock_key(self.id, 0, key);
@@ -2602,6 +2617,7 @@ impl Table {
                         return Ok(None);
                     }
                     drop(held);
+                    *waited = true;
                     locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
                 }
                 Some((false, current)) => {
@@ -2612,7 +2628,10 @@ impl Table {
                     db.check_usable()?;
                     return Ok(Some(current));
                 }
-                Some((true, _)) => locks.wait_for_shared(reader, &lock, db.lock_timeout())?,
+                Some((true, _)) => {
+                    *waited = true;
+                    locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
+                }
             }
         }
     }
@@ -2671,41 +2690,56 @@ impl Table {
             }
             Ok(None)
         };
-        'lookup: loop {
-            let mut candidates = self.read_waiting_for_deleters(
+        // Every clustered record considered so far: the index is read a leaf at a time, so a
+        // row whose entry moved from one end of the search key's range to the other meanwhile
+        // can be found twice, and each row is returned once.
+        let mut seen = std::collections::HashSet::new();
+        let mut rows = Vec::new();
+        for pass in 1.. {
+            let candidates = self.read_waiting_for_deleters(
                 session,
                 me,
                 || self.index_candidates(index, &encoded),
                 missed,
             )?;
-            // The index is read a leaf at a time, so a row whose entry moved from one end of
-            // the search key's range to the other meanwhile can be found twice: each row is
-            // returned once.
-            let mut seen = std::collections::HashSet::with_capacity(candidates.len());
-            candidates
-                .retain(|(partition, record_key, _)| seen.insert((*partition, record_key.clone())));
-            let mut rows = Vec::new();
+            let mut look_again = false;
             for (partition, record_key, read) in candidates {
-                let Some(value) =
-                    self.committed_value(session, partition, &record_key, read.clone(), None)?
-                else {
-                    // Gone once its writer ended: it may have moved the row to another
-                    // clustered key with the same entry here, so look again, as `get` does.
-                    continue 'lookup;
+                if !seen.insert((partition, record_key.clone())) {
+                    continue;
+                }
+                let mut waited = false;
+                let value = self.committed_value_noting_waits(
+                    session,
+                    partition,
+                    &record_key,
+                    read.clone(),
+                    None,
+                    &mut waited,
+                )?;
+                let Some(value) = value else {
+                    // Gone once the writer this lookup waited for ended: it may have moved the
+                    // row to another clustered key with the same entry here, so look again
+                    // (for the rows not considered yet), as `get` does. A row gone without a
+                    // wait was deleted by a writer that had ended: skipped.
+                    look_again |= waited;
+                    continue;
                 };
                 let row = self.decode_record(&record_key, &value)?;
                 if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
                     rows.push(row);
-                } else if value != read {
-                    // Changed (committed or rolled back) while this lookup waited for it: its
-                    // entries may have moved too, so look again; the next look finds it only if
-                    // it matches now. A row that does not match and did not change is skipped:
-                    // looking again would find the same, for ever, in a damaged index.
-                    continue 'lookup;
+                } else {
+                    // Changed by the writer it waited for: its entries may have moved too.
+                    look_again |= waited && value != read;
                 }
             }
-            return Ok(rows);
+            // Each pass looks only at rows not considered before, after a wait; a few suffice
+            // for any writer's move, and a cap keeps writers that never stop from starving
+            // the lookup (a row moved more often than that is missed, as a scan may miss it).
+            if !look_again || pass >= INDEX_LOOKUP_MAX_PASSES {
+                return Ok(rows);
+            }
         }
+        unreachable!("the passes end by returning")
     }
 
     /// The clustered records whose entries in `index` start with `prefix`, in every partition,

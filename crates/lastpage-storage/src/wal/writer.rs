@@ -522,7 +522,14 @@ impl LogWriter {
                 io.segment_bytes,
             )
         };
-        let holder = lsn.0 - lsn.0 % segment_bytes;
+        let mut holder = lsn.0 - lsn.0 % segment_bytes;
+        if holder > 0 && !segments.iter().any(|(start, _)| *start == holder) {
+            // `lsn` is the start of a segment not created yet (the log ends exactly at a
+            // segment boundary): the last segment is the one before, and an open reads the
+            // log from its first record, which may start in the segment before it. Keeping
+            // only that last segment left a log that no longer opened.
+            holder -= segment_bytes;
+        }
         let holder_header = match segments.iter().find(|(start, _)| *start == holder) {
             Some((_, path)) => segment::read_header(fs.as_ref(), path)?,
             None => None,
