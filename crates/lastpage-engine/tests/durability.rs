@@ -2889,6 +2889,72 @@ fn a_database_directory_is_opened_by_one_handle_at_a_time() {
 /// automatic checkpoint in progress: no thread of the dropped database still holds (or writes
 /// to) the directory, whose lock is free at once. Before, the checkpoint went on holding the
 /// database, and an open right after the drop waited for it or failed as "already open".
+/// Dropping the last handle returns once the background threads see the stop, even if the
+/// log flusher was parked in the log's group commit (behind an automatic checkpoint's flush)
+/// when the drop unparked it: that used up the wake-up, and the flusher then slept its whole
+/// DELAYED interval (60 s here) before it saw the stop, with the drop waiting for it.
+#[test]
+fn dropping_the_last_handle_while_the_flusher_waits_in_a_group_commit_returns_promptly() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(36).sync_delay(Duration::from_millis(100)));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            durability: Durability::Delayed,
+            delayed_flush_interval: Duration::from_secs(60),
+            checkpoint_log_bytes: 256 << 10,
+            wal: WalConfig {
+                buffer_bytes: 8 << 20,
+                segment_bytes: 64 << 10,
+                ..WalConfig::default()
+            },
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let accounts = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    accounts
+        .insert(&session, InsertRow::new().set(0, 0).set(1, 0))
+        .unwrap();
+    db.checkpoint().unwrap();
+    for _ in 0..10 {
+        let rows: Vec<InsertRow> = (0..1000)
+            .map(|_| InsertRow::new().set(1, "x".repeat(90)))
+            .collect();
+        table.insert_batch(&session, rows).unwrap();
+    }
+    // The automatic checkpoint starts and leads a long log flush.
+    let fsyncs_before = db.wal_stats().unwrap().fsyncs;
+    let started = std::time::Instant::now();
+    while db.wal_stats().unwrap().fsyncs == fsyncs_before {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no checkpoint started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A pipelined commit wakes the flusher, which parks behind the checkpoint's flush.
+    session.begin().unwrap();
+    accounts
+        .insert(&session, InsertRow::new().set(0, 1).set(1, 1))
+        .unwrap();
+    let ticket = session.commit_pipelined().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop((ticket, session, table, accounts));
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        drop(db);
+        let _ = sender.send(started.elapsed());
+    });
+    let took = receiver.recv_timeout(Duration::from_secs(30));
+    assert!(
+        took.is_ok(),
+        "dropping the last handle did not return within 30 s"
+    );
+}
+
 #[test]
 fn dropping_the_last_handle_waits_for_an_automatic_checkpoint_and_frees_the_directory() {
     // Every fdatasync takes 40 ms, so the automatic checkpoint (several of them) is still
