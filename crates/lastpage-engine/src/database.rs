@@ -137,11 +137,6 @@ pub(crate) struct Durable {
     gate: RwLock<()>,
     /// One checkpoint at a time; holds the LSN of the last one.
     checkpoint: Mutex<u64>,
-    /// Set by [`Database::close`] under the checkpoint gate, with the capture of the image it
-    /// marks clean: from then on every statement through any clone is refused. A change after
-    /// that image would not be in it, and one to a table that is not logged would not be in
-    /// the log either, so the next open would trust a clean image that lost it.
-    closed: AtomicBool,
     /// What recovery did, set once it is done.
     recovery: std::sync::OnceLock<RecoveryStats>,
     /// The background log flusher's thread, which [`Database::request_log_flush`] wakes.
@@ -173,6 +168,12 @@ struct Inner {
     /// trusted to match what was committed, so every operation is refused until the database
     /// is reopened (and recovered from its log).
     failure: std::sync::OnceLock<String>,
+    /// Set by [`Database::close`] (for a durable database under the checkpoint gate, with the
+    /// capture of the image it marks clean): from then on every statement through any clone is
+    /// refused. A change after that image would not be in it, and one to a table that is not
+    /// logged would not be in the log either, so the next open would trust a clean image that
+    /// lost it.
+    closed: AtomicBool,
 }
 
 /// An embedded lastpage database. Cloning it is cheap and shares the database.
@@ -240,6 +241,7 @@ impl Database {
                 sessions: Mutex::new(Vec::new()),
                 ended_writes: std::array::from_fn(|_| Default::default()),
                 failure: std::sync::OnceLock::new(),
+                closed: AtomicBool::new(false),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
                     // atomics cannot be: std's, like table.rs's uniquifier blocks.
@@ -342,7 +344,6 @@ impl Database {
                     wal,
                     gate: RwLock::new(()),
                     checkpoint: Mutex::new(checkpoint_lsn),
-                    closed: AtomicBool::new(false),
                     recovery: std::sync::OnceLock::new(),
                     flusher: std::sync::OnceLock::new(),
                 }),
@@ -686,12 +687,10 @@ impl Database {
     /// Fails with [`EngineError::DatabaseClosed`] once the database was closed. Writers call it
     /// inside the checkpoint gate, where a close cannot slip in between the check and the change.
     pub(crate) fn check_not_closed(&self) -> Result<()> {
-        match self.durable() {
-            Some(durable) if durable.closed.load(Ordering::Acquire) => {
-                Err(EngineError::DatabaseClosed)
-            }
-            _ => Ok(()),
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(EngineError::DatabaseClosed);
         }
+        Ok(())
     }
 
     /// The log writer's counters (commits per fdatasync and so on), for a durable database.
@@ -715,6 +714,12 @@ impl Database {
     /// a crash.
     pub fn close(self) -> Result<()> {
         self.flush_log()?;
+        if !self.is_durable() {
+            // No image to take: the close only shuts every clone out, as for a durable one.
+            self.check_usable()?;
+            self.inner.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
         self.take_checkpoint(true).map(|_| ())
     }
 
@@ -769,8 +774,8 @@ impl Database {
             // as after a crash (empty it), so the image is not called clean.
             catalog.clean_shutdown = clean_shutdown && !self.unlogged_changes_open();
             if clean_shutdown {
-                // Nothing may change after the image a close takes (see `Durable::closed`).
-                durable.closed.store(true, Ordering::Release);
+                // Nothing may change after the image a close takes (see `Inner::closed`).
+                self.inner.closed.store(true, Ordering::Release);
             }
             let pending = self
                 .inner

@@ -2355,3 +2355,30 @@ fn sessions_that_are_gone_do_not_accumulate() {
         grown >> 20
     );
 }
+
+/// `Database::close` shuts every clone of an in-memory database out too, as its documentation
+/// says: the flag lived with the durable parts, so an in-memory database went on after it.
+#[test]
+fn closing_an_in_memory_database_refuses_every_statement_through_its_clones() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("T")
+                .column(ColumnDef::new("Id", DataType::Int).not_null())
+                .clustered(IndexDef::new("PK_T", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let other = db.clone();
+    let session = other.session();
+    table.insert(&session, InsertRow::new().set(0, 1)).unwrap();
+    db.close().unwrap();
+    let refused = table
+        .insert(&session, InsertRow::new().set(0, 2))
+        .unwrap_err();
+    assert!(matches!(refused, EngineError::DatabaseClosed), "{refused}");
+    assert!(matches!(
+        table.get(&session, &[Value::Int(1)]),
+        Err(EngineError::DatabaseClosed)
+    ));
+    assert!(other.session().begin().is_err());
+}
