@@ -1132,9 +1132,13 @@ impl Database {
         if sessions.len() == sessions.capacity() {
             // Before the vector grows, the slots of sessions that are gone go (only a
             // checkpoint removed them, and an in-memory database never checkpoints: two
-            // million sessions opened and dropped kept 106 MB). Once per doubling of the live
-            // sessions, so a constant cost per session.
+            // million sessions opened and dropped kept 106 MB).
             sessions.retain(|slot| slot.strong_count() > 0);
+            // Then room for as many again, so that at least half the vector is pushed before
+            // the next prune scans it: a constant cost per session. Left full (every slot
+            // live), every later session scanned them all again.
+            let live = sessions.len();
+            sessions.reserve(live.max(4));
         }
         sessions.push(Arc::downgrade(&active));
         drop(sessions);

@@ -2690,11 +2690,6 @@ impl Table {
             }
             Ok(None)
         };
-        // Every clustered record considered so far: the index is read a leaf at a time, so a
-        // row whose entry moved from one end of the search key's range to the other meanwhile
-        // can be found twice, and each row is returned once.
-        let mut seen = std::collections::HashSet::new();
-        let mut rows = Vec::new();
         for pass in 1.. {
             let candidates = self.read_waiting_for_deleters(
                 session,
@@ -2702,12 +2697,18 @@ impl Table {
                 || self.index_candidates(index, &encoded),
                 missed,
             )?;
-            let mut look_again = false;
+            // The index is read a leaf at a time, so a row whose entry moved from one end of
+            // the search key's range to the other meanwhile can be found twice: each row is
+            // returned once.
+            let mut seen = std::collections::HashSet::with_capacity(candidates.len());
+            let mut rows = Vec::with_capacity(candidates.len());
+            // Whether this pass waited for a writer, and whether what it found after that may
+            // be out of date.
+            let (mut waited, mut look_again) = (false, false);
             for (partition, record_key, read) in candidates {
                 if !seen.insert((partition, record_key.clone())) {
                     continue;
                 }
-                let mut waited = false;
                 let value = self.committed_value_noting_waits(
                     session,
                     partition,
@@ -2717,10 +2718,10 @@ impl Table {
                     &mut waited,
                 )?;
                 let Some(value) = value else {
-                    // Gone once the writer this lookup waited for ended: it may have moved the
-                    // row to another clustered key with the same entry here, so look again
-                    // (for the rows not considered yet), as `get` does. A row gone without a
-                    // wait was deleted by a writer that had ended: skipped.
+                    // Gone. After a wait (for this row or an earlier one), the row may have
+                    // moved to another clustered key with the same entry here meanwhile: read
+                    // the index again, as `get` does. Without one, this pass's read was recent:
+                    // a writer that had ended deleted it, and it is skipped.
                     look_again |= waited;
                     continue;
                 };
@@ -2728,13 +2729,14 @@ impl Table {
                 if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
                     rows.push(row);
                 } else {
-                    // Changed by the writer it waited for: its entries may have moved too.
+                    // Changed after a wait: its entries may have moved too.
                     look_again |= waited && value != read;
                 }
             }
-            // Each pass looks only at rows not considered before, after a wait; a few suffice
-            // for any writer's move, and a cap keeps writers that never stop from starving
-            // the lookup (a row moved more often than that is missed, as a scan may miss it).
+            // Another pass reads everything again (rows this one returned may have moved
+            // since), but only after a wait found a row gone or changed, and at most a few
+            // times, so writers that never stop cannot starve the lookup: a row moved more
+            // often than that may be missed, as a scan may miss it.
             if !look_again || pass >= INDEX_LOOKUP_MAX_PASSES {
                 return Ok(rows);
             }

@@ -272,9 +272,9 @@ pub const BATCH_BUFFER_KEPT_BYTES: usize = 1 << 20;
 /// enough that a wrong guess (a long first row among millions of short ones) costs no more.
 pub const BATCH_BUFFER_RESERVE_MAX_BYTES: usize = 64 << 20;
 
-/// The most times a lookup through a nonclustered index reads the index: it reads it again,
-/// for rows it has not considered yet, when a row it waited for was moved or changed by the
-/// writer it waited for. A cap, so that writers that never stop cannot starve it.
+/// The most times a lookup through a nonclustered index reads the index: it reads it again
+/// when, after waiting for a writer, it finds a row gone or changed (moved, perhaps, to another
+/// clustered key with the same entry). A cap, so that writers that never stop cannot starve it.
 pub const INDEX_LOOKUP_MAX_PASSES: u32 = 4;
 
 /// Columns a row of borrowed values (the engine's `BorrowedRow`, which a prepared insert
