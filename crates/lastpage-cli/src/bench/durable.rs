@@ -244,8 +244,6 @@ struct Driven {
     measured_statements: u64,
     /// The time the measured statements took: the deadline, or the last thread's finish.
     elapsed_sec: f64,
-    /// When the threads were let go.
-    start: Instant,
     /// Whether every thread ran out of statements before any deadline (a run limited by rows,
     /// or a timed one that reached its row cap): the statements' span ended with the last.
     ran_out: bool,
@@ -342,9 +340,11 @@ where
         let _ = deadline.set(timed);
         gate.open(closed, true);
         if let Some(deadline) = timed {
+            // Until the deadline, or until every thread ran out of statements (a cell capped at
+            // `MAX_CELL_ROWS` may finish early, and its time must not take in the rest).
             while !stop.load(Ordering::Relaxed) {
                 let now = Instant::now();
-                if now >= deadline {
+                if now >= deadline || handles.iter().all(|handle| handle.is_finished()) {
                     break;
                 }
                 std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
@@ -398,7 +398,6 @@ where
         statements,
         measured_statements,
         elapsed_sec: end.saturating_duration_since(start).as_secs_f64().max(1e-9),
-        start,
         ran_out: deadline.is_none_or(|deadline| finished < deadline),
         latency_ns,
     })
@@ -572,9 +571,10 @@ fn lastpage_cell(
     })?;
     // The cell's last pipelined batches went out of scope with its thread's closure, unwaited:
     // flush them, so that every row the verification counts is durable.
+    let flush_started = Instant::now();
     db.flush_log()
         .map_err(|error| failed("cannot flush the log", &error))?;
-    let flushed = Instant::now();
+    let flush_sec = flush_started.elapsed().as_secs_f64();
     let rows = driven.statements * rows_per_commit;
     let costs = cost_probe.finish(rows, driven.statements);
     let waits = db.wait_stats();
@@ -588,13 +588,9 @@ fn lastpage_cell(
     // cell of 64 batches or fewer).
     let (acknowledged, elapsed_sec) = match commit {
         Commit::Full => (driven.measured_statements, driven.elapsed_sec),
-        Commit::Pipelined if driven.ran_out => (
-            driven.measured_statements,
-            flushed
-                .saturating_duration_since(driven.start)
-                .as_secs_f64()
-                .max(1e-9),
-        ),
+        Commit::Pipelined if driven.ran_out => {
+            (driven.measured_statements, driven.elapsed_sec + flush_sec)
+        }
         Commit::Pipelined => (
             driven
                 .measured_statements
