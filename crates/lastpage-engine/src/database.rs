@@ -643,8 +643,7 @@ impl Database {
                 txn.0
             )
         };
-        let _ = self.inner.failure.set(message.clone());
-        EngineError::DatabaseFailed(message)
+        self.stop(message)
     }
 
     /// Records that a change stopped half done (`message` says where and why) and could not be
@@ -665,6 +664,12 @@ impl Database {
                  from: its contents can no longer be trusted"
             )
         };
+        self.stop(message)
+    }
+
+    /// Stops the database with `message` (the first stop's message stays) and returns the
+    /// error to report.
+    fn stop(&self, message: String) -> EngineError {
         let _ = self.inner.failure.set(message.clone());
         EngineError::DatabaseFailed(message)
     }

@@ -1415,10 +1415,6 @@ impl Table {
             if let Err((inserted, error)) =
                 tree.insert_batch_with_generated_keys(&encoded, make_keys, &mut keys, &mut key_ends)
             {
-                let mut take_back = TakeBack::default();
-                for row in 0..inserted {
-                    take_back.delete(tree, &keys[batch_item_range(&key_ends, row)]);
-                }
                 let error = match error {
                     GeneratedKeyError::Key(error) => error,
                     GeneratedKeyError::Tree(error) => {
@@ -1436,16 +1432,14 @@ impl Table {
                         self.storage_error(&self.clustered, error, &values)
                     }
                 };
-                return Err(take_back.outcome(&self.name, error));
+                let rows = (0..inserted).map(|row| &keys[batch_item_range(&key_ends, row)]);
+                return Err(self.take_back_keys(tree, rows, error));
             }
             if !rows.is_empty() {
                 let entries = self.insert_batch_entries(&mut rows, first_id, &keys, &key_ends);
                 if let Err(error) = entries {
-                    let mut take_back = TakeBack::default();
-                    for row in 0..row_count {
-                        take_back.delete(tree, &keys[batch_item_range(&key_ends, row)]);
-                    }
-                    return Err(take_back.outcome(&self.name, error));
+                    let rows = (0..row_count).map(|row| &keys[batch_item_range(&key_ends, row)]);
+                    return Err(self.take_back_keys(tree, rows, error));
                 }
             }
             if keep_changes {
@@ -2161,11 +2155,8 @@ impl Table {
                         }
                     })?;
                 // The record is in: anything that fails from here takes it back.
-                let take_back = |error: EngineError| {
-                    let mut take_back = TakeBack::default();
-                    take_back.delete(self.clustered.tree(0), key);
-                    take_back.outcome(&self.name, error)
-                };
+                let take_back =
+                    |error| self.take_back_keys(self.clustered.tree(0), [&key[..]], error);
                 if let Some(values) = values.owned() {
                     values[identity.column] =
                         identity_as_value(id, data_type).map_err(take_back)?;
@@ -2203,13 +2194,24 @@ impl Table {
         }
         let entries = match self.nonclustered_entries(values, key) {
             Ok(entries) => entries,
-            Err(error) => {
-                let mut take_back = TakeBack::default();
-                take_back.delete(self.clustered.tree(0), key);
-                return Err(take_back.outcome(&self.name, error));
-            }
+            Err(error) => return Err(self.take_back_keys(self.clustered.tree(0), [key], error)),
         };
         self.insert_nonclustered(0, values, key, &entries)
+    }
+
+    /// Takes `keys` out of `tree` again after a statement failed with `error` part way, and
+    /// returns the statement's error (see [`TakeBack`]).
+    fn take_back_keys<'k>(
+        &self,
+        tree: &BTree,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        error: EngineError,
+    ) -> EngineError {
+        let mut take_back = TakeBack::default();
+        for key in keys {
+            take_back.delete(tree, key);
+        }
+        take_back.outcome(&self.name, error)
     }
 
     /// The nonclustered entries of a row whose clustered key is `key`, size-checked.
@@ -2283,22 +2285,14 @@ impl Table {
         }
         let mut encoded = Vec::with_capacity(32);
         for ((value, data_type), &column) in key.iter().zip(&index.types).zip(&index.column_ids) {
-            // A number or an instant compares exactly, as SQL Server compares it (in the type
-            // of higher precedence): 1.5 equals no INT, and lies between the keys 1 and 2,
-            // where converting it would have rounded it onto one.
             // A number, date or uniqueidentifier has a higher precedence than text, so SQL Server
             // compares it with a text column by converting the column (every row, failing on
             // text that does not convert), which no index on the text can answer. Converting
             // the value to text instead compared text ('05' missed 5, '10' sorted below it):
             // refused, with the way out in the message.
-            let text_column = matches!(
-                data_type,
-                DataType::Char(_)
-                    | DataType::VarChar(_)
-                    | DataType::NChar(_)
-                    | DataType::NVarChar(_)
-            );
-            if text_column && !matches!(value, Value::Null | Value::String(_) | Value::Binary(_)) {
+            if data_type.is_text()
+                && !matches!(value, Value::Null | Value::String(_) | Value::Binary(_))
+            {
                 return Err(EngineError::Value(
                     ValueError::conversion(format!(
                         "cannot search the {} column '{}' for a {} value: SQL Server compares \
@@ -2311,6 +2305,9 @@ impl Table {
                     .with_column(&self.columns[column].name),
                 ));
             }
+            // A number or an instant compares exactly, as SQL Server compares it (in the type
+            // of higher precedence): 1.5 equals no INT, and lies between the keys 1 and 2,
+            // where converting it would have rounded it onto one.
             let exact = ExactValue::of(data_type, value);
             // BIT converts every nonzero number to 1 rather than to the nearest bit, so a number
             // it cannot hold is placed here: below 0, between 0 and 1, or above 1.

@@ -2327,8 +2327,8 @@ fn an_index_lookup_finishes_while_another_session_deletes_matching_rows() {
 }
 
 /// `T(Id, Grp, W)` with a nonclustered index on Grp, in an in-memory database whose lock
-/// waits time out after 10 s.
-fn moving_rows() -> (Database, Arc<lastpage_engine::Table>) {
+/// waits time out after 10 s, holding a row (id, 0, 0) for each of `ids`.
+fn moving_rows(ids: &[i32]) -> (Database, Arc<lastpage_engine::Table>) {
     let db = Database::create(DatabaseOptions {
         lock_timeout: Some(Duration::from_secs(10)),
         ..DatabaseOptions::default()
@@ -2344,7 +2344,42 @@ fn moving_rows() -> (Database, Arc<lastpage_engine::Table>) {
                 .nonclustered(IndexDef::new("IX_Grp", &["Grp"], Uniqueness::NonUnique)),
         )
         .unwrap();
+    let session = db.session();
+    for &id in ids {
+        table
+            .insert(&session, InsertRow::new().set(0, id).set(1, 0).set(2, 0))
+            .unwrap();
+    }
     (db, table)
+}
+
+/// Sets column `column` of row `id` to `value` through `session`, which must find the row.
+fn set_column(
+    table: &Arc<lastpage_engine::Table>,
+    session: &lastpage_engine::Session,
+    id: i32,
+    column: usize,
+    value: i32,
+) {
+    let change = [(column, Value::Int(value))];
+    assert!(table.update(session, &[Value::Int(id)], &change).unwrap());
+}
+
+/// Looks up Grp = 0 on another thread while `meanwhile` runs here; returns what it found.
+fn lookup_group_zero_while(
+    db: &Database,
+    table: &lastpage_engine::Table,
+    meanwhile: impl FnOnce(),
+) -> Vec<Vec<Value>> {
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            table
+                .get_by_index(&db.session(), "IX_Grp", &[Value::Int(0)])
+                .unwrap()
+        });
+        meanwhile();
+        reader.join().unwrap()
+    })
 }
 
 /// Waits until `db` has counted `at_least` lock waits, then 50 ms more.
@@ -2372,35 +2407,16 @@ fn sorted_ids(rows: &[Vec<Value>]) -> Vec<i64> {
 /// own.
 #[test]
 fn an_index_lookup_returns_a_row_moved_while_it_waited_for_another() {
-    let (db, table) = moving_rows();
+    let (db, table) = moving_rows(&[0, 1]);
     let s = db.session();
-    for id in [0, 1] {
-        table
-            .insert(&s, InsertRow::new().set(0, id).set(1, 0).set(2, 0))
-            .unwrap();
-    }
     let w = db.session();
     w.begin().unwrap();
-    assert!(
-        table
-            .update(&w, &[Value::Int(0)], &[(2, Value::Int(1))])
-            .unwrap()
-    );
-    let found = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| {
-            table
-                .get_by_index(&db.session(), "IX_Grp", &[Value::Int(0)])
-                .unwrap()
-        });
+    set_column(&table, &w, 0, 2, 1);
+    let found = lookup_group_zero_while(&db, &table, || {
         // The reader waits for row 0 (W's).
         wait_for_lock_waits(&db, 1);
-        assert!(
-            table
-                .update(&s, &[Value::Int(1)], &[(0, Value::Int(2))])
-                .unwrap()
-        );
+        set_column(&table, &s, 1, 0, 2);
         w.commit().unwrap();
-        reader.join().unwrap()
     });
     assert_eq!(
         sorted_ids(&found),
@@ -2413,53 +2429,25 @@ fn an_index_lookup_returns_a_row_moved_while_it_waited_for_another() {
 /// skipped the row's key as considered already.
 #[test]
 fn an_index_lookup_returns_a_row_moved_away_and_back_while_it_waited() {
-    let (db, table) = moving_rows();
+    let (db, table) = moving_rows(&[1, 10]);
     let s = db.session();
-    table
-        .insert(&s, InsertRow::new().set(0, 1).set(1, 0).set(2, 0))
-        .unwrap();
-    table
-        .insert(&s, InsertRow::new().set(0, 10).set(1, 0).set(2, 0))
-        .unwrap();
     let w1 = db.session();
     let w2 = db.session();
     w1.begin().unwrap();
-    assert!(
-        table
-            .update(&w1, &[Value::Int(1)], &[(2, Value::Int(1))])
-            .unwrap()
-    );
+    set_column(&table, &w1, 1, 2, 1);
     w2.begin().unwrap();
-    assert!(
-        table
-            .update(&w2, &[Value::Int(10)], &[(2, Value::Int(1))])
-            .unwrap()
-    );
-    let found = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| {
-            table
-                .get_by_index(&db.session(), "IX_Grp", &[Value::Int(0)])
-                .unwrap()
-        });
+    set_column(&table, &w2, 10, 2, 1);
+    let found = lookup_group_zero_while(&db, &table, || {
         // The reader waits for row 1 (W1's).
         wait_for_lock_waits(&db, 1);
         // W1 moves row 1 to key 2 and commits: the reader finds key 1 gone after its wait.
-        assert!(
-            table
-                .update(&w1, &[Value::Int(1)], &[(0, Value::Int(2))])
-                .unwrap()
-        );
+        set_column(&table, &w1, 1, 0, 2);
         w1.commit().unwrap();
         // The reader now waits for row 10 (W2's).
         wait_for_lock_waits(&db, 2);
         // Row R moves back to key 1 (autocommit), then W2 commits.
-        assert!(
-            table
-                .update(&s, &[Value::Int(2)], &[(0, Value::Int(1))])
-                .unwrap()
-        );
+        set_column(&table, &s, 2, 0, 1);
         w2.commit().unwrap();
-        reader.join().unwrap()
     });
     // Both rows match Grp = 0 and are committed when the lookup returns (R was committed at
     // every moment of the lookup).
@@ -2475,38 +2463,18 @@ fn an_index_lookup_returns_a_row_moved_away_and_back_while_it_waited() {
 /// while it waited for another writer, once: it came back under both keys.
 #[test]
 fn an_index_lookup_returns_a_row_moved_after_it_was_read_once() {
-    let (db, table) = moving_rows();
+    let (db, table) = moving_rows(&[1, 10]);
     let s = db.session();
-    table
-        .insert(&s, InsertRow::new().set(0, 1).set(1, 0).set(2, 0))
-        .unwrap();
-    table
-        .insert(&s, InsertRow::new().set(0, 10).set(1, 0).set(2, 0))
-        .unwrap();
     let w2 = db.session();
     w2.begin().unwrap();
-    assert!(
-        table
-            .update(&w2, &[Value::Int(10)], &[(2, Value::Int(1))])
-            .unwrap()
-    );
-    let found = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| {
-            table
-                .get_by_index(&db.session(), "IX_Grp", &[Value::Int(0)])
-                .unwrap()
-        });
+    set_column(&table, &w2, 10, 2, 1);
+    let found = lookup_group_zero_while(&db, &table, || {
         // The reader has returned row 1 and waits for row 10 (W2's).
         wait_for_lock_waits(&db, 1);
         // Row 1 moves to key 2 (autocommit); W2 deletes row 10 and commits.
-        assert!(
-            table
-                .update(&s, &[Value::Int(1)], &[(0, Value::Int(2))])
-                .unwrap()
-        );
+        set_column(&table, &s, 1, 0, 2);
         assert!(table.delete(&w2, &[Value::Int(10)]).unwrap());
         w2.commit().unwrap();
-        reader.join().unwrap()
     });
     assert_eq!(
         found.len(),

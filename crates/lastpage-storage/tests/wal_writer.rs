@@ -70,13 +70,18 @@ fn commit(writer: &LogWriter, txn: u64) -> Result<(), WalError> {
 
 /// The records of [`commit`], appended without waiting; returns the commit record's end.
 fn append_transaction(writer: &LogWriter, txn: u64) -> Result<Lsn, WalError> {
+    append_insert_and_commit(writer, txn, &value_of(txn))
+}
+
+/// Appends transaction `txn`'s insert of its id (big-endian) with `value`, then its commit
+/// record, without waiting; returns the commit record's end.
+fn append_insert_and_commit(writer: &LogWriter, txn: u64, value: &[u8]) -> Result<Lsn, WalError> {
     let key = txn.to_be_bytes();
-    let value = value_of(txn);
     writer.append(&Record::Insert {
         txn: TxnId(txn),
         index_id: 1,
         key: Cow::Borrowed(&key),
-        value: Cow::Borrowed(&value),
+        value: Cow::Borrowed(value),
     })?;
     writer.append(&Record::Commit { txn: TxnId(txn) })
 }
@@ -1496,14 +1501,7 @@ fn a_truncation_keeps_the_start_of_a_record_spanning_three_segments() {
 /// commit record), so that 8 of them fill a 704-byte segment exactly. Returns the commit's end
 /// once it is durable.
 fn commit_small(writer: &LogWriter, txn: u64) -> Result<Lsn, WalError> {
-    let key = txn.to_be_bytes();
-    writer.append(&Record::Insert {
-        txn: TxnId(txn),
-        index_id: 1,
-        key: Cow::Borrowed(&key),
-        value: Cow::Borrowed(b"v"),
-    })?;
-    let end = writer.append(&Record::Commit { txn: TxnId(txn) })?;
+    let end = append_insert_and_commit(writer, txn, b"v")?;
     writer.wait_durable(end).map(|()| end)
 }
 
