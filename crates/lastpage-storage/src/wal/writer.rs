@@ -1229,44 +1229,50 @@ fn recover_end(
     // checkpoint recovery started from, whose log was flushed before its image was written).
     let known_durable = expected.as_ref().map_or(0, |expected| expected.at_least.0);
     let last_byte_segment = end.checked_sub(1).map(|last| last - last % segment_bytes);
+    let mut current = None;
     for index in [last_byte_segment, holder.map(|_| end_segment)]
         .into_iter()
         .flatten()
-        .filter(|&start| start + segment_bytes > known_durable)
         .filter_map(|start| segments.iter().position(|(other, _)| *other == start))
         .collect::<std::collections::BTreeSet<_>>()
     {
         let (start, path) = &segments[index];
-        // The reader read through both segments, so both headers are valid.
-        let Some(header) = headers[index] else {
-            return Err(WalError::Corrupt {
-                lsn: Lsn(*start),
-                reason: format!("the header of log segment {} is invalid", path.display()),
-            });
-        };
-        let from = known_durable.max(*start);
-        let to = end.min(start + segment_bytes);
-        rewrite_durably(
-            fs.as_ref(),
-            path,
-            &header,
-            from - start..to.max(from) - start,
-        )?;
-    }
-    let current = match holder {
-        None => None,
-        Some(index) => {
-            let path = &segments[index].1;
-            let file = fs
-                .open(path, OpenOptions::existing())
-                .map_err(io_error(format!("opening {}", path.display())))?;
+        let is_holder = holder == Some(index);
+        let rewrite = start + segment_bytes > known_durable;
+        if !rewrite && !is_holder {
+            continue;
+        }
+        let file = fs
+            .open(path, OpenOptions::existing())
+            .map_err(io_error(format!("opening {}", path.display())))?;
+        if rewrite {
+            // The reader read through both segments, so both headers are valid.
+            let Some(header) = headers[index] else {
+                return Err(WalError::Corrupt {
+                    lsn: Lsn(*start),
+                    reason: format!("the header of log segment {} is invalid", path.display()),
+                });
+            };
+            let from = known_durable.max(*start);
+            let to = end.min(start + segment_bytes);
+            rewrite_read_bytes(
+                file.as_ref(),
+                path,
+                &header,
+                from - start..to.max(from) - start,
+            )?;
+        }
+        if is_holder {
             file.set_len(HEADER_BYTES + (end - end_segment))
                 .map_err(io_error(format!("truncating {}", path.display())))?;
-            file.sync_data()
-                .map_err(io_error(format!("fdatasync of {}", path.display())))?;
-            Some((end_segment, file))
         }
-    };
+        // One fdatasync for the rewrite and the cut alike.
+        file.sync_data()
+            .map_err(io_error(format!("fdatasync of {}", path.display())))?;
+        if is_holder {
+            current = Some((end_segment, file));
+        }
+    }
     Ok(Recovered {
         end,
         segment_bytes,
@@ -1276,17 +1282,14 @@ fn recover_end(
 }
 
 /// Writes segment `path`'s `header` and the log bytes at `range` (offsets into its log, after
-/// the header) again, as they read now, and syncs the file: bytes a page cache shows may be
-/// bytes it will never write (see `recover_end`).
-fn rewrite_durably(
-    fs: &dyn FileSystem,
+/// the header) of its open `file` again, as they read now; the caller syncs them: bytes a page
+/// cache shows may be bytes it will never write (see `recover_end`).
+fn rewrite_read_bytes(
+    file: &dyn File,
     path: &Path,
     header: &SegmentHeader,
     range: std::ops::Range<u64>,
 ) -> Result<(), WalError> {
-    let file = fs
-        .open(path, OpenOptions::existing())
-        .map_err(io_error(format!("opening {}", path.display())))?;
     let rewrite = |error| WalError::io(format!("rewriting {}", path.display()), error);
     file.write_all_at(0, &header.encode()).map_err(rewrite)?;
     let mut chunk = vec![0u8; WAL_READ_CHUNK_BYTES];
@@ -1300,8 +1303,7 @@ fn rewrite_durably(
             .map_err(rewrite)?;
         position += length as u64;
     }
-    file.sync_data()
-        .map_err(io_error(format!("fdatasync of {}", path.display())))
+    Ok(())
 }
 
 /// Removes every segment that starts after LSN `keep_up_to` (all of them if `None`) and syncs
