@@ -1284,6 +1284,10 @@ fn recover_end(
 /// Writes segment `path`'s `header` and the log bytes at `range` (offsets into its log, after
 /// the header) of its open `file` again, as they read now; the caller syncs them: bytes a page
 /// cache shows may be bytes it will never write (see `recover_end`).
+///
+/// The file may end before `range` does: the log's end is its last record's end rounded up to
+/// the record alignment, and a torn write can keep the record but lose its padding, which no
+/// checksum covers and nothing reads. Only the bytes that are there are written again.
 fn rewrite_read_bytes(
     file: &dyn File,
     path: &Path,
@@ -1297,11 +1301,26 @@ fn rewrite_read_bytes(
     while position < range.end {
         let length = (range.end - position).min(chunk.len() as u64) as usize;
         let offset = HEADER_BYTES + position;
-        file.read_exact_at(offset, &mut chunk[..length])
+        let read = file
+            .read_at(offset, &mut chunk[..length])
             .map_err(rewrite)?;
-        file.write_all_at(offset, &chunk[..length])
-            .map_err(rewrite)?;
-        position += length as u64;
+        if read == 0 {
+            // The reader checked every record up to the end, so only the last record's padding
+            // can be missing; more means the file changed under this open.
+            if range.end - position >= WAL_RECORD_ALIGN_BYTES as u64 {
+                return Err(WalError::Corrupt {
+                    lsn: Lsn(header.start_lsn + position),
+                    reason: format!(
+                        "log segment {} ended while its log was being rewritten: it was \
+                         changed by someone else during the open",
+                        path.display()
+                    ),
+                });
+            }
+            break;
+        }
+        file.write_all_at(offset, &chunk[..read]).map_err(rewrite)?;
+        position += read as u64;
     }
     Ok(())
 }
