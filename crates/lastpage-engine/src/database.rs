@@ -54,7 +54,8 @@ pub struct DatabaseOptions {
     pub memory_budget_bytes: usize,
     /// A checkpoint starts by itself once this much log was written since the last one.
     pub checkpoint_log_bytes: u64,
-    /// How long a DELAYED commit may stay in the log buffer before a background flush.
+    /// How long a DELAYED commit may stay in the log buffer before a background flush; longer
+    /// than zero ([`Database::open`] refuses zero, which would make the flusher spin).
     pub delayed_flush_interval: Duration,
     /// How long a lock request waits before failing (SET LOCK_TIMEOUT); `None` waits forever
     /// (deadlocks are still detected).
@@ -268,6 +269,15 @@ impl Database {
                  change must be loggable, or a statement could fail the whole database",
                 options.wal.buffer_bytes, WAL_ROW_CHANGE_MAX_BYTES
             )));
+        }
+        if options.delayed_flush_interval.is_zero() {
+            // The background flusher pauses this long between flushes; without a pause it would
+            // spin on a core for as long as the database is open.
+            return Err(EngineError::Storage(
+                "the DELAYED flush interval must be longer than zero (Durability::Full flushes \
+                 at every commit)"
+                    .into(),
+            ));
         }
         let fs: Arc<dyn FileSystem> = options
             .file_system

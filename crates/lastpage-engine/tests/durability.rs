@@ -751,7 +751,8 @@ fn insert_runs_are_split_to_fit_a_small_log_buffer() {
 }
 
 /// A log buffer too small for the largest row change is refused when the database is opened:
-/// a change it could not log would have to fail the whole database. A table definition too
+/// a change it could not log would have to fail the whole database; so is a DELAYED flush
+/// interval of zero. A table definition too
 /// large for one log record fails its CREATE TABLE alone.
 #[test]
 fn a_log_too_small_for_a_row_change_is_refused_and_an_oversized_definition_fails_alone() {
@@ -765,6 +766,13 @@ fn a_log_too_small_for_a_row_change_is_refused_and_an_oversized_definition_fails
     };
     let error = Database::open(DIR, tiny).err().expect("refused");
     assert!(error.to_string().contains("largest row change"), "{error}");
+    // A DELAYED flush interval of zero would make the background flusher spin.
+    let spinning = DatabaseOptions {
+        delayed_flush_interval: Duration::ZERO,
+        ..options(&fs)
+    };
+    let error = Database::open(DIR, spinning).err().expect("refused");
+    assert!(error.to_string().contains("longer than zero"), "{error}");
 
     let db = open(&fs);
     let huge_name = "N".repeat(2 << 20);
