@@ -142,6 +142,10 @@ pub(crate) struct Durable {
     recovery: std::sync::OnceLock<RecoveryStats>,
     /// The background log flusher's thread, which [`Database::request_log_flush`] wakes.
     flusher: std::sync::OnceLock<std::thread::Thread>,
+    /// Set by [`Database::request_log_flush`] before it wakes the flusher, and cleared by the
+    /// flusher before each flush. The wake-up alone can be lost: the flusher parks while it
+    /// waits in the log's group commit, and that park uses up an unpark meant for its pause.
+    flush_requested: AtomicBool,
 }
 
 struct Inner {
@@ -356,6 +360,7 @@ impl Database {
                     checkpoint: Mutex::new(checkpoint_lsn),
                     recovery: std::sync::OnceLock::new(),
                     flusher: std::sync::OnceLock::new(),
+                    flush_requested: AtomicBool::new(false),
                 }),
                 ..inner
             }),
@@ -435,13 +440,22 @@ impl Database {
         let interval = self.inner.options.delayed_flush_interval;
         let flusher =
             self.spawn_background("lastpage-log-flusher", interval, &stop, |db, durable| {
-                if durable.wal.durable_lsn() < durable.wal.end_lsn()
-                    && let Err(error) = durable.wal.flush_in_background()
-                {
-                    db.fail(error);
-                    return false;
+                // A request that comes during a flush may end up in the flag only (see
+                // `Durable::flush_requested`): flush again until none came, or the requested
+                // commit would wait a whole interval. The swap reads the requester's store, so
+                // the flush after it covers what the requester appended.
+                loop {
+                    durable.flush_requested.swap(false, Ordering::AcqRel);
+                    if durable.wal.durable_lsn() < durable.wal.end_lsn()
+                        && let Err(error) = durable.wal.flush_in_background()
+                    {
+                        db.fail(error);
+                        return false;
+                    }
+                    if !durable.flush_requested.load(Ordering::Acquire) {
+                        return true;
+                    }
                 }
-                true
             });
         if let (Some(durable), Some(flusher)) = (self.durable(), &flusher) {
             let _ = durable.flusher.set(flusher.thread().clone());
@@ -518,7 +532,10 @@ impl Database {
     /// Wakes the background log flusher to flush what has been appended so far, without
     /// waiting for it (see [`Session::commit_pipelined`]).
     pub(crate) fn request_log_flush(&self) {
-        if let Some(flusher) = self.durable().and_then(|durable| durable.flusher.get()) {
+        if let Some(durable) = self.durable()
+            && let Some(flusher) = durable.flusher.get()
+        {
+            durable.flush_requested.store(true, Ordering::Release);
             flusher.unpark();
         }
     }

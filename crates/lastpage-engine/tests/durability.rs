@@ -2728,6 +2728,66 @@ fn a_commit_tickets_wait_is_its_sessions() {
     assert_eq!(after, before + 1);
 }
 
+/// A flush that a pipelined commit requests while the background flusher waits in the log's
+/// group commit for another committer's flush is not lost. That wait parks the flusher, and the
+/// park used up the wake-up, so the commit stayed in the log buffer for the whole interval (an
+/// hour here) unless someone else flushed. The steps: A's FULL commit leads a slow flush; B's
+/// FULL commit and P's pipelined one queue behind it (P wakes the flusher, which waits); when
+/// A's flush ends, B or the flusher leads the next one. C's pipelined commit comes during that
+/// flush: if B leads it, the flusher is parked, and before the fix it parked for an hour after.
+#[test]
+fn a_flush_requested_while_the_flusher_waits_for_a_group_commit_is_not_lost() {
+    let step = Duration::from_millis(60);
+    let fs = FaultyFileSystem::new(FaultyConfig::new(31).sync_delay(step * 5));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            delayed_flush_interval: Duration::from_secs(3600),
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let full_commit = |id: i64| {
+        let table = Arc::clone(&table);
+        let session = db.session();
+        std::thread::spawn(move || {
+            table
+                .insert(&session, InsertRow::new().set(0, id).set(1, id))
+                .unwrap();
+        })
+    };
+    let session = db.session();
+    let pipelined = |id: i64| {
+        session.begin().unwrap();
+        table
+            .insert(&session, InsertRow::new().set(0, id).set(1, id))
+            .unwrap();
+        session.commit_pipelined().unwrap()
+    };
+    let a = full_commit(1);
+    std::thread::sleep(step);
+    let b = full_commit(2);
+    std::thread::sleep(step);
+    let p = pipelined(3);
+    // A's flush ends at 5 steps; the next one runs until 10.
+    std::thread::sleep(step * 5);
+    let c = pipelined(4);
+    a.join().unwrap();
+    b.join().unwrap();
+    // Nobody waits for C's ticket: only the background flusher can make it durable.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !c.is_durable() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pipelined commit's flush request was lost"
+        );
+        std::thread::sleep(step);
+    }
+    p.wait().unwrap();
+    c.wait().unwrap();
+}
+
 #[test]
 fn pipelined_commits_are_durable_once_their_ticket_returns() {
     // One session pipelines batches: it commits batch n with `commit_pipelined` and waits for
