@@ -388,6 +388,18 @@ impl DataFile {
             }
             map.push((slot, crc));
         }
+        // The meta slot just read may not be durable: the process that wrote it may have been
+        // killed before its fdatasync, or that fdatasync failed and left the page in the cache,
+        // readable but marked clean (fsyncgate). Every slot of the image before it is free from
+        // here on, so before anything is written there this image must be the durable one:
+        // its meta slot is written again, as read, and synced (its pages and stream were
+        // synced before the meta slot was written).
+        file.write_all_at(
+            slot_offset((meta.generation % 2) as u32),
+            meta.encode().as_slice(),
+        )
+        .and_then(|()| file.sync_data())
+        .map_err(|error| io_error(0, "writing the meta slot again", error))?;
         // Every slot outside the image is free: whatever a crash left there belongs to no image.
         state.free = (FIRST_DATA_SLOT..end)
             .rev()
@@ -810,7 +822,14 @@ mod tests {
             }
             Ok(read)
         }
-        fn write_all_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+        /// Read only, except for a write of the bytes already there (the open's rewrite of
+        /// the meta slot it read).
+        fn write_all_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            let mut there = vec![0u8; data.len()];
+            let read = self.read_at(offset, &mut there)?;
+            if read == data.len() && there == data {
+                return Ok(());
+            }
             Err(std::io::Error::other("read only"))
         }
         fn sync_data(&self) -> std::io::Result<()> {
