@@ -17,8 +17,8 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
-    RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
+    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
+    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -323,6 +323,14 @@ impl Database {
         )
         .map_err(|error| EngineError::Storage(error.to_string()))?;
         let catalog = image.as_deref().map(Catalog::decode).transpose()?;
+        if let Some(catalog) = &catalog
+            && catalog.next_txn_id > MAX_TXN_ID
+        {
+            return Err(EngineError::CorruptCatalog(format!(
+                "the next transaction id {} is beyond any the database hands out ({MAX_TXN_ID})",
+                catalog.next_txn_id
+            )));
+        }
         let pool = Arc::new(pool);
         // Recovery runs on a database without a log: replayed changes are not logged again.
         let db = Database::assemble(Arc::clone(&pool), options.clone(), None, catalog.as_ref());

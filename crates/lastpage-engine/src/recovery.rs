@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lastpage_io::FileSystem;
+use lastpage_storage::limits::MAX_TXN_ID;
 use lastpage_storage::wal::{LogReader, Lsn, RawRecord, Record};
 
 use crate::catalog::{Catalog, CatalogEntry, insert_path_of_tag, insert_path_tag};
@@ -157,6 +158,15 @@ pub(crate) fn replay(
         let payload = Arc::new(raw.payload);
         let record = RawRecord::decode_payload(raw.lsn, raw.kind, &payload).map_err(storage)?;
         if let Some(txn) = record.txn() {
+            if txn.0 >= MAX_TXN_ID {
+                return Err(corrupt(
+                    lsn,
+                    format!(
+                        "a record of transaction {}, beyond any id the database hands out",
+                        txn.0
+                    ),
+                ));
+            }
             db.saw_txn_id(txn.0);
         }
         match record {

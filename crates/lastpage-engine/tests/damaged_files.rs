@@ -247,3 +247,181 @@ fn a_foreign_file_where_the_data_file_goes_is_refused_and_left_as_it_was() {
     let db = Database::open(DIR, options(&fs)).expect("an empty data file is initialised");
     assert!(db.table("Orders").is_err());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile files: contents that pass every checksum (a file written by a buggy or malicious
+// program), so that the decoders and the engine behind them are reached.
+// ---------------------------------------------------------------------------------------------
+
+const SLOT: usize = 8192;
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// Rewrites the catalog of the data file's current image with `change` (applied to the
+/// encoded catalog, whose checksum is then fixed), as a new stream at the file's end that the
+/// current meta slot then names, every checksum fixed.
+fn rewrite_catalog(fs: &FaultyFileSystem, change: impl FnOnce(&mut Vec<u8>)) {
+    let path = Path::new(DIR).join("data.lp");
+    let mut bytes = fs.contents(&path).unwrap();
+    let meta_at = (0..2)
+        .map(|slot| slot * SLOT)
+        .filter(|&at| u32_at(&bytes, at + 12) == crc32c::crc32c(&bytes[at + 16..at + 64]))
+        .max_by_key(|&at| u64_at(&bytes, at + 16))
+        .unwrap();
+    let (page_count, mut next, stream_len) = (
+        u32_at(&bytes, meta_at + 24) as usize,
+        u32_at(&bytes, meta_at + 28) as usize,
+        u64_at(&bytes, meta_at + 32) as usize,
+    );
+    let mut stream = Vec::new();
+    while stream.len() < stream_len {
+        let want = (stream_len - stream.len()).min(SLOT - 4);
+        stream.extend_from_slice(&bytes[next * SLOT + 4..next * SLOT + 4 + want]);
+        next = u32_at(&bytes, next * SLOT) as usize;
+    }
+    let mut blob = stream.split_off(page_count * 8);
+    change(&mut blob);
+    let body = blob.len() - 20;
+    blob[12..16].copy_from_slice(&(body as u32).to_le_bytes());
+    let covered = blob.len() - 4;
+    let crc = crc32c::crc32c(&blob[..covered]);
+    blob[covered..].copy_from_slice(&crc.to_le_bytes());
+    stream.extend_from_slice(&blob);
+    let head = bytes.len().div_ceil(SLOT);
+    bytes.resize(head * SLOT, 0);
+    let chunks: Vec<&[u8]> = stream.chunks(SLOT - 4).collect();
+    for (index, chunk) in chunks.iter().enumerate() {
+        let mut slot = vec![0u8; SLOT];
+        let link = if index + 1 < chunks.len() {
+            head + index + 1
+        } else {
+            0
+        };
+        slot[..4].copy_from_slice(&(link as u32).to_le_bytes());
+        slot[4..4 + chunk.len()].copy_from_slice(chunk);
+        bytes.extend_from_slice(&slot);
+    }
+    let meta = &mut bytes[meta_at..meta_at + 64];
+    meta[28..32].copy_from_slice(&(head as u32).to_le_bytes());
+    meta[32..40].copy_from_slice(&(stream.len() as u64).to_le_bytes());
+    meta[40..44].copy_from_slice(&crc32c::crc32c(&stream).to_le_bytes());
+    meta[44..52].copy_from_slice(&(blob.len() as u64).to_le_bytes());
+    let crc = crc32c::crc32c(&meta[16..64]);
+    meta[12..16].copy_from_slice(&crc.to_le_bytes());
+    let file = fs.open(&path, OpenOptions::create().truncate()).unwrap();
+    file.write_all_at(0, &bytes).unwrap();
+    file.sync_data().unwrap();
+}
+
+/// A closed database with one small table.
+fn small_database() -> FaultyFileSystem {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Orders")
+                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(0, 1i64).set(1, payload(1)))
+        .unwrap();
+    drop((session, table));
+    db.close().unwrap();
+    fs
+}
+
+/// Opens the database and inserts a row; `Err` if anything refused.
+fn open_and_insert(fs: &FaultyFileSystem) -> Result<(), String> {
+    let db = Database::open(DIR, options(fs)).map_err(|error| error.to_string())?;
+    let table = db.table("Orders").map_err(|error| error.to_string())?;
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(0, 2i64).set(1, payload(2)))
+        .map_err(|error| error.to_string())?;
+    Ok(())
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_catalog_whose_next_transaction_id_is_at_the_end_of_the_range_is_refused() {
+    let fs = small_database();
+    // The catalog's next transaction id: after the 16-byte header and two u32 counters.
+    rewrite_catalog(&fs, |blob| {
+        blob[24..32].copy_from_slice(&(u64::MAX - 1).to_le_bytes())
+    });
+    match catch_unwind(AssertUnwindSafe(|| open_and_insert(&fs))) {
+        Err(panic) => panic!("the open or the insert panicked: {}", panic_message(panic)),
+        Ok(Ok(())) => panic!(
+            "a catalog with transaction id {} was accepted",
+            u64::MAX - 1
+        ),
+        Ok(Err(error)) => assert!(error.contains("transaction id"), "unclear error: {error}"),
+    }
+}
+
+#[test]
+fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
+    use lastpage_storage::wal::{LogReader, Lsn, record::checksum_seed};
+    // A crash, so that the log after the checkpoint is replayed; its last record is the commit
+    // of the last insert.
+    let fs = FaultyFileSystem::new(FaultyConfig::new(4));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Orders")
+                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(0, 1i64).set(1, payload(1)))
+        .unwrap();
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    drop((session, table, db));
+    let mut reader =
+        LogReader::open(Arc::new(fs.clone()), Path::new(DIR).join("wal"), Lsn(0)).unwrap();
+    let mut last = None;
+    while let Some(raw) = reader.next_raw().unwrap() {
+        last = Some(raw);
+    }
+    let last = last.unwrap();
+    assert_eq!(last.kind, 5, "the log ends in a commit");
+    // Every record begins with its txn id in the payload; the record is in the first segment.
+    let segment = Path::new(DIR).join("wal").join(format!("{:016x}.wal", 0));
+    let file = fs.open(&segment, OpenOptions::existing()).unwrap();
+    let mut header = vec![0u8; 48];
+    file.read_exact_at(0, &mut header).unwrap();
+    let log_id = u64_at(&header, 40);
+    let at = 4096 + last.lsn.0;
+    let mut record = vec![0u8; 32];
+    file.read_exact_at(at, &mut record).unwrap();
+    record[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+    let crc = crc32c::crc32c_append(checksum_seed(log_id), &record[4..]);
+    record[..4].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(at, &record).unwrap();
+    file.sync_data().unwrap();
+    match catch_unwind(AssertUnwindSafe(|| open_and_insert(&fs))) {
+        Err(panic) => panic!("the open or the insert panicked: {}", panic_message(panic)),
+        Ok(Ok(())) => panic!("a log record of transaction {} was accepted", u64::MAX),
+        Ok(Err(error)) => assert!(error.contains("transaction"), "unclear error: {error}"),
+    }
+}

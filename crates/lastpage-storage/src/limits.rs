@@ -303,6 +303,13 @@ const _: () = assert!(WAL_ROW_CHANGE_MAX_BYTES <= MAX_WAL_RECORD_BYTES);
 /// would be a cache line every committing writer fights over; a reader sums the stripes.
 pub const ENDED_WRITES_STRIPES: usize = 16;
 
+/// Transaction ids are handed out from 1 upwards in blocks of a thousand or so, and nothing
+/// reaches this one (a billion transactions a second would take 146 years). A stored catalog
+/// or a log record naming an id at or above it is damage, refused when a database is opened:
+/// trusting it would make the counter overflow (`Database::next_txn_id` adds a block to it; a
+/// panic, or ids the log already holds handed out again).
+pub const MAX_TXN_ID: u64 = 1 << 62;
+
 /// Shards of a row lock manager when the caller has no better number: enough that threads
 /// locking different rows rarely meet on one shard mutex.
 pub const LOCK_MANAGER_DEFAULT_SHARDS: usize = 64;
