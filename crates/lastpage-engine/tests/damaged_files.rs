@@ -425,3 +425,71 @@ fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
         Ok(Err(error)) => assert!(error.contains("transaction"), "unclear error: {error}"),
     }
 }
+
+/// A heap row holding a uniquifier near the end of the range (a log record rewritten with a
+/// valid checksum) is refused at open. Uniquifiers are numbered for the whole process, and the
+/// open moved the numbering past the highest one its rows hold: after this database, every
+/// heap insert in the process, into any database, failed as "used up".
+#[test]
+fn a_heap_row_with_a_uniquifier_at_the_end_of_the_range_is_refused() {
+    use lastpage_storage::wal::{LogReader, Lsn, record::checksum_seed};
+    let heap = || {
+        TableDef::new("Notes")
+            .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+            .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+    };
+    let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db.create_table(heap()).unwrap();
+    let session = db.session();
+    table
+        .insert(&session, InsertRow::new().set(0, 1i64).set(1, payload(1)))
+        .unwrap();
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    drop((session, table, db));
+    // The heap's insert record: its key is the row's uniquifier alone.
+    let mut reader =
+        LogReader::open(Arc::new(fs.clone()), Path::new(DIR).join("wal"), Lsn(0)).unwrap();
+    let mut insert = None;
+    while let Some(raw) = reader.next_raw().unwrap() {
+        if raw.kind == 2 {
+            insert = Some(raw);
+        }
+    }
+    let insert = insert.expect("the log holds the insert");
+    // Payload: txn (8), index id (4), key length (4), key.
+    assert_eq!(
+        u32_at(&insert.payload, 12),
+        8,
+        "a heap key is its uniquifier"
+    );
+    let segment = Path::new(DIR).join("wal").join(format!("{:016x}.wal", 0));
+    let file = fs.open(&segment, OpenOptions::existing()).unwrap();
+    let mut header = vec![0u8; 48];
+    file.read_exact_at(0, &mut header).unwrap();
+    let log_id = u64_at(&header, 40);
+    let at = 4096 + insert.lsn.0;
+    let mut record = vec![0u8; 24 + insert.payload.len()];
+    file.read_exact_at(at, &mut record).unwrap();
+    record[24 + 16..24 + 24].copy_from_slice(&(u64::MAX - 1).to_be_bytes());
+    let crc = crc32c::crc32c_append(checksum_seed(log_id), &record[4..]);
+    record[..4].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(at, &record).unwrap();
+    file.sync_data().unwrap();
+
+    let error = match catch_unwind(AssertUnwindSafe(|| Database::open(DIR, options(&fs)))) {
+        Err(panic) => panic!("the open panicked: {}", panic_message(panic)),
+        Ok(Ok(_)) => panic!("a heap row with uniquifier {} was accepted", u64::MAX - 1),
+        Ok(Err(error)) => error.to_string(),
+    };
+    assert!(error.contains("uniquifier"), "unclear error: {error}");
+    // The process's numbering is untouched: another database's heap still takes rows.
+    let other = Database::create(DatabaseOptions::default()).unwrap();
+    let table = other.create_table(heap()).unwrap();
+    table
+        .insert(
+            &other.session(),
+            InsertRow::new().set(0, 2i64).set(1, payload(2)),
+        )
+        .unwrap();
+}
