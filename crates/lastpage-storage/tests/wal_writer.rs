@@ -839,8 +839,10 @@ fn crash_round(seed: u64) {
         committed_again.len(),
         first_end
     );
+    // Not a performance bound (a round takes about 5 ms, 100 ms on a loaded machine): a
+    // committer left asleep after the crash would show here as a round of seconds.
     assert!(
-        elapsed < Duration::from_secs(1),
+        elapsed < Duration::from_secs(10),
         "seed {seed} took {elapsed:?}"
     );
 }
@@ -1765,6 +1767,7 @@ fn a_committer_woken_to_lead_does_not_count_its_own_fsync_as_signal_wait() {
             },
         );
         commit(&writer, 1).unwrap();
+        let flushes_before = writer.stats().flushes;
         let waits = thread::scope(|scope| {
             let leader = Arc::clone(&writer);
             // This one leads a 40 ms flush.
@@ -1780,7 +1783,12 @@ fn a_committer_woken_to_lead_does_not_count_its_own_fsync_as_signal_wait() {
             });
             woken.join().unwrap()
         });
-        if waits.waiting_tasks_count == 0 {
+        // The scenario is the second commit parked behind the first one's flush and then woken
+        // to lead a flush of its own: two flushes. On a busy machine the first committer may be
+        // descheduled before its flush took its record, so that one flush carries both and the
+        // second is woken only because it is durable: its signal wait is then its real
+        // wake-up latency, which a loaded machine can stretch past any bound.
+        if waits.waiting_tasks_count == 0 || writer.stats().flushes - flushes_before != 2 {
             continue;
         }
         assert!(

@@ -161,4 +161,9 @@ impl FlowControl {
     pub fn admitted(&self) -> usize {
         self.admitted.load(Ordering::Relaxed)
     }
+
+    /// Workers queued in the slow queue now (for tests and diagnostics).
+    pub fn slow_waiters(&self) -> usize {
+        sync::lock(&self.queues).slow.len()
+    }
 }
