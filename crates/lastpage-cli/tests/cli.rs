@@ -863,9 +863,13 @@ fn crash_test_fails_when_its_child_fails_before_the_kill() {
     ] {
         let scratch = Scratch::new(&format!("crash-fault-{fault}"));
         let db = scratch.path("db");
+        // The fault comes once thread 0 has inserted 200 rows, tens of milliseconds after
+        // the child is ready on an idle machine, but seconds on a busy one whose fdatasync
+        // stalls (a kill at 1 to 2 s came first, and the crash test passed). The cycle ends
+        // when the child does, so a long kill delay costs nothing.
         let output = Command::new(env!("CARGO_BIN_EXE_lastpage"))
             .args(["crash-test", "--db", &db, "--threads", "4"])
-            .args(["--seconds", "2", "--cycles", "1"])
+            .args(["--seconds", "60", "--cycles", "1"])
             .env("LASTPAGE_CRASH_CHILD_FAULT", fault)
             .output()
             .expect("the lastpage binary runs");

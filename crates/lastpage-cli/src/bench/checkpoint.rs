@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -38,6 +38,9 @@ pub const MAX_CHECKPOINT_LOG_MB: u64 = 16 * 1024;
 
 /// The longest statement latency the histograms hold, microseconds (an hour).
 const MAX_LATENCY_US: u64 = 3_600_000_000;
+
+/// How much longer than asked the baseline window waits for a whole statement of the writer.
+const BASELINE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// One `bench checkpoint` run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,11 +166,20 @@ fn load_and_measure(
     eprintln!("bench checkpoint: measuring...");
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(&db, &table, origin, &stop);
+    let finished = Arc::new(AtomicU64::new(0));
+    let writer = spawn_writer(&db, &table, origin, &stop, &finished);
     // A moment for the writer to get going, then the baseline window, then the checkpoint.
     std::thread::sleep(config.baseline / 4);
     let baseline_start = origin.elapsed();
+    let finished_before = finished.load(Ordering::Acquire);
     std::thread::sleep(config.baseline);
+    // The window holds at least one whole statement: the second to finish after it opened
+    // started after the first had finished, inside the window. A machine that stalls the writer
+    // longer than the window (a slow fdatasync on a busy disk) left it empty.
+    let patience = Instant::now() + BASELINE_PATIENCE;
+    while finished.load(Ordering::Acquire) < finished_before + 2 && Instant::now() < patience {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let checkpoint_start = origin.elapsed();
     let stats = db.checkpoint();
     let checkpoint_end = origin.elapsed();
@@ -194,14 +206,17 @@ fn load_and_measure(
     Ok((load, checkpoint, baseline, during, verified))
 }
 
-/// Starts the writer: 100-row statements until `stop`, each timed from `origin`.
+/// Starts the writer: 100-row statements until `stop`, each timed from `origin` and counted in
+/// `finished` once its time is taken.
 fn spawn_writer(
     db: &Arc<Database>,
     table: &Arc<Table>,
     origin: Instant,
     stop: &Arc<AtomicBool>,
+    finished: &Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<Result<Vec<Timed>, BenchError>> {
     let (db, table, stop) = (Arc::clone(db), Arc::clone(table), Arc::clone(stop));
+    let finished = Arc::clone(finished);
     std::thread::spawn(move || {
         let workload = Workload::for_config(&InsertConfig {
             row_bytes: ROW_BYTES,
@@ -222,6 +237,7 @@ fn spawn_writer(
                 start,
                 latency: origin.elapsed() - start,
             });
+            finished.fetch_add(1, Ordering::Release);
         }
         Ok(timed)
     })

@@ -240,9 +240,11 @@ struct Driven {
     statements: u64,
     /// Statements that count toward the rate: in a timed run, those that completed by the
     /// deadline (a statement still waiting then, for SQLite's mutex behind a queue of 300
-    /// threads say, would otherwise stretch the run by its whole queue and lower the rate).
+    /// threads say, would otherwise stretch the run by its whole queue and lower the rate),
+    /// and each thread's first statement, whenever it ended.
     measured_statements: u64,
-    /// The time the measured statements took: the deadline, or the last thread's finish.
+    /// The time the measured statements took: the deadline (or the end of a first statement
+    /// after it), or the last thread's finish.
     elapsed_sec: f64,
     /// Whether every thread ran out of statements before any deadline (a run limited by rows,
     /// or a timed one that reached its row cap): the statements' span ended with the last.
@@ -293,6 +295,7 @@ where
                     // Set before the gate opened; `None` in a run limited by rows.
                     let deadline: Option<Instant> = deadline.get().copied().flatten();
                     let (mut done, mut measured) = (0, 0);
+                    let mut measured_until = Instant::now();
                     while go && done < quota && !stop.load(Ordering::Relaxed) {
                         let started = Instant::now();
                         if let Err(error) = op() {
@@ -307,17 +310,21 @@ where
                         let nanos = u64::try_from(finished.duration_since(started).as_nanos())
                             .unwrap_or(u64::MAX);
                         done += 1;
-                        if deadline.is_some_and(|deadline| finished > deadline) {
+                        // A thread's first statement counts even when it ends after the
+                        // deadline, and the span then ends with it: a cell shorter than one
+                        // stalled fdatasync (a busy disk) would otherwise measure nothing.
+                        if measured > 0 && deadline.is_some_and(|deadline| finished > deadline) {
                             continue;
                         }
                         measured += 1;
+                        measured_until = finished;
                         if let Some(histogram) = latency_ns.as_mut()
                             && histogram.record(nanos).is_err()
                         {
                             histogram.saturating_record(nanos);
                         }
                     }
-                    (done, measured, latency_ns, Instant::now())
+                    (done, measured, latency_ns, Instant::now(), measured_until)
                 });
             match spawned {
                 Ok(handle) => handles.push(handle),
@@ -354,13 +361,16 @@ where
         let mut results = Vec::with_capacity(threads);
         for handle in handles {
             match handle.join() {
-                Ok((done, measured, Some(histogram), finished)) => results.push(ThreadResult {
-                    done,
-                    measured,
-                    histogram,
-                    finished,
-                }),
-                Ok((_, _, None, _)) => {
+                Ok((done, measured, Some(histogram), finished, measured_until)) => {
+                    results.push(ThreadResult {
+                        done,
+                        measured,
+                        histogram,
+                        finished,
+                        measured_until,
+                    })
+                }
+                Ok((_, _, None, _, _)) => {
                     return Err(BenchError::Failed("cannot create a histogram".into()));
                 }
                 Err(_) => {
@@ -379,19 +389,21 @@ where
     let mut latency_ns =
         Histogram::<u64>::new(3).map_err(|error| failed("cannot create a histogram", &error))?;
     let (mut statements, mut measured_statements) = (0, 0);
-    let mut finished = start;
+    let (mut finished, mut measured_until) = (start, start);
     for result in &results {
         statements += result.done;
         measured_statements += result.measured;
         finished = finished.max(result.finished);
+        measured_until = measured_until.max(result.measured_until);
         latency_ns
             .add(&result.histogram)
             .map_err(|error| failed("cannot merge latency histograms", &error))?;
     }
-    // A timed run that ended early (at its row cap) is measured to the last finish instead.
+    // A timed run that ended early (at its row cap) is measured to the last finish instead, and
+    // one whose first statement of a thread ended after the deadline, to that statement's end.
     let deadline = deadline.get().copied().flatten();
     let end = match deadline {
-        Some(deadline) => deadline.min(finished),
+        Some(deadline) => deadline.min(finished).max(measured_until),
         None => finished,
     };
     Ok(Driven {
@@ -449,6 +461,8 @@ struct ThreadResult {
     measured: u64,
     histogram: Histogram<u64>,
     finished: Instant,
+    /// When the thread's last measured statement ended.
+    measured_until: Instant,
 }
 
 fn latency_report(histogram: &Histogram<u64>) -> LatencyReport {
@@ -1117,6 +1131,30 @@ mod tests {
         .expect("drive");
         assert!(driven.statements > 0);
         assert!(driven.elapsed_sec >= 0.2, "{}", driven.elapsed_sec);
+    }
+
+    /// A first statement that ends after the deadline (a stalled fdatasync) is measured, and
+    /// the span ends with it; later ones after the deadline are not. Before, such a cell
+    /// reported 0 rows.
+    #[test]
+    fn drive_measures_each_threads_first_statement_even_after_the_deadline() {
+        let budget = Budget {
+            seconds: 0.01,
+            rows: None,
+        };
+        let driven = drive(2, budget, 1, |_| {
+            let mut first = true;
+            move || {
+                if std::mem::take(&mut first) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Ok(())
+            }
+        })
+        .expect("drive");
+        assert_eq!(driven.measured_statements, 2);
+        assert!(driven.statements >= 2);
+        assert!(driven.elapsed_sec >= 0.1, "{}", driven.elapsed_sec);
     }
 
     #[test]

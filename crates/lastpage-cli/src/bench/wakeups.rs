@@ -34,6 +34,9 @@ use super::insert::{BenchError, round3};
 /// How long the threads run before the count starts, so that every one is started and queued.
 const WARMUP: Duration = Duration::from_millis(200);
 
+/// How much longer than asked the probe waits for its first round trip.
+const WAKEUP_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How often the stopping thread drains the queue while it waits for the threads to finish.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(1);
 
@@ -142,6 +145,12 @@ pub fn measure(threads: u32, seconds: f64) -> Result<WakeupReference, BenchError
         let (round_trips, groups) = counts(&shared);
         let started = Instant::now();
         thread::sleep(Duration::from_secs_f64(seconds));
+        // A machine too busy to run the threads at all in a short window would report 0:
+        // the window lasts until they have made one round trip (at most WAKEUP_PATIENCE more).
+        let patience = Instant::now() + WAKEUP_PATIENCE;
+        while counts(&shared).0 == round_trips && Instant::now() < patience {
+            thread::sleep(DRAIN_INTERVAL);
+        }
         let elapsed = started.elapsed().as_secs_f64();
         let (round_trips_after, groups_after) = counts(&shared);
         (
