@@ -430,7 +430,7 @@ impl Database {
             highest = highest.max(table.highest_uniquifier()?);
         }
         if let Some(highest) = highest {
-            raise_uniquifiers_past(highest)?;
+            raise_uniquifiers_past(highest);
         }
         recovery.duration = started.elapsed();
         if let Some(durable) = db.durable() {

@@ -327,23 +327,11 @@ fn next_uniquifier() -> Result<u64> {
 
 /// Makes every uniquifier handed out from now on lie in a later block than `highest`'s (a
 /// uniquifier a durable database being opened holds), in every thread.
-///
-/// The numbering is the whole process's, so a row holding a uniquifier near the end of the
-/// range (a damaged or hostile file whose checksums pass) would use it up for every database
-/// in the process. Such a database is refused instead: rows of the upper half of the range
-/// would need 2^23 blocks taken over the database's life, which no use of it comes near.
-pub(crate) fn raise_uniquifiers_past(highest: u64) -> Result<()> {
+pub(crate) fn raise_uniquifiers_past(highest: u64) {
     use uniquifier_blocks::{EPOCH, NEXT_BLOCK};
-    if highest >= 1 << (u64::BITS - 1) {
-        return Err(EngineError::Storage(format!(
-            "a row holds uniquifier {highest}, in the upper half of the range this engine hands \
-             out uniquifiers from: the data file or the log is damaged"
-        )));
-    }
     NEXT_BLOCK.fetch_max((highest >> UNIQUIFIER_BLOCK_BITS) + 1, Ordering::Relaxed);
     // Release: a thread that sees the new epoch and takes a block sees the raised numbering.
     EPOCH.fetch_add(1, Ordering::Release);
-    Ok(())
 }
 
 /// At most how many rows an `InsertRun` record's row list is allocated for up front.
