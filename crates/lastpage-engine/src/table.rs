@@ -285,9 +285,10 @@ mod uniquifier_blocks {
 
     /// The next block to hand out.
     pub(super) static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
-    /// Bumped whenever [`NEXT_BLOCK`] is raised past the blocks an opened database's rows use,
-    /// so that every thread drops the block it holds: it may be one of those.
-    pub(super) static EPOCH: AtomicU64 = AtomicU64::new(0);
+    /// The lowest block a thread may still take uniquifiers from: raised past the blocks an
+    /// opened database's rows use, so that a thread holding one of those drops it. A thread
+    /// holding a block at or above it keeps its block.
+    pub(super) static FLOOR: AtomicU64 = AtomicU64::new(0);
 }
 
 /// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
@@ -299,17 +300,17 @@ mod uniquifier_blocks {
 /// them when the database is opened (before, a heap took the same uniquifiers again after a
 /// restart, and every insert into it failed as a duplicate key).
 fn next_uniquifier() -> Result<u64> {
-    use uniquifier_blocks::{EPOCH, NEXT_BLOCK};
+    use uniquifier_blocks::{FLOOR, NEXT_BLOCK};
     thread_local! {
-        /// The next value of the thread's block and the epoch the block was taken in.
-        static NEXT: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
+        /// The next value of the thread's block (all ones: no block yet).
+        static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
     }
-    // Acquire: a raised epoch comes with the raised block numbering (see below).
-    let epoch = EPOCH.load(Ordering::Acquire);
+    // Acquire: a raised floor comes with the raised block numbering (see below).
+    let floor = FLOOR.load(Ordering::Acquire);
     NEXT.with(|next| {
-        let (mut value, taken_in) = next.get();
+        let mut value = next.get();
         let block_end = (1 << UNIQUIFIER_BLOCK_BITS) - 1;
-        if value & block_end == block_end || taken_in != epoch {
+        if value & block_end == block_end || value >> UNIQUIFIER_BLOCK_BITS < floor {
             let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
             if block >= 1 << (u64::BITS - UNIQUIFIER_BLOCK_BITS) {
                 return Err(EngineError::Storage(
@@ -320,18 +321,23 @@ fn next_uniquifier() -> Result<u64> {
             }
             value = block << UNIQUIFIER_BLOCK_BITS;
         }
-        next.set((value + 1, epoch));
+        next.set(value + 1);
         Ok(value)
     })
 }
 
 /// Makes every uniquifier handed out from now on lie in a later block than `highest`'s (a
 /// uniquifier a durable database being opened holds), in every thread.
+///
+/// Only threads holding a block at or below `highest`'s drop it. Every thread used to drop its
+/// block at every such open, so a process with many threads that opened databases often used
+/// the 2^24 blocks up: 64 threads and one open a second in about three days.
 pub(crate) fn raise_uniquifiers_past(highest: u64) {
-    use uniquifier_blocks::{EPOCH, NEXT_BLOCK};
-    NEXT_BLOCK.fetch_max((highest >> UNIQUIFIER_BLOCK_BITS) + 1, Ordering::Relaxed);
-    // Release: a thread that sees the new epoch and takes a block sees the raised numbering.
-    EPOCH.fetch_add(1, Ordering::Release);
+    use uniquifier_blocks::{FLOOR, NEXT_BLOCK};
+    let floor = (highest >> UNIQUIFIER_BLOCK_BITS) + 1;
+    NEXT_BLOCK.fetch_max(floor, Ordering::Relaxed);
+    // Release: a thread that sees the new floor and takes a block sees the raised numbering.
+    FLOOR.fetch_max(floor, Ordering::Release);
 }
 
 /// At most how many rows an `InsertRun` record's row list is allocated for up front.
@@ -3840,11 +3846,45 @@ fn storage_failure(error: BTreeError) -> EngineError {
 
 #[cfg(test)]
 mod tests {
-    use super::{BATCH_BUFFER_RESERVE_MAX_BYTES, RowChange, prefix_end, reserve_for_batch};
+    use super::{
+        BATCH_BUFFER_RESERVE_MAX_BYTES, RowChange, UNIQUIFIER_BLOCK_BITS, next_uniquifier,
+        prefix_end, raise_uniquifiers_past, reserve_for_batch,
+    };
     use crate::encoding::encode_key;
     use crate::{
         ColumnDef, DataType, Database, DatabaseOptions, IndexDef, TableDef, Uniqueness, Value,
     };
+
+    /// Opening a database whose rows lie in earlier blocks leaves a thread's block alone; one
+    /// whose rows use the thread's block makes it take a later one. Every open made every
+    /// thread drop its block, which used the process's blocks up. (Other tests of this binary
+    /// may raise the numbering meanwhile, but only past blocks their databases' rows use,
+    /// which no test here takes from this thread's block.)
+    #[test]
+    fn an_open_makes_a_thread_drop_its_uniquifier_block_only_if_the_rows_use_it() {
+        std::thread::spawn(|| {
+            let block_of = |value: u64| value >> UNIQUIFIER_BLOCK_BITS;
+            // A block above the first, so that rows below it can exist.
+            raise_uniquifiers_past(0);
+            let first = next_uniquifier().unwrap();
+            let block = block_of(first);
+            assert!(block >= 1);
+            raise_uniquifiers_past((block << UNIQUIFIER_BLOCK_BITS) - 1);
+            assert_eq!(
+                next_uniquifier().unwrap(),
+                first + 1,
+                "the block was dropped"
+            );
+            raise_uniquifiers_past(first + 1);
+            let next = next_uniquifier().unwrap();
+            assert!(
+                block_of(next) > block,
+                "{next} is in the rows' block {block}"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     /// A batch's buffer reserves room for its other rows by its first row's size, but never
     /// more than `BATCH_BUFFER_RESERVE_MAX_BYTES`: a 3.2M-row batch whose first row was long
