@@ -613,8 +613,9 @@ impl Database {
 
     /// A new transaction id. Threads take ids in blocks, so that concurrent autocommit
     /// statements do not all increment one shared counter; the counter (which checkpoints
-    /// record) stays above every id handed out.
-    pub(crate) fn next_txn_id(&self) -> lastpage_storage::wal::TxnId {
+    /// record) stays above every id handed out. Ids stop below `MAX_TXN_ID`, which the open
+    /// refuses: only a catalog or log record damaged to lie near it can get there.
+    pub(crate) fn next_txn_id(&self) -> Result<lastpage_storage::wal::TxnId> {
         thread_local! {
             /// The next id of this thread's block, the block's end, and whose block it is.
             static BLOCK: std::cell::Cell<(u64, u64, u64)> =
@@ -629,9 +630,15 @@ impl Database {
                     .next_txn_id
                     .fetch_add(TXN_ID_BLOCK, Ordering::Relaxed);
                 end = next + TXN_ID_BLOCK;
+                if end > MAX_TXN_ID {
+                    return Err(EngineError::Transaction(format!(
+                        "the database's transaction ids are used up (the next is {next}, and \
+                         ids stop at {MAX_TXN_ID})"
+                    )));
+                }
             }
             block.set((next + 1, end, owner));
-            lastpage_storage::wal::TxnId(next)
+            Ok(lastpage_storage::wal::TxnId(next))
         })
     }
 

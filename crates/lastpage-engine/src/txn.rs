@@ -422,7 +422,7 @@ impl Session {
         }
         *slot = Some(
             self.db()
-                .new_transaction(true, durability, self.take_spare_undo()),
+                .new_transaction(true, durability, self.take_spare_undo())?,
         );
         Ok(())
     }
@@ -510,7 +510,7 @@ impl Session {
                 false,
                 db.default_durability(),
                 self.take_spare_undo(),
-            )),
+            )?),
         };
         let savepoint = txn.undo.len();
         let log_changes = db.wal().is_some() && table.is_logged();
@@ -702,9 +702,9 @@ impl Database {
         explicit: bool,
         durability: Durability,
         undo: Vec<UndoEntry>,
-    ) -> Transaction {
-        let id = self.next_txn_id();
-        Transaction {
+    ) -> Result<Transaction> {
+        let id = self.next_txn_id()?;
+        Ok(Transaction {
             id,
             explicit,
             durability,
@@ -712,7 +712,7 @@ impl Database {
             undo,
             locks: TxnLocks::new(id),
             deleted_from: Vec::new(),
-        }
+        })
     }
 }
 

@@ -376,6 +376,22 @@ fn a_catalog_whose_next_transaction_id_is_at_the_end_of_the_range_is_refused() {
     }
 }
 
+/// A catalog whose next transaction id is exactly at the limit opens (ids below it were all
+/// the open refuses), but no transaction gets an id at or past it: the engine would write log
+/// records that its next open refuses (found by a helper reviewing the limit).
+#[test]
+fn transaction_ids_stop_at_the_limit_the_open_refuses() {
+    use lastpage_storage::limits::MAX_TXN_ID;
+    let fs = small_database();
+    rewrite_catalog(&fs, |blob| {
+        blob[24..32].copy_from_slice(&MAX_TXN_ID.to_le_bytes())
+    });
+    let error = open_and_insert(&fs).expect_err("no id is left");
+    assert!(error.contains("used up"), "unclear error: {error}");
+    let db = Database::open(DIR, options(&fs)).expect("the database still opens");
+    assert_eq!(db.table("Orders").unwrap().row_count(), 1);
+}
+
 #[test]
 fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
     use lastpage_storage::wal::{LogReader, Lsn, record::checksum_seed};
