@@ -1799,7 +1799,10 @@ fn a_committer_woken_to_lead_does_not_count_its_own_fsync_as_signal_wait() {
         );
         return;
     }
-    panic!("the second commit never waited for the first one's flush");
+    panic!(
+        "in no attempt did the second commit wait for the first one's flush and then lead one \
+         of its own"
+    );
 }
 
 /// A checkpoint whose LSN is the log's end, exactly at a segment boundary (the next segment not

@@ -296,7 +296,10 @@ where
                     let deadline: Option<Instant> = deadline.get().copied().flatten();
                     let (mut done, mut measured) = (0, 0);
                     let mut measured_until = Instant::now();
-                    while go && done < quota && !stop.load(Ordering::Relaxed) {
+                    // Every thread runs its first statement, even one started after the
+                    // deadline (a thread the scheduler let wait that long), so that it is
+                    // measured (see below).
+                    while go && done < quota && (done == 0 || !stop.load(Ordering::Relaxed)) {
                         let started = Instant::now();
                         if let Err(error) = op() {
                             first_error
