@@ -625,17 +625,22 @@ impl Database {
         BLOCK.with(|block| {
             let (mut next, mut end, block_owner) = block.get();
             if block_owner != owner || next == end {
+                // The counter never passes the limit: checkpoints write it into the catalog,
+                // whose open refuses a counter beyond it.
                 next = self
                     .inner
                     .next_txn_id
-                    .fetch_add(TXN_ID_BLOCK, Ordering::Relaxed);
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                        next.checked_add(TXN_ID_BLOCK)
+                            .filter(|&end| end <= MAX_TXN_ID)
+                    })
+                    .map_err(|next| {
+                        EngineError::Transaction(format!(
+                            "the database's transaction ids are used up (the next is {next}, \
+                             and ids stop at {MAX_TXN_ID})"
+                        ))
+                    })?;
                 end = next + TXN_ID_BLOCK;
-                if end > MAX_TXN_ID {
-                    return Err(EngineError::Transaction(format!(
-                        "the database's transaction ids are used up (the next is {next}, and \
-                         ids stop at {MAX_TXN_ID})"
-                    )));
-                }
             }
             block.set((next + 1, end, owner));
             Ok(lastpage_storage::wal::TxnId(next))
