@@ -46,19 +46,20 @@ fn payload(id: i64) -> String {
     format!("row-{id}-{}", "p".repeat((id % 37) as usize))
 }
 
+/// The table every database here holds: a BIGINT key and a text payload.
+fn orders() -> TableDef {
+    TableDef::new("Orders")
+        .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+        .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+        .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey))
+}
+
 /// A crashed database: several log segments, a checkpoint that truncated the log, and log
 /// after it. Returns the crashed file system.
 fn template() -> FaultyFileSystem {
     let fs = FaultyFileSystem::new(FaultyConfig::new(1));
     let db = Database::open(DIR, options(&fs)).unwrap();
-    let table = db
-        .create_table(
-            TableDef::new("Orders")
-                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
-                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
-                .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)),
-        )
-        .unwrap();
+    let table = db.create_table(orders()).unwrap();
     let session = db.session();
     for batch in 0..BATCHES {
         let rows = (batch * BATCH_ROWS..(batch + 1) * BATCH_ROWS)
@@ -319,23 +320,23 @@ fn rewrite_catalog(fs: &FaultyFileSystem, change: impl FnOnce(&mut Vec<u8>)) {
     file.sync_data().unwrap();
 }
 
-/// A closed database with one small table.
-fn small_database() -> FaultyFileSystem {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+/// An open database (file system seeded with `seed`) whose one table holds one committed row.
+fn database_with_one_row(seed: u64) -> (FaultyFileSystem, Database) {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
     let db = Database::open(DIR, options(&fs)).unwrap();
-    let table = db
-        .create_table(
-            TableDef::new("Orders")
-                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
-                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
-                .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)),
+    let table = db.create_table(orders()).unwrap();
+    table
+        .insert(
+            &db.session(),
+            InsertRow::new().set(0, 1i64).set(1, payload(1)),
         )
         .unwrap();
-    let session = db.session();
-    table
-        .insert(&session, InsertRow::new().set(0, 1i64).set(1, payload(1)))
-        .unwrap();
-    drop((session, table));
+    (fs, db)
+}
+
+/// A closed database with one small table.
+fn small_database() -> FaultyFileSystem {
+    let (fs, db) = database_with_one_row(3);
     db.close().unwrap();
     fs
 }
@@ -408,22 +409,9 @@ fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
     use lastpage_storage::wal::{LogReader, Lsn, record::checksum_seed};
     // A crash, so that the log after the checkpoint is replayed; its last record is the commit
     // of the last insert.
-    let fs = FaultyFileSystem::new(FaultyConfig::new(4));
-    let db = Database::open(DIR, options(&fs)).unwrap();
-    let table = db
-        .create_table(
-            TableDef::new("Orders")
-                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
-                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
-                .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey)),
-        )
-        .unwrap();
-    let session = db.session();
-    table
-        .insert(&session, InsertRow::new().set(0, 1i64).set(1, payload(1)))
-        .unwrap();
+    let (fs, db) = database_with_one_row(4);
     let fs = fs.crash_with(CrashMode::LoseUnsynced);
-    drop((session, table, db));
+    drop(db);
     let mut reader =
         LogReader::open(Arc::new(fs.clone()), Path::new(DIR).join("wal"), Lsn(0)).unwrap();
     let mut last = None;
