@@ -53,6 +53,16 @@ fn open(fs: &FaultyFileSystem, config: WalConfig) -> Arc<LogWriter> {
     Arc::new(LogWriter::open(Arc::new(fs.clone()), DIR, config).unwrap())
 }
 
+/// A reader from the start of the log that a power loss now would leave on `fs`.
+fn reader_after_power_loss(fs: &FaultyFileSystem) -> LogReader {
+    LogReader::open(
+        Arc::new(fs.crash_with(CrashMode::LoseUnsynced)),
+        DIR,
+        Lsn::ZERO,
+    )
+    .unwrap()
+}
+
 /// The value a transaction inserts: its length and bytes follow from the id, so a record read
 /// back can be checked against what was appended.
 fn value_of(txn: u64) -> Vec<u8> {
@@ -691,12 +701,7 @@ fn reopening_cuts_off_the_torn_tail_so_stale_records_never_come_back() {
     };
     assert_eq!(writer.append(&x).unwrap(), b_end);
     writer.flush_now().unwrap();
-    let mut reader = LogReader::open(
-        Arc::new(crashed.crash_with(CrashMode::LoseUnsynced)),
-        DIR,
-        Lsn::ZERO,
-    )
-    .unwrap();
+    let mut reader = reader_after_power_loss(&crashed);
     let records: Vec<_> = reader.by_ref().map(|entry| entry.unwrap().record).collect();
     assert_eq!(records, vec![Record::Begin { txn: TxnId(1) }, x]);
     assert_eq!(reader.end().unwrap().lsn, b_end);
@@ -742,12 +747,7 @@ fn a_last_record_whose_padding_never_reached_the_file_opens_and_the_log_continue
     let commit = Record::Commit { txn: TxnId(1) };
     let commit_end = writer.append(&commit).unwrap();
     writer.wait_durable(commit_end).unwrap();
-    let mut reader = LogReader::open(
-        Arc::new(crashed.crash_with(CrashMode::LoseUnsynced)),
-        DIR,
-        Lsn::ZERO,
-    )
-    .unwrap();
+    let mut reader = reader_after_power_loss(&crashed);
     let records: Vec<_> = reader.by_ref().map(|entry| entry.unwrap().record).collect();
     assert_eq!(records, vec![begin, insert, commit]);
     assert_eq!(reader.end().unwrap().lsn, commit_end);
@@ -903,12 +903,7 @@ fn a_log_ending_exactly_at_a_segment_boundary_keeps_every_segment() {
     assert_eq!(segment_files(&crashed).len(), 3);
     let end = writer.append(&Record::Commit { txn: TxnId(6) }).unwrap();
     writer.wait_durable(end).unwrap();
-    let mut reader = LogReader::open(
-        Arc::new(crashed.crash_with(CrashMode::LoseUnsynced)),
-        DIR,
-        Lsn::ZERO,
-    )
-    .unwrap();
+    let mut reader = reader_after_power_loss(&crashed);
     let txns: Vec<_> = reader
         .by_ref()
         .map(|entry| entry.unwrap().record.txn().unwrap().0)
