@@ -31,7 +31,7 @@ use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
 use crate::schema::{IndexOptions, TableDef};
-use crate::table::{Table, TableCheck, raise_uniquifiers_past};
+use crate::table::{Table, TableCheck};
 use crate::txn::{ActiveSlot, Durability, NO_ACTIVE_LSN, Transaction};
 
 /// Transaction ids a thread takes at a time (see [`Database::next_txn_id`]).
@@ -423,14 +423,10 @@ impl Database {
             None
         };
         recovery.checkpoint_us = checkpoint.map_or(0, |stats| stats.duration_us);
-        // Uniquifiers are numbered per process, and this database's rows may hold any an
-        // earlier process handed out: new ones must come from later blocks.
-        let mut highest = None;
+        // Each table numbers its uniquifiers, and its rows may hold any an earlier process
+        // handed out: new ones must come from later blocks.
         for table in db.tables().iter() {
-            highest = highest.max(table.highest_uniquifier()?);
-        }
-        if let Some(highest) = highest {
-            raise_uniquifiers_past(highest);
+            table.raise_uniquifiers_past_rows()?;
         }
         recovery.duration = started.elapsed();
         if let Some(durable) = db.durable() {

@@ -36,6 +36,8 @@ pub mod schema;
 pub mod table;
 pub mod txn;
 pub mod types;
+#[doc(hidden)]
+pub mod uniquifier;
 
 pub use database::{CheckpointStats, Database, DatabaseOptions, Session};
 pub use error::{EngineError, Result};

@@ -44,6 +44,7 @@ use crate::types::{
     DataType, DateTime2, Decimal, MAX_BYTE_LENGTH, MAX_NCHAR_LENGTH, Uuid, Value, ValueError,
     ValueErrorKind,
 };
+use crate::uniquifier::Uniquifiers;
 
 /// A row: one value per column, in column order.
 pub type Row = Vec<Value>;
@@ -224,8 +225,9 @@ pub(crate) struct Index {
     column_ids: Vec<usize>,
     /// Types of the key columns.
     types: Vec<DataType>,
-    /// Whether the key ends in a hidden 8-byte uniquifier (a non-unique clustered index).
-    uniquifier: bool,
+    /// The uniquifiers of a non-unique clustered index, whose every key ends in one (8 bytes,
+    /// hidden); `None` for every other index.
+    uniquifiers: Option<Uniquifiers>,
     /// One tree per partition (one for an unpartitioned table).
     pub(crate) trees: Vec<BTree>,
 }
@@ -272,72 +274,6 @@ enum IdentityFill {
     /// Leave the column NULL: the clustered tree makes the value as it inserts the row. (What
     /// a table without an identity column passes too.)
     LeaveToTree,
-}
-
-/// Bits of a uniquifier below its block number: each thread takes a block of 2^40 values.
-const UNIQUIFIER_BLOCK_BITS: u32 = 40;
-
-/// The uniquifier blocks of this process. Plain std atomics, not part of any protocol a model
-/// check looks at: loom's atomics cannot live in a static, and the engine must build under
-/// `--cfg loom` for the lock manager's model checks.
-mod uniquifier_blocks {
-    use std::sync::atomic::AtomicU64;
-
-    /// The next block to hand out.
-    pub(super) static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
-    /// The lowest block a thread may still take uniquifiers from: raised past the blocks an
-    /// opened database's rows use, so that a thread holding one of those drops it. A thread
-    /// holding a block at or above it keeps its block.
-    pub(super) static FLOOR: AtomicU64 = AtomicU64::new(0);
-}
-
-/// Hands out uniquifiers without a shared counter: each thread takes a block of 2^40 values
-/// once, so concurrent inserts into a non-unique clustered index never touch a common cache
-/// line for it. The last value of a block is never handed out (it marks the block used up).
-///
-/// The blocks are numbered per process, so a durable database's rows may hold uniquifiers of
-/// blocks an earlier process handed out: [`raise_uniquifiers_past`] moves the numbering past
-/// them when the database is opened (before, a heap took the same uniquifiers again after a
-/// restart, and every insert into it failed as a duplicate key).
-fn next_uniquifier() -> Result<u64> {
-    use uniquifier_blocks::{FLOOR, NEXT_BLOCK};
-    thread_local! {
-        /// The next value of the thread's block (all ones: no block yet).
-        static NEXT: Cell<u64> = const { Cell::new(u64::MAX) };
-    }
-    // Acquire: a raised floor comes with the raised block numbering (see below).
-    let floor = FLOOR.load(Ordering::Acquire);
-    NEXT.with(|next| {
-        let mut value = next.get();
-        let block_end = (1 << UNIQUIFIER_BLOCK_BITS) - 1;
-        if value & block_end == block_end || value >> UNIQUIFIER_BLOCK_BITS < floor {
-            let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
-            if block >= 1 << (u64::BITS - UNIQUIFIER_BLOCK_BITS) {
-                return Err(EngineError::Storage(
-                    "the uniquifiers of non-unique clustered indexes are used up in this \
-                     process (2^24 blocks of 2^40 values)"
-                        .into(),
-                ));
-            }
-            value = block << UNIQUIFIER_BLOCK_BITS;
-        }
-        next.set(value + 1);
-        Ok(value)
-    })
-}
-
-/// Makes every uniquifier handed out from now on lie in a later block than `highest`'s (a
-/// uniquifier a durable database being opened holds), in every thread.
-///
-/// Only threads holding a block at or below `highest`'s drop it. Every thread used to drop its
-/// block at every such open, so a process with many threads that opened databases often used
-/// the 2^24 blocks up: 64 threads and one open a second in about three days.
-pub(crate) fn raise_uniquifiers_past(highest: u64) {
-    use uniquifier_blocks::{FLOOR, NEXT_BLOCK};
-    let floor = (highest >> UNIQUIFIER_BLOCK_BITS) + 1;
-    NEXT_BLOCK.fetch_max(floor, Ordering::Relaxed);
-    // Release: a thread that sees the new floor and takes a block sees the raised numbering.
-    FLOOR.fetch_max(floor, Ordering::Release);
 }
 
 /// At most how many rows an `InsertRun` record's row list is allocated for up front.
@@ -858,7 +794,7 @@ impl Table {
                     .map(|&column| def.columns[column].data_type)
                     .collect(),
                 column_ids,
-                uniquifier: clustered && !index.uniqueness.is_unique(),
+                uniquifiers: (clustered && !index.uniqueness.is_unique()).then(Uniquifiers::new),
                 def: index.clone(),
                 trees,
             })
@@ -1971,8 +1907,15 @@ impl Table {
     /// [`Table::clustered_key`] appended to `out`.
     fn encode_clustered_key(&self, values: &[Value], out: &mut Vec<u8>) -> Result<()> {
         self.clustered.encode_columns(values, out)?;
-        if self.clustered.uniquifier {
-            out.extend_from_slice(&next_uniquifier()?.to_be_bytes());
+        if let Some(uniquifiers) = &self.clustered.uniquifiers {
+            let value = uniquifiers.take().ok_or_else(|| {
+                EngineError::Storage(format!(
+                    "table '{}': the uniquifiers of its non-unique clustered index are used up \
+                     (its rows hold a value in the last of 2^24 blocks of 2^40)",
+                    self.name
+                ))
+            })?;
+            out.extend_from_slice(&value.to_be_bytes());
         }
         Ok(())
     }
@@ -2376,7 +2319,7 @@ impl Table {
 
     /// Whether a search key names exactly one record of the clustered index.
     fn is_exact_clustered_key(&self, key: &[Value]) -> bool {
-        key.len() == self.clustered.types.len() && !self.clustered.uniquifier
+        key.len() == self.clustered.types.len() && self.clustered.uniquifiers.is_none()
     }
 
     /// Rebuilds a row from a clustered record.
@@ -2936,7 +2879,7 @@ impl Table {
             let mut new_key = Vec::with_capacity(record_key.len());
             self.clustered.encode_columns(&new_row, &mut new_key)?;
             let old_key_columns = &record_key[..record_key.len()
-                - if self.clustered.uniquifier {
+                - if self.clustered.uniquifiers.is_some() {
                     UNIQUIFIER_BYTES
                 } else {
                     0
@@ -3335,12 +3278,24 @@ impl Table {
         }
     }
 
+    /// Makes the table's new uniquifiers lie past every one its rows hold: the open of a
+    /// database calls it, since an earlier process handed those out. Before, a heap reopened
+    /// by a new process refused every insert as a duplicate key.
+    pub(crate) fn raise_uniquifiers_past_rows(&self) -> Result<()> {
+        if let (Some(uniquifiers), Some(highest)) =
+            (&self.clustered.uniquifiers, self.highest_uniquifier()?)
+        {
+            uniquifiers.raise_past(highest);
+        }
+        Ok(())
+    }
+
     /// The highest uniquifier the clustered index holds, if it is not unique and has rows. A
     /// heap's keys are their uniquifiers, so its last key is read; any other non-unique
     /// index ends every key in one, so its keys are all read (a cost the open of a database
     /// pays once per such index; storing the highest block in the catalog would remove it).
-    pub(crate) fn highest_uniquifier(&self) -> Result<Option<u64>> {
-        if !self.clustered.uniquifier {
+    fn highest_uniquifier(&self) -> Result<Option<u64>> {
+        if self.clustered.uniquifiers.is_none() {
             return Ok(None);
         }
         let heap = self.clustered.column_ids.is_empty();
@@ -3846,51 +3801,11 @@ fn storage_failure(error: BTreeError) -> EngineError {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        BATCH_BUFFER_RESERVE_MAX_BYTES, RowChange, UNIQUIFIER_BLOCK_BITS, next_uniquifier,
-        prefix_end, raise_uniquifiers_past, reserve_for_batch,
-    };
+    use super::{BATCH_BUFFER_RESERVE_MAX_BYTES, RowChange, prefix_end, reserve_for_batch};
     use crate::encoding::encode_key;
     use crate::{
         ColumnDef, DataType, Database, DatabaseOptions, IndexDef, TableDef, Uniqueness, Value,
     };
-
-    /// Opening a database whose rows lie in earlier blocks leaves a thread's block alone; one
-    /// whose rows use the thread's block makes it take a later one. Every open made every
-    /// thread drop its block, which used the process's blocks up. The numbering is the
-    /// process's: another test of this binary that opened a durable database could raise the
-    /// floor past this thread's block between two steps (none does today), so an attempt so
-    /// disturbed is made again.
-    #[test]
-    fn an_open_makes_a_thread_drop_its_uniquifier_block_only_if_the_rows_use_it() {
-        use super::uniquifier_blocks::FLOOR;
-        std::thread::spawn(|| {
-            let block_of = |value: u64| value >> UNIQUIFIER_BLOCK_BITS;
-            for _ in 0..10 {
-                // A block above the first, so that rows below it can exist.
-                raise_uniquifiers_past(0);
-                let first = next_uniquifier().unwrap();
-                let block = block_of(first);
-                assert!(block >= 1);
-                raise_uniquifiers_past((block << UNIQUIFIER_BLOCK_BITS) - 1);
-                let second = next_uniquifier().unwrap();
-                if FLOOR.load(std::sync::atomic::Ordering::Acquire) > block {
-                    continue;
-                }
-                assert_eq!(second, first + 1, "the block was dropped");
-                raise_uniquifiers_past(second);
-                let next = next_uniquifier().unwrap();
-                assert!(
-                    block_of(next) > block,
-                    "{next} is in the rows' block {block}"
-                );
-                return;
-            }
-            panic!("other tests raised the uniquifier floor in every attempt");
-        })
-        .join()
-        .unwrap();
-    }
 
     /// A batch's buffer reserves room for its other rows by its first row's size, but never
     /// more than `BATCH_BUFFER_RESERVE_MAX_BYTES`: a 3.2M-row batch whose first row was long

@@ -404,39 +404,100 @@ fn transaction_ids_stop_at_the_limit_the_open_refuses() {
     assert_eq!(db.table("Orders").unwrap().row_count(), 1);
 }
 
-#[test]
-fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
+/// Rewrites the log's last record (in the first segment) of kind `kind` with `change`, applied
+/// to the whole record, header included, and fixes its checksum.
+fn rewrite_last_log_record(fs: &FaultyFileSystem, kind: u8, change: impl FnOnce(&mut [u8])) {
     use lastpage_storage::wal::{LogReader, Lsn, record::checksum_seed};
-    // A crash, so that the log after the checkpoint is replayed; its last record is the commit
-    // of the last insert.
-    let (fs, db) = database_with_one_row(4);
-    let fs = fs.crash_with(CrashMode::LoseUnsynced);
-    drop(db);
     let mut reader =
         LogReader::open(Arc::new(fs.clone()), Path::new(DIR).join("wal"), Lsn(0)).unwrap();
     let mut last = None;
     while let Some(raw) = reader.next_raw().unwrap() {
-        last = Some(raw);
+        if raw.kind == kind {
+            last = Some(raw);
+        }
     }
-    let last = last.unwrap();
-    assert_eq!(last.kind, 5, "the log ends in a commit");
-    // Every record begins with its txn id in the payload; the record is in the first segment.
+    let last = last.unwrap_or_else(|| panic!("the log holds no record of kind {kind}"));
     let segment = Path::new(DIR).join("wal").join(format!("{:016x}.wal", 0));
     let file = fs.open(&segment, OpenOptions::existing()).unwrap();
     let mut header = vec![0u8; 48];
     file.read_exact_at(0, &mut header).unwrap();
     let log_id = u64_at(&header, 40);
     let at = 4096 + last.lsn.0;
-    let mut record = vec![0u8; 32];
+    let mut length = [0u8; 8];
+    file.read_exact_at(at, &mut length).unwrap();
+    let mut record = vec![0u8; u32_at(&length, 4) as usize];
     file.read_exact_at(at, &mut record).unwrap();
-    record[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+    change(&mut record);
     let crc = crc32c::crc32c_append(checksum_seed(log_id), &record[4..]);
     record[..4].copy_from_slice(&crc.to_le_bytes());
     file.write_all_at(at, &record).unwrap();
     file.sync_data().unwrap();
+}
+
+#[test]
+fn a_log_record_of_a_transaction_id_at_the_end_of_the_range_is_refused() {
+    // A crash, so that the log after the checkpoint is replayed; its last record is the commit
+    // of the last insert.
+    let (fs, db) = database_with_one_row(4);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(db);
+    // Every record begins with its txn id in the payload.
+    rewrite_last_log_record(&fs, 5, |record| {
+        record[24..32].copy_from_slice(&u64::MAX.to_le_bytes())
+    });
     match catch_unwind(AssertUnwindSafe(|| open_and_insert(&fs))) {
         Err(panic) => panic!("the open or the insert panicked: {}", panic_message(panic)),
         Ok(Ok(())) => panic!("a log record of transaction {} was accepted", u64::MAX),
         Ok(Err(error)) => assert!(error.contains("transaction"), "unclear error: {error}"),
     }
+}
+
+/// A heap row whose uniquifier lies in the last block of the range (checksums valid) uses up
+/// its own heap's uniquifiers and nothing else. While uniquifiers were numbered for the whole
+/// process, opening such a file left every heap and non-unique clustered index of every
+/// database in the process unable to insert.
+#[test]
+fn a_heap_row_whose_uniquifier_ends_the_range_uses_up_only_its_own_heap() {
+    let heap =
+        |name: &str| TableDef::new(name).column(ColumnDef::new("V", DataType::Int).not_null());
+    let row = || InsertRow::new().set(0, Value::Int(7));
+    let fs = FaultyFileSystem::new(FaultyConfig::new(6));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    db.create_table(heap("Neighbour")).unwrap();
+    let hostile = db.create_table(heap("Hostile")).unwrap();
+    hostile.insert(&db.session(), row()).unwrap();
+    drop(hostile);
+    // A crash, so that the insert is replayed from the log.
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    drop(db);
+    let hostile_value = u64::MAX - 5;
+    // An `Insert` record's payload: txn (8 bytes), index id (4), the key's length (4) and the
+    // key, which a heap's row is its uniquifier alone (8 bytes, big-endian).
+    rewrite_last_log_record(&fs, 2, |record| {
+        assert_eq!(u32_at(record, 36), 8, "a heap's key is its uniquifier");
+        record[40..48].copy_from_slice(&hostile_value.to_be_bytes());
+    });
+
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let session = db.session();
+    let hostile = db.table("Hostile").unwrap();
+    match hostile.insert(&session, row()) {
+        Ok(_) => panic!("a uniquifier past {hostile_value} was handed out"),
+        Err(error) => assert!(
+            error.to_string().contains("used up"),
+            "unclear error: {error}"
+        ),
+    }
+    assert_eq!(hostile.row_count(), 1, "the hostile row reads back");
+    db.table("Neighbour")
+        .unwrap()
+        .insert(&session, row())
+        .expect("a neighbouring heap of the same database inserts");
+    let other = Database::create(DatabaseOptions::default()).unwrap();
+    other
+        .create_table(heap("Heap"))
+        .unwrap()
+        .insert(&other.session(), row())
+        .expect("a heap of another database in the process inserts");
+    db.check_integrity().unwrap();
 }

@@ -1,13 +1,11 @@
 //! Uniquifiers across processes. A non-unique clustered index (and a heap, which is one with no
-//! columns) ends every key in a uniquifier, handed out in per-thread blocks numbered per
-//! process. A database opened by a later process must not hand out the uniquifiers its rows
-//! already hold: before `Database::open` moved the numbering past them, a heap reopened by a new
-//! process refused every insert as a duplicate key.
+//! columns) ends every key in a uniquifier, which each table numbers in blocks. A database
+//! opened by a later process must not hand out the uniquifiers its rows already hold: before
+//! `Database::open` moved the numbering past them, a heap reopened by a new process refused
+//! every insert as a duplicate key.
 //!
-//! Only a fresh process shows it (within one process the numbering just goes on), so the test
-//! runs its first half in a child: this test binary again, told by an environment variable to
-//! play the child. This file holds that one test, so that the parent's blocks are numbered as
-//! in a real restart.
+//! The first half runs in a child, as a real restart would: this test binary again, told by an
+//! environment variable to play the child.
 
 use std::path::Path;
 use std::process::Command;
@@ -86,9 +84,8 @@ fn a_reopened_database_never_hands_out_a_uniquifier_its_rows_hold() {
         .unwrap();
     assert!(status.success(), "the child failed: {status}");
 
-    // This thread takes a block before the open, as a thread that inserted into another
-    // database first would: the first two values of block 0, whose third the child's heap
-    // holds. The open must make the thread drop that block.
+    // Another database's heap takes the first uniquifiers of this thread's stripe first: the
+    // numbering is its own, and must not make the reopened database's any different.
     let other = Database::create(DatabaseOptions::default()).unwrap();
     let session = other.session();
     let (other_heap, _) = tables(&other);

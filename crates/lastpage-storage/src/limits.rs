@@ -103,6 +103,18 @@ pub const TAIL_LANES: usize = 16;
 /// increment: by at most `TAIL_LANES` blocks.
 pub const LANE_IDENTITY_MAX_INCREMENT: i64 = 1000;
 
+/// Bits of a uniquifier below its block number (see the engine's `uniquifier.rs`): a stripe of
+/// a table's uniquifiers takes a block of 2^40 values at a time, so a table has 2^24 blocks.
+/// Blocks are taken only when a stripe is first used and when one is used up, so a table never
+/// runs out but through a file whose rows already hold a value near the end of the range.
+pub const UNIQUIFIER_BLOCK_BITS: u32 = 40;
+
+/// Stripes of a table's uniquifiers: threads take values from stripe (thread number modulo
+/// this), each on its own cache line and in its own block, so concurrent inserts into a heap or
+/// a non-unique clustered index rarely share a cache line for it, and a heap's threads append
+/// in separate key ranges rather than all at its last page. 8 KiB per such table.
+pub const UNIQUIFIER_STRIPES: usize = 64;
+
 /// Identity values a logged table reserves in its log at once, at first (see the engine's
 /// `IdentityState`): for TINYINT and SMALLINT, INT, and BIGINT columns. SQL Server's identity
 /// cache has about these sizes, and they bound the same thing: the values skipped after a
