@@ -745,12 +745,19 @@ impl BufferPool {
     ///
     /// Pages are taken in batches of [`CHECKPOINT_WRITE_BATCH_PAGES`], each latched shared with
     /// a *try* (a page a writer holds is skipped: it is likely to be dirtied again, and the
-    /// capture writes it); the before-write hook runs once per batch, as it does for an
-    /// eviction batch, and the batch's latches are released once it is written. A shared latch
+    /// capture writes it); the before-write hook runs once per batch, before the batch is
+    /// latched, and the batch's latches are released once it is written. A shared latch
     /// keeps writers out, and only a checkpoint (one at a time) changes a frame's slot, CRC and
     /// dirty flag under a shared latch. Each batch is synced before the next is written
     /// (spreading the data file's writeback over the pass, between the log's flushes; the
     /// capture's own sync then has little left to do). Returns how many pages it wrote.
+    ///
+    /// The hook runs before the latches are taken, not while they are held: it flushes the log,
+    /// and writers of the batch's pages waited for that flush. So a page may be written with a
+    /// change made after the hook, whose log record is not durable yet. That breaks no image:
+    /// the page goes to a slot no durable image uses (a crash forgets it), and it enters an
+    /// image only through a capture, whose caller makes the log durable up to the capture
+    /// before [`PendingCheckpoint::finish`] writes the image (the engine's checkpoint does).
     pub fn write_dirty_pages(&self) -> Result<usize, PageError> {
         let Some(file) = &self.file else {
             return Ok(0);
@@ -763,6 +770,9 @@ impl BufferPool {
         let mut written = 0;
         let mut next = 1;
         while next <= page_count {
+            if !self.run_before_write_hook() {
+                return Err(hook_failed(next as PageId));
+            }
             while next <= page_count && batch.len() < CHECKPOINT_WRITE_BATCH_PAGES {
                 let page_id = next as PageId;
                 next += 1;
@@ -783,11 +793,7 @@ impl BufferPool {
             if batch.is_empty() {
                 continue;
             }
-            let mut result = if self.run_before_write_hook() {
-                Ok(())
-            } else {
-                Err(hook_failed(batch[0].1))
-            };
+            let mut result = Ok(());
             for (frame, page_id) in batch.drain(..) {
                 if result.is_ok() {
                     result = self.write_frame(file, frame, page_id);
