@@ -17,7 +17,7 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
+    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_PAGES, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
     OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
@@ -65,6 +65,11 @@ pub struct DatabaseOptions {
     /// The file system a durable database uses; `None` is the real one. Tests pass a
     /// fault-injecting one.
     pub file_system: Option<Arc<dyn FileSystem>>,
+    /// The most pages the database may hold (SQL Server's MAXSIZE, in 8 KiB pages): page ids
+    /// stop below it, and a write that needs a page past it fails with
+    /// [`EngineError::PoolFull`]. At most, and by default, `MAX_PAGES` (128 GiB). Tests set it
+    /// low to reach a full database cheaply.
+    pub max_pages: usize,
 }
 
 impl Default for DatabaseOptions {
@@ -77,6 +82,7 @@ impl Default for DatabaseOptions {
             lock_timeout: None,
             wal: WalConfig::default(),
             file_system: None,
+            max_pages: MAX_PAGES,
         }
     }
 }
@@ -91,6 +97,7 @@ impl std::fmt::Debug for DatabaseOptions {
             .field("lock_timeout", &self.lock_timeout)
             .field("wal", &self.wal)
             .field("file_system", &self.file_system.as_ref().map(|_| "custom"))
+            .field("max_pages", &self.max_pages)
             .finish()
     }
 }
@@ -218,7 +225,7 @@ impl Database {
     /// transactions and locks work as in a durable one.
     pub fn create(options: DatabaseOptions) -> Result<Database> {
         Ok(Database::assemble(
-            Arc::new(BufferPool::new()),
+            Arc::new(BufferPool::with_max_pages(options.max_pages)),
             options,
             None,
             None,
@@ -319,6 +326,7 @@ impl Database {
             &dir.join(DATA_FILE_NAME),
             PoolConfig {
                 memory_budget_bytes: options.memory_budget_bytes,
+                max_pages: options.max_pages,
             },
         )
         .map_err(|error| EngineError::Storage(error.to_string()))?;

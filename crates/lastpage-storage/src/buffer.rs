@@ -178,12 +178,18 @@ pub struct PoolConfig {
     /// `MIN_BUDGET_PAGES` pages). A soft limit: when every resident page is latched, a
     /// thread that needs a frame goes over it rather than wait.
     pub memory_budget_bytes: usize,
+    /// The pool's page limit: page ids stop below it, and an allocation past it fails with
+    /// [`PoolFull`] (SQL Server's MAXSIZE, in pages). At most [`MAX_PAGES`], the most the page
+    /// table addresses; a larger value counts as `MAX_PAGES`. A lower one lets a database be
+    /// capped, and lets tests reach a full database without writing 128 GiB.
+    pub max_pages: usize,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
+            max_pages: MAX_PAGES,
         }
     }
 }
@@ -232,6 +238,8 @@ type SharedHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct BufferPool {
     chunks: Box<[OnceLock<Chunk>]>,
     next_page_id: AtomicU32,
+    /// Page ids stop below this (see [`PoolConfig::max_pages`]); at most `MAX_PAGES`.
+    max_pages: usize,
     /// Pages whose bytes are in memory (and frames reserved for pages being loaded).
     resident: AtomicUsize,
     /// The budget in pages; `usize::MAX` for a memory-only pool, so the check never fires.
@@ -277,16 +285,23 @@ fn unallocated(page_id: PageId) -> PageError {
 impl BufferPool {
     /// An empty memory-only pool: unbounded, no data file.
     pub fn new() -> Self {
-        Self::with_parts(usize::MAX, None)
+        Self::with_max_pages(MAX_PAGES)
     }
 
-    fn with_parts(budget_pages: usize, file: Option<Arc<DataFile>>) -> Self {
+    /// An empty memory-only pool whose page ids stop below `max_pages` (see
+    /// [`PoolConfig::max_pages`]).
+    pub fn with_max_pages(max_pages: usize) -> Self {
+        Self::with_parts(usize::MAX, None, max_pages)
+    }
+
+    fn with_parts(budget_pages: usize, file: Option<Arc<DataFile>>, max_pages: usize) -> Self {
         BufferPool {
             chunks: (0..MAX_PAGES / PAGE_TABLE_CHUNK_PAGES)
                 .map(|_| OnceLock::new())
                 .collect(),
             // Page 0 is `NO_PAGE`.
             next_page_id: AtomicU32::new(1),
+            max_pages: max_pages.min(MAX_PAGES),
             resident: AtomicUsize::new(0),
             budget_pages,
             file,
@@ -322,7 +337,8 @@ impl BufferPool {
                 .open(path, OpenOptions::existing())
                 .map_err(|error| io("opening the data file", error))?;
             if let Some((data_file, image)) = DataFile::open(file)? {
-                let pool = Self::with_parts(budget_pages, Some(Arc::new(data_file)));
+                let pool =
+                    Self::with_parts(budget_pages, Some(Arc::new(data_file)), config.max_pages);
                 for (index, &(slot, crc)) in image.map.iter().enumerate() {
                     let page_id = index as PageId + 1;
                     // The latch flavour is a property of the index, not of the file; pages
@@ -350,7 +366,7 @@ impl BufferPool {
         fs.sync_dir(dir)
             .map_err(|error| io("syncing the directory of the data file", error))?;
         Ok((
-            Self::with_parts(budget_pages, Some(Arc::new(data_file))),
+            Self::with_parts(budget_pages, Some(Arc::new(data_file)), config.max_pages),
             None,
         ))
     }
@@ -440,10 +456,10 @@ impl BufferPool {
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
         let page_id = self.next_page_id.fetch_add(1, Ordering::Relaxed);
         let index = page_id as usize;
-        if index >= MAX_PAGES {
+        if index >= self.max_pages {
             self.next_page_id.fetch_sub(1, Ordering::Relaxed);
             return Err(PoolFull {
-                max_pages: MAX_PAGES,
+                max_pages: self.max_pages,
             });
         }
         self.reserve_frame();

@@ -31,6 +31,7 @@ fn open(fs: &FaultyFileSystem, budget_pages: usize) -> (Arc<BufferPool>, Option<
         Path::new(PATH),
         PoolConfig {
             memory_budget_bytes: budget_pages * PAGE_SIZE_BYTES,
+            ..PoolConfig::default()
         },
     )
     .unwrap();
