@@ -272,23 +272,15 @@ impl BTree {
                 exclusive_from_level = u8::MAX;
                 continue;
             }
-            if path.len() == 1 {
-                // The leaf is the root: move it down first, so that the leaves' sibling links
-                // name the page the rows will live on rather than the root.
-                self.grow_root(&mut path)?;
-            }
-            let leaf_index = path.len() - 1;
-            let (above, leaf) = path.split_at_mut(leaf_index);
-            let mut right = self.split_leaf(&mut leaf[0], above, &plan)?;
-            let parent = self.push_separator(
-                &mut path,
-                plan.separator.clone(),
-                right.page_id(),
-                plan.append,
-            )?;
-            if plan.append {
-                self.tail_parent_hint.store(parent, Ordering::Relaxed);
-            }
+            // Every page the split needs is allocated before anything changes: a split that
+            // ran out of pages half way (the pool at its page limit) left the new leaf in the
+            // leaf chain but not in its parent, so descents missed its rows, an insert of one
+            // of their keys made a duplicate, and the integrity check failed.
+            let needed = split_pages_needed(&path, plan.separator.len());
+            let mut pages = self.reserve_split_pages(needed)?;
+            let split = self.split_on_path(&mut path, &plan, &mut pages);
+            self.recycle_split_pages(pages);
+            let mut right = split?;
             let leaf_index = path.len() - 1;
             let target = if key < plan.separator.as_slice() {
                 &mut path[leaf_index]
@@ -300,6 +292,90 @@ impl BTree {
             }
             // Very large records: the record still does not fit on its half. Nothing has been
             // changed for it yet, so release everything and split again.
+        }
+    }
+
+    /// Splits the full leaf at the end of `path` as `plan` says and links the new right page
+    /// into the parent, splitting inner pages up the path and growing the root as needed, all
+    /// with pages from `pages`. Returns the new right leaf, still latched.
+    fn split_on_path<'a>(
+        &'a self,
+        path: &mut Vec<ExclusiveGuard<'a>>,
+        plan: &LeafSplitPlan,
+        pages: &mut SplitPages<'a>,
+    ) -> Result<ExclusiveGuard<'a>, BTreeError> {
+        if path.len() == 1 {
+            // The leaf is the root: move it down first, so that the leaves' sibling links
+            // name the page the rows will live on rather than the root.
+            self.grow_root(path, pages)?;
+        }
+        let leaf_index = path.len() - 1;
+        let (above, leaf) = path.split_at_mut(leaf_index);
+        let right = self.split_leaf(&mut leaf[0], above, plan, pages)?;
+        let parent = self.push_separator(
+            path,
+            plan.separator.clone(),
+            right.page_id(),
+            plan.append,
+            pages,
+        )?;
+        if plan.append {
+            self.tail_parent_hint.store(parent, Ordering::Relaxed);
+        }
+        Ok(right)
+    }
+
+    /// Latches `count` unlinked pages for a split: the tree's spare leaves first, then new
+    /// pages from the pool. If the pool runs out, the pages already taken go back to the spare
+    /// leaves and the split fails before it changes anything.
+    fn reserve_split_pages(&self, count: usize) -> Result<SplitPages<'_>, BTreeError> {
+        let mut pages = SplitPages {
+            pages: Vec::with_capacity(count),
+        };
+        while pages.pages.len() < count {
+            match self.take_spare_leaf() {
+                Ok(page) => pages.pages.push(page),
+                Err(error) => {
+                    self.recycle_split_pages(pages);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(pages)
+    }
+
+    /// Gives the pages a split did not use back to the spare leaves, formatted as empty leaves,
+    /// for the next split: they were allocated, and pages are never freed.
+    fn recycle_split_pages(&self, pages: SplitPages<'_>) {
+        let mut ids = Vec::with_capacity(pages.pages.len());
+        for mut page in pages.pages {
+            let page_id = page.page_id();
+            page.page_mut()
+                .format(page_id, PageKind::Leaf, 0, self.index_id);
+            ids.push(page_id);
+        }
+        if !ids.is_empty() {
+            crate::sync::lock(&self.spare_leaves).extend(ids);
+        }
+    }
+
+    /// A page from `pages` (or, if the count fell short, from the pool), formatted as `kind`
+    /// at `level`.
+    fn new_split_page<'a>(
+        &'a self,
+        pages: &mut SplitPages<'a>,
+        kind: PageKind,
+        level: u8,
+    ) -> Result<ExclusiveGuard<'a>, BTreeError> {
+        match pages.pages.pop() {
+            Some(mut page) => {
+                let page_id = page.page_id();
+                page.page_mut().format(page_id, kind, level, self.index_id);
+                Ok(page)
+            }
+            None => Ok(self
+                .pool
+                .allocate(self.latch_policy, kind, level, self.index_id)?),
         }
     }
 
@@ -423,10 +499,9 @@ impl BTree {
         leaf: &mut ExclusiveGuard<'a>,
         above: &[ExclusiveGuard<'a>],
         plan: &LeafSplitPlan,
+        pages: &mut SplitPages<'a>,
     ) -> Result<ExclusiveGuard<'a>, BTreeError> {
-        let mut right = self
-            .pool
-            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?;
+        let mut right = self.new_split_page(pages, PageKind::Leaf, 0)?;
         let page = leaf.page();
         let count = page.slot_count();
         {
@@ -488,13 +563,14 @@ impl BTree {
         mut separator: Vec<u8>,
         mut new_child: PageId,
         append: bool,
+        pages: &mut SplitPages<'a>,
     ) -> Result<PageId, BTreeError> {
         let mut child_index = path.len() - 1;
         let mut first_parent = None;
         loop {
             if child_index == 0 {
                 debug_assert_eq!(path[0].page_id(), self.root, "cascade_fits guarantees this");
-                self.grow_root(path)?;
+                self.grow_root(path, pages)?;
                 child_index = 1;
             }
             let parent = &mut path[child_index - 1];
@@ -517,7 +593,7 @@ impl BTree {
                 return Ok(first_parent.unwrap_or(parent.page_id()));
             }
             let (up_separator, right) =
-                self.split_inner(parent, index, &separator, new_child, append)?;
+                self.split_inner(parent, index, &separator, new_child, append, pages)?;
             if first_parent.is_none() {
                 first_parent = Some(if separator.as_slice() < up_separator.as_slice() {
                     parent.page_id()
@@ -543,13 +619,12 @@ impl BTree {
         separator: &[u8],
         child: PageId,
         append: bool,
+        pages: &mut SplitPages<'a>,
     ) -> Result<(Vec<u8>, ExclusiveGuard<'a>), BTreeError> {
         let page = node.page();
         let level = page.level();
         let count = page.slot_count();
-        let mut right =
-            self.pool
-                .allocate(self.latch_policy, PageKind::Inner, level, self.index_id)?;
+        let mut right = self.new_split_page(pages, PageKind::Inner, level)?;
         self.stats.inner_splits.add(1);
         if append && index == count {
             // The rightmost page of its level, filled by an ascending load: keep it full and
@@ -585,7 +660,11 @@ impl BTree {
     /// Moves the root's contents to a new child and makes the root an inner page one level up
     /// whose only child is that page. `path[0]` must be the root; the child is inserted at
     /// `path[1]`.
-    fn grow_root<'a>(&'a self, path: &mut Vec<ExclusiveGuard<'a>>) -> Result<(), BTreeError> {
+    fn grow_root<'a>(
+        &'a self,
+        path: &mut Vec<ExclusiveGuard<'a>>,
+        pages: &mut SplitPages<'a>,
+    ) -> Result<(), BTreeError> {
         let root = &mut path[0];
         let level = root.page().level();
         let kind = if root.page().is_leaf() {
@@ -593,9 +672,7 @@ impl BTree {
         } else {
             PageKind::Inner
         };
-        let mut child = self
-            .pool
-            .allocate(self.latch_policy, kind, level, self.index_id)?;
+        let mut child = self.new_split_page(pages, kind, level)?;
         let child_id = child.page_id();
         child.page_mut().copy_contents_from(&root.page());
         let root_id = root.page_id();
@@ -607,6 +684,33 @@ impl BTree {
         path.insert(1, child);
         Ok(())
     }
+}
+
+/// Unlinked pages latched for one split before it starts (see [`BTree::reserve_split_pages`]).
+struct SplitPages<'a> {
+    pages: Vec<ExclusiveGuard<'a>>,
+}
+
+/// How many new pages splitting the leaf at the end of `path` takes, when the separator it
+/// pushes up is `separator_len` bytes: the new leaf, one for each held inner page that cannot
+/// take the separator coming from below (counted as a longest key above the first, as
+/// [`BTree::cascade_fits`] does, so the count is never short), and one more if the split
+/// reaches the root, whose contents move to a new child. A root leaf moves down first and
+/// its separator goes into the emptied root.
+fn split_pages_needed(path: &[ExclusiveGuard<'_>], separator_len: usize) -> usize {
+    if path.len() == 1 {
+        return 2;
+    }
+    let mut pages = 1;
+    let mut needed = inner_entry_bytes(separator_len);
+    for node in path[..path.len() - 1].iter().rev() {
+        if node.page().total_free_bytes() >= needed {
+            return pages;
+        }
+        pages += 1;
+        needed = inner_entry_bytes(MAX_KEY_BYTES);
+    }
+    pages + 1
 }
 
 /// Decides where a full leaf splits for a write of `key`.

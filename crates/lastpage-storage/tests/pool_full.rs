@@ -1,0 +1,332 @@
+//! The B+tree when its pool runs out of pages (`BufferPool::with_max_pages` stands in for
+//! `MAX_PAGES`, which is 128 GiB): every insert, batch, update and split that needs a page it
+//! cannot get must fail with `PoolFull` and change nothing else, so that every row acknowledged
+//! before is still found by a lookup, a scan in both directions and the integrity checker, and
+//! writes that need no new page still work. Randomized tests print their seed; rerun one with
+//! `LASTPAGE_SEED=<seed>`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
+use lastpage_storage::buffer::BufferPool;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn tree(max_pages: usize, insert_path: InsertPath) -> BTree {
+    BTree::create(
+        Arc::new(BufferPool::with_max_pages(max_pages)),
+        1,
+        TreeOptions {
+            insert_path,
+            ..TreeOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Checks that the tree holds exactly `oracle`: the integrity checker, a lookup of every key,
+/// and scans both ways.
+fn verify(tree: &BTree, oracle: &BTreeMap<Vec<u8>, Vec<u8>>, context: &str) {
+    let check = tree
+        .check_integrity()
+        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
+    assert_eq!(
+        check.rows,
+        oracle.len() as u64,
+        "{context}: rows the checker counted"
+    );
+    for (key, value) in oracle {
+        assert_eq!(
+            tree.get(key).unwrap().as_ref(),
+            Some(value),
+            "{context}: lookup of {key:?}"
+        );
+    }
+    for direction in [Direction::Forward, Direction::Backward] {
+        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
+        let keys: Vec<Vec<u8>> = scan.by_ref().map(|(key, _)| key).collect();
+        assert!(
+            scan.error().is_none(),
+            "{context}: scan failed: {:?}",
+            scan.error()
+        );
+        let mut expected: Vec<Vec<u8>> = oracle.keys().cloned().collect();
+        if direction == Direction::Backward {
+            expected.reverse();
+        }
+        assert_eq!(keys, expected, "{context}: {direction:?} scan");
+    }
+}
+
+/// A key of `len` bytes (at least 8) that sorts as `number` does. Long keys make inner pages
+/// hold few separators, so that inner and root splits come after a few leaves.
+fn key_of(number: u64, len: usize) -> Vec<u8> {
+    let mut key = number.to_be_bytes().to_vec();
+    key.resize(len.max(8), b'k');
+    key
+}
+
+/// Inserts keys made by `next_key` until the pool is full, then some more, checking every
+/// failure is `PoolFull` and the tree stays whole; returns the oracle.
+fn fill(
+    tree: &BTree,
+    value_len: usize,
+    mut next_key: impl FnMut() -> Vec<u8>,
+    context: &str,
+) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut oracle = BTreeMap::new();
+    let mut failures = 0;
+    let mut attempts = 0;
+    while failures < 50 && attempts < 1_000_000 {
+        attempts += 1;
+        let key = next_key();
+        if oracle.contains_key(&key) {
+            continue;
+        }
+        let value = vec![(attempts % 251) as u8; value_len.min(8000 - key.len())];
+        match tree.insert(&key, &value) {
+            Ok(()) => {
+                oracle.insert(key, value);
+            }
+            Err(BTreeError::PoolFull(_)) => {
+                failures += 1;
+                // A failed insert must not have left the key behind.
+                assert_eq!(
+                    tree.get(&key).unwrap(),
+                    None,
+                    "{context}: failed key is there"
+                );
+            }
+            Err(other) => panic!("{context}: unexpected error {other}"),
+        }
+    }
+    assert!(failures > 0, "{context}: the pool never filled");
+    verify(tree, &oracle, context);
+    oracle
+}
+
+#[test]
+fn inserts_at_the_page_limit_fail_cleanly() {
+    let seed = common::seed();
+    for path in InsertPath::ALL {
+        for (key_len, value_len) in [(8, 100), (8, 4000), (8, 8000), (1200, 100), (1600, 6000)] {
+            for max_pages in [2, 3, 5, 9, 40, 200] {
+                for pattern in ["ascending", "descending", "random"] {
+                    let context = format!(
+                        "{path:?} {key_len}-byte keys {value_len}-byte {pattern} max_pages {max_pages}"
+                    );
+                    let tree = tree(max_pages, path);
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let mut counter = 1u64 << 40;
+                    let mut oracle = fill(
+                        &tree,
+                        value_len,
+                        || match pattern {
+                            "ascending" => {
+                                counter += 1;
+                                key_of(counter, key_len)
+                            }
+                            "descending" => {
+                                counter -= 1;
+                                key_of(counter, key_len)
+                            }
+                            _ => key_of(rng.random_range(0..1u64 << 41), key_len),
+                        },
+                        &context,
+                    );
+                    // Deletes free room on their pages: inserts that fit there work again.
+                    let keys: Vec<Vec<u8>> = oracle.keys().cloned().collect();
+                    for key in keys.iter().step_by(2) {
+                        assert!(tree.delete(key).unwrap().is_some(), "{context}: delete");
+                        oracle.remove(key);
+                    }
+                    verify(&tree, &oracle, &format!("{context}, after deletes"));
+                    for key in keys.iter().step_by(2) {
+                        let value = vec![7u8; value_len.min(8000 - key_len)];
+                        match tree.insert(key, &value) {
+                            Ok(()) => {
+                                oracle.insert(key.clone(), value);
+                            }
+                            Err(BTreeError::PoolFull(_)) => {}
+                            Err(other) => panic!("{context}: reinsert: {other}"),
+                        }
+                    }
+                    verify(&tree, &oracle, &format!("{context}, after reinserts"));
+                }
+            }
+        }
+    }
+}
+
+/// Keys the tree makes from a counter under its tail gate (IDENTITY), one row at a time, in a
+/// batch, and on sequence lanes, until the pool is full.
+#[test]
+fn generated_keys_at_the_page_limit_fail_cleanly() {
+    for path in InsertPath::ALL {
+        for value_len in [100, 3000, 8000] {
+            for max_pages in [2, 3, 5, 9, 40] {
+                for way in ["single", "batch", "lanes"] {
+                    let context = format!("{path:?} {value_len}-byte {way} max_pages {max_pages}");
+                    let tree = tree(max_pages, path);
+                    let mut oracle = BTreeMap::new();
+                    let mut next = 0u64;
+                    let mut failures = 0;
+                    while failures < 20 && next < 100_000 {
+                        let value = vec![(next % 251) as u8; value_len];
+                        match way {
+                            "single" => {
+                                let made = tree.insert_with_generated_key(&value, |key| {
+                                    next += 1;
+                                    key.extend_from_slice(&next.to_be_bytes());
+                                    Ok::<(), ()>(())
+                                });
+                                match made {
+                                    Ok(key) => {
+                                        oracle.insert(key, value);
+                                    }
+                                    Err(lastpage_storage::btree::GeneratedKeyError::Tree(
+                                        BTreeError::PoolFull(_),
+                                    )) => failures += 1,
+                                    Err(other) => panic!("{context}: {other:?}"),
+                                }
+                            }
+                            "batch" => {
+                                let values: Vec<&[u8]> = vec![&value[..]; 7];
+                                let (mut keys, mut ends) = (Vec::new(), Vec::new());
+                                let result = tree.insert_batch_with_generated_keys(
+                                    &values,
+                                    |keys, ends| {
+                                        for _ in 0..7 {
+                                            next += 1;
+                                            keys.extend_from_slice(&next.to_be_bytes());
+                                            ends.push(keys.len());
+                                        }
+                                        Ok::<(), ()>(())
+                                    },
+                                    &mut keys,
+                                    &mut ends,
+                                );
+                                let inserted = match result {
+                                    Ok(()) => 7,
+                                    Err((
+                                        rows,
+                                        lastpage_storage::btree::GeneratedKeyError::Tree(
+                                            BTreeError::PoolFull(_),
+                                        ),
+                                    )) => {
+                                        failures += 1;
+                                        rows
+                                    }
+                                    Err((_, other)) => panic!("{context}: {other:?}"),
+                                };
+                                for row in 0..inserted {
+                                    let key = keys
+                                        [lastpage_storage::btree::batch_item_range(&ends, row)]
+                                    .to_vec();
+                                    oracle.insert(key, value.clone());
+                                }
+                                // The caller takes back the rows of a failed batch.
+                                if inserted < 7 {
+                                    for row in 0..inserted {
+                                        let key = &keys
+                                            [lastpage_storage::btree::batch_item_range(&ends, row)];
+                                        assert!(tree.delete(key).unwrap().is_some());
+                                        oracle.remove(key);
+                                    }
+                                }
+                            }
+                            _ => {
+                                let mut key = Vec::new();
+                                let made = tree.insert_with_sequence_key(
+                                    &value,
+                                    1,
+                                    |count| {
+                                        let first = next as i64 + 1;
+                                        next += count;
+                                        Ok::<i64, ()>(first)
+                                    },
+                                    |number, key| {
+                                        key.extend_from_slice(&(number as u64).to_be_bytes());
+                                        Ok(())
+                                    },
+                                    &mut key,
+                                );
+                                match made {
+                                    Ok(_) => {
+                                        oracle.insert(key, value);
+                                    }
+                                    Err(lastpage_storage::btree::GeneratedKeyError::Tree(
+                                        BTreeError::PoolFull(_),
+                                    )) => failures += 1,
+                                    Err(other) => panic!("{context}: {other:?}"),
+                                }
+                            }
+                        }
+                    }
+                    assert!(failures > 0, "{context}: never full");
+                    verify(&tree, &oracle, &context);
+                }
+            }
+        }
+    }
+}
+
+/// Updates that grow rows split their leaves; at the page limit they fail and leave the old
+/// value.
+#[test]
+fn growing_updates_at_the_page_limit_fail_cleanly() {
+    let seed = common::seed();
+    for path in InsertPath::ALL {
+        for max_pages in [3, 5, 9, 40] {
+            let context = format!("{path:?} max_pages {max_pages}");
+            let tree = tree(max_pages, path);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut oracle = BTreeMap::new();
+            for number in 0..400u64 {
+                let key = key_of(number * 7, 600);
+                let value = vec![1u8; 20];
+                match tree.insert(&key, &value) {
+                    Ok(()) => {
+                        oracle.insert(key, value);
+                    }
+                    Err(BTreeError::PoolFull(_)) => break,
+                    Err(other) => panic!("{context}: {other}"),
+                }
+            }
+            let keys: Vec<Vec<u8>> = oracle.keys().cloned().collect();
+            let mut failures = 0;
+            for _ in 0..2000 {
+                let key = &keys[rng.random_range(0..keys.len())];
+                let value = vec![2u8; rng.random_range(20..7000)];
+                match tree.update(key, &value) {
+                    Ok(Some(_)) => {
+                        oracle.insert(key.clone(), value);
+                    }
+                    Err(BTreeError::PoolFull(_)) => failures += 1,
+                    other => panic!("{context}: {other:?}"),
+                }
+            }
+            assert!(failures > 0, "{context}: never full");
+            verify(&tree, &oracle, &context);
+            // Batches of the classic kind: each entry fails or goes in alone.
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = (0..300u64)
+                .map(|number| (key_of(number * 7 + 3, 600), vec![3u8; 500]))
+                .collect();
+            let refs: Vec<(&[u8], &[u8])> = entries.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            for ((key, value), result) in entries.iter().zip(tree.insert_batch(&refs)) {
+                match result {
+                    Ok(()) => {
+                        oracle.insert(key.clone(), value.clone());
+                    }
+                    Err(BTreeError::PoolFull(_)) => {}
+                    Err(other) => panic!("{context}: batch {other}"),
+                }
+            }
+            verify(&tree, &oracle, &format!("{context}, after a batch"));
+        }
+    }
+}
