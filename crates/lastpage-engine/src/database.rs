@@ -68,7 +68,8 @@ pub struct DatabaseOptions {
     /// The most pages the database may hold (SQL Server's MAXSIZE, in 8 KiB pages): page ids
     /// stop below it, and a write that needs a page past it fails with
     /// [`EngineError::PoolFull`]. At most, and by default, `MAX_PAGES` (128 GiB). Tests set it
-    /// low to reach a full database cheaply.
+    /// low to reach a full database cheaply. Recovery at open is not held to it (only to
+    /// `MAX_PAGES`): committed rows are replayed whatever pages they take.
     pub max_pages: usize,
 }
 
@@ -326,7 +327,13 @@ impl Database {
             &dir.join(DATA_FILE_NAME),
             PoolConfig {
                 memory_budget_bytes: options.memory_budget_bytes,
-                max_pages: options.max_pages,
+                // Replay is not held to the configured limit (it is set below, once the
+                // database is open): it redoes the committed rows, not the pages they were
+                // on, and a tree built again in commit order, without the splits that failed
+                // statements and rolled-back rows left, can take more pages than before. A
+                // crash of a database at its limit then made every open fail with 'replaying
+                // a committed change failed: the buffer pool is full'.
+                max_pages: MAX_PAGES,
             },
         )
         .map_err(|error| EngineError::Storage(error.to_string()))?;
@@ -436,6 +443,9 @@ impl Database {
         for table in db.tables().iter() {
             table.raise_uniquifiers_past_rows()?;
         }
+        // From here on new pages count against the configured limit; a database that
+        // recovery took past it keeps its pages, and only writes that need more fail.
+        pool.set_max_pages(db.inner.options.max_pages);
         recovery.duration = started.elapsed();
         if let Some(durable) = db.durable() {
             let _ = durable.recovery.set(recovery);

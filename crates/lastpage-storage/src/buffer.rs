@@ -238,8 +238,9 @@ type SharedHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct BufferPool {
     chunks: Box<[OnceLock<Chunk>]>,
     next_page_id: AtomicU32,
-    /// Page ids stop below this (see [`PoolConfig::max_pages`]); at most `MAX_PAGES`.
-    max_pages: usize,
+    /// Page ids stop below this (see [`PoolConfig::max_pages`]); at most `MAX_PAGES`. Not part
+    /// of any protocol: an allocation racing a change of it may see either value.
+    max_pages: AtomicUsize,
     /// Pages whose bytes are in memory (and frames reserved for pages being loaded).
     resident: AtomicUsize,
     /// The budget in pages; `usize::MAX` for a memory-only pool, so the check never fires.
@@ -301,7 +302,7 @@ impl BufferPool {
                 .collect(),
             // Page 0 is `NO_PAGE`.
             next_page_id: AtomicU32::new(1),
-            max_pages: max_pages.min(MAX_PAGES),
+            max_pages: AtomicUsize::new(max_pages.min(MAX_PAGES)),
             resident: AtomicUsize::new(0),
             budget_pages,
             file,
@@ -388,6 +389,21 @@ impl BufferPool {
         *lock(&self.before_write) = Some(Arc::from(hook));
     }
 
+    /// The pool's page limit (see [`PoolConfig::max_pages`]).
+    pub fn max_pages(&self) -> usize {
+        self.max_pages.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the pool's page limit (at most `MAX_PAGES`) for allocations from now on. Pages
+    /// already beyond a lower limit stay; only new ones are refused. Recovery replays with the
+    /// limit raised, since replayed rows may need more pages than they took before the crash.
+    pub fn set_max_pages(&self, max_pages: usize) {
+        self.max_pages.store(
+            max_pages.min(MAX_PAGES),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// Pages allocated so far.
     pub fn page_count(&self) -> usize {
         self.next_page_id.load(Ordering::Relaxed).saturating_sub(1) as usize
@@ -456,11 +472,10 @@ impl BufferPool {
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
         let page_id = self.next_page_id.fetch_add(1, Ordering::Relaxed);
         let index = page_id as usize;
-        if index >= self.max_pages {
+        let max_pages = self.max_pages();
+        if index >= max_pages {
             self.next_page_id.fetch_sub(1, Ordering::Relaxed);
-            return Err(PoolFull {
-                max_pages: self.max_pages,
-            });
+            return Err(PoolFull { max_pages });
         }
         self.reserve_frame();
         let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);

@@ -1,0 +1,299 @@
+//! A database that runs out of room: its page limit (`DatabaseOptions::max_pages`, a stand-in
+//! for `MAX_PAGES`) and a full disk (`FaultRule::disk_full_after`). Every statement that needs a
+//! page it cannot get fails with a clear error and leaves nothing behind; committed rows stay
+//! readable, the integrity check passes, and the database reopens with every acknowledged row.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, IndexDef, InsertRow,
+    KeyRange, TableDef, Uniqueness, Value,
+};
+use lastpage_io::{FaultyConfig, FaultyFileSystem};
+use lastpage_storage::wal::WalConfig;
+
+const DIR: &str = "/db";
+
+fn options(fs: &FaultyFileSystem, max_pages: usize) -> DatabaseOptions {
+    DatabaseOptions {
+        file_system: Some(Arc::new(fs.clone())),
+        wal: WalConfig {
+            buffer_bytes: 1 << 20,
+            segment_bytes: 256 << 10,
+            ..WalConfig::default()
+        },
+        max_pages,
+        ..DatabaseOptions::default()
+    }
+}
+
+/// `Orders(Id BIGINT IDENTITY PRIMARY KEY, Tag INT NOT NULL, Payload VARCHAR(8000) NOT NULL)`
+/// with a nonclustered index on `Tag` if `indexed`, hash-partitioned on `Part` if `partitions`
+/// is above one.
+fn orders(indexed: bool, partitions: u16) -> TableDef {
+    let mut table = TableDef::new("Orders")
+        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+        .column(ColumnDef::new("Tag", DataType::Int).not_null())
+        .column(ColumnDef::new("Payload", DataType::VarChar(8000)).not_null());
+    if partitions > 1 {
+        table = table
+            .column(ColumnDef::new("Part", DataType::TinyInt).not_null())
+            .clustered(IndexDef::new(
+                "PK_Orders",
+                &["Part", "Id"],
+                Uniqueness::PrimaryKey,
+            ))
+            .partitioned("Part", partitions);
+    } else {
+        table = table.clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey));
+    }
+    if indexed {
+        table = table.nonclustered(IndexDef::new("IX_Tag", &["Tag"], Uniqueness::NonUnique));
+    }
+    table
+}
+
+fn row(id_tag: i64, payload_len: usize, partitions: u16) -> InsertRow {
+    let row = InsertRow::new()
+        .set(1, (id_tag % 1000) as i32)
+        .set(2, "x".repeat(payload_len));
+    if partitions > 1 {
+        row.set(3, (id_tag % i64::from(partitions)) as i32)
+    } else {
+        row
+    }
+}
+
+/// Every row of `Orders`: id -> payload length, and the integrity check.
+fn contents(db: &Database) -> BTreeMap<i64, usize> {
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    let mut rows = BTreeMap::new();
+    for row in table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+    {
+        let row = row.unwrap();
+        let Value::BigInt(id) = row[0] else {
+            panic!("id {:?}", row[0])
+        };
+        let Value::String(text) = &row[2] else {
+            panic!("payload {:?}", row[2])
+        };
+        assert!(rows.insert(id, text.len()).is_none(), "id {id} twice");
+    }
+    db.check_integrity().unwrap();
+    assert_eq!(table.row_count(), rows.len() as u64, "row count");
+    rows
+}
+
+fn is_full(error: &EngineError) -> bool {
+    matches!(error, EngineError::PoolFull(_))
+}
+
+#[test]
+fn a_database_at_its_page_limit_fails_statements_cleanly_and_reopens() {
+    for (indexed, partitions) in [(false, 1), (true, 1), (true, 4)] {
+        for payload_len in [100, 7900] {
+            for max_pages in [4, 12, 60] {
+                let context = format!(
+                    "indexed {indexed}, {partitions} partitions, {payload_len}-byte rows, \
+                     max_pages {max_pages}"
+                );
+                println!("{context}");
+                let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+                let db = Database::open(DIR, options(&fs, max_pages)).unwrap();
+                let table = match db.create_table(orders(indexed, partitions)) {
+                    Ok(table) => table,
+                    Err(error) => {
+                        assert!(is_full(&error), "{context}: create: {error}");
+                        continue;
+                    }
+                };
+                let session = db.session();
+                let mut expected = BTreeMap::new();
+                let mut failures = 0;
+                for n in 1..100_000i64 {
+                    match table.insert(&session, row(n, payload_len, partitions)) {
+                        Ok(id) => {
+                            expected.insert(id.unwrap(), payload_len);
+                        }
+                        Err(error) => {
+                            assert!(is_full(&error), "{context}: insert: {error}");
+                            failures += 1;
+                            if failures == 5 {
+                                break;
+                            }
+                        }
+                    }
+                }
+                assert_eq!(contents(&db), expected, "{context}: after single rows");
+                // A multi-row statement that cannot fit leaves nothing behind.
+                let batch: Vec<InsertRow> =
+                    (0..50).map(|n| row(n, payload_len, partitions)).collect();
+                let error = table.insert_batch(&session, batch).unwrap_err();
+                assert!(is_full(&error), "{context}: batch: {error}");
+                assert_eq!(contents(&db), expected, "{context}: after a failed batch");
+                // So does an explicit transaction's statement; the transaction goes on.
+                session.begin().unwrap();
+                let batch: Vec<InsertRow> =
+                    (0..50).map(|n| row(n, payload_len, partitions)).collect();
+                assert!(table.insert_batch(&session, batch).is_err());
+                session.commit().unwrap();
+                assert_eq!(
+                    contents(&db),
+                    expected,
+                    "{context}: after a failed batch in a txn"
+                );
+                // Growing every row: some fail, the rest change, nothing else moves.
+                for (&id, len) in expected.iter_mut() {
+                    let key: Vec<Value> = if partitions > 1 {
+                        vec![
+                            Value::TinyInt((id % i64::from(partitions)) as u8),
+                            Value::BigInt(id),
+                        ]
+                    } else {
+                        vec![Value::BigInt(id)]
+                    };
+                    match table.update(&session, &key, &[(2, Value::from("y".repeat(7900)))]) {
+                        Ok(true) => *len = 7900,
+                        Ok(false) => panic!("{context}: update of {id} found nothing"),
+                        Err(error) => assert!(is_full(&error), "{context}: update: {error}"),
+                    }
+                }
+                assert_eq!(contents(&db), expected, "{context}: after updates");
+                db.checkpoint().unwrap();
+                // Deletes free room on their pages; rows that fit there go in again.
+                let ids: Vec<i64> = expected.keys().copied().collect();
+                for &id in ids.iter().step_by(2) {
+                    let key: Vec<Value> = if partitions > 1 {
+                        vec![
+                            Value::TinyInt((id % i64::from(partitions)) as u8),
+                            Value::BigInt(id),
+                        ]
+                    } else {
+                        vec![Value::BigInt(id)]
+                    };
+                    assert!(table.delete(&session, &key).unwrap(), "{context}: delete");
+                    expected.remove(&id);
+                }
+                assert_eq!(contents(&db), expected, "{context}: after deletes");
+                drop((table, session));
+                db.close().unwrap();
+                // A clean close reopens with every row.
+                let db = Database::open(DIR, options(&fs, max_pages)).unwrap();
+                assert_eq!(contents(&db), expected, "{context}: after a clean reopen");
+                let table = db.table("Orders").unwrap();
+                let session = db.session();
+                for n in 0..20i64 {
+                    match table.insert(&session, row(n, payload_len, partitions)) {
+                        Ok(id) => {
+                            expected.insert(id.unwrap(), payload_len);
+                        }
+                        Err(error) => assert!(is_full(&error), "{context}: reinsert: {error}"),
+                    }
+                }
+                assert_eq!(contents(&db), expected, "{context}: after reopen inserts");
+                // A crash without a checkpoint: recovery replays the rows into the image.
+                let after = fs.crash();
+                drop((table, session));
+                drop(db);
+                let db = Database::open(DIR, options(&after, max_pages))
+                    .unwrap_or_else(|error| panic!("{context}: open after a crash: {error}"));
+                assert_eq!(contents(&db), expected, "{context}: after a crash");
+            }
+        }
+    }
+}
+
+/// `Accounts(Id INT PRIMARY KEY, Payload VARCHAR(8000) NOT NULL)`: keys the caller chooses.
+fn accounts() -> TableDef {
+    TableDef::new("Accounts")
+        .column(ColumnDef::new("Id", DataType::Int).not_null())
+        .column(ColumnDef::new("Payload", DataType::VarChar(8000)).not_null())
+        .clustered(IndexDef::new(
+            "PK_Accounts",
+            &["Id"],
+            Uniqueness::PrimaryKey,
+        ))
+}
+
+fn accounts_contents(db: &Database) -> BTreeMap<i32, usize> {
+    let table = db.table("Accounts").unwrap();
+    let session = db.session();
+    let mut rows = BTreeMap::new();
+    for row in table
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+    {
+        let row = row.unwrap();
+        let Value::Int(id) = row[0] else {
+            panic!("id {:?}", row[0])
+        };
+        let Value::String(text) = &row[1] else {
+            panic!("payload {:?}", row[1])
+        };
+        assert!(rows.insert(id, text.len()).is_none(), "id {id} twice");
+    }
+    db.check_integrity().unwrap();
+    rows
+}
+
+#[test]
+fn random_keys_up_to_the_page_limit_survive_a_crash() {
+    let seed: u64 = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for max_pages in [5, 9, 30] {
+        for round in 0..20 {
+            let context = format!("max_pages {max_pages} round {round}");
+            let fs = FaultyFileSystem::new(FaultyConfig::new(round));
+            let db = Database::open(DIR, options(&fs, max_pages)).unwrap();
+            let table = db.create_table(accounts()).unwrap();
+            let session = db.session();
+            let mut expected = BTreeMap::new();
+            let mut failures = 0;
+            while failures < 20 {
+                let id = rng.random_range(0..1_000_000);
+                let len = if rng.random_bool(0.5) {
+                    100
+                } else {
+                    rng.random_range(100..7000)
+                };
+                if expected.contains_key(&id) {
+                    continue;
+                }
+                match table.insert(
+                    &session,
+                    InsertRow::new().set(0, id).set(1, "p".repeat(len)),
+                ) {
+                    Ok(_) => {
+                        expected.insert(id, len);
+                    }
+                    Err(error) => {
+                        assert!(is_full(&error), "{context}: {error}");
+                        failures += 1;
+                    }
+                }
+            }
+            assert_eq!(accounts_contents(&db), expected, "{context}");
+            let after = fs.crash();
+            drop((table, session));
+            drop(db);
+            let db = Database::open(DIR, options(&after, max_pages))
+                .unwrap_or_else(|error| panic!("{context}: open after a crash: {error}"));
+            assert_eq!(accounts_contents(&db), expected, "{context}: after a crash");
+            // Replay may take the database past its limit; new pages are refused again.
+            assert_eq!(
+                db.pool().max_pages(),
+                max_pages,
+                "{context}: the limit after the open"
+            );
+        }
+    }
+}
