@@ -586,7 +586,10 @@ impl Session {
             // The compensation is logged but not undoable itself: pop it off again.
             let before = scope.txn.undo.len();
             scope.logged(table, |changes| {
-                table.apply_change(&inverse)?;
+                // An undo that cannot get a page would stop the database, so it is not held
+                // to the configured page limit: at the limit, putting back a deleted row
+                // whose room another insert took needs a split.
+                lastpage_storage::buffer::past_page_limit(|| table.apply_change(&inverse))?;
                 changes.push(inverse.clone());
                 Ok(())
             })?;

@@ -297,3 +297,54 @@ fn random_keys_up_to_the_page_limit_survive_a_crash() {
         }
     }
 }
+
+/// A rollback at the page limit puts back a row it deleted even though another session's
+/// insert took its room meanwhile (that needs a split): an undo must not fail for want of a
+/// page, or the database stops.
+#[test]
+fn a_rollback_at_the_page_limit_puts_its_rows_back() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(1));
+    let db = Database::open(DIR, options(&fs, 6)).unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    let mut expected = BTreeMap::new();
+    for id in (10..).step_by(10) {
+        match table.insert(
+            &session,
+            InsertRow::new().set(0, id).set(1, "a".repeat(3000)),
+        ) {
+            Ok(_) => {
+                expected.insert(id, 3000);
+            }
+            Err(error) => {
+                assert!(is_full(&error), "{error}");
+                break;
+            }
+        }
+    }
+    let deleter = db.session();
+    deleter.begin().unwrap();
+    assert!(table.delete(&deleter, &[Value::Int(20)]).unwrap());
+    // Another session's row takes the room the delete freed.
+    table
+        .insert(
+            &session,
+            InsertRow::new().set(0, 21).set(1, "b".repeat(3000)),
+        )
+        .unwrap();
+    expected.insert(21, 3000);
+    deleter.rollback().unwrap();
+    assert_eq!(accounts_contents(&db), expected);
+    // The limit still holds for new rows.
+    let error = table
+        .insert(
+            &session,
+            InsertRow::new().set(0, 5).set(1, "c".repeat(3000)),
+        )
+        .unwrap_err();
+    assert!(is_full(&error), "{error}");
+    drop((table, session, deleter));
+    db.close().unwrap();
+    let db = Database::open(DIR, options(&fs, 6)).unwrap();
+    assert_eq!(accounts_contents(&db), expected, "after a reopen");
+}

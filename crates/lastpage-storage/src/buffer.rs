@@ -127,6 +127,27 @@ impl Frame {
 
 type Chunk = Box<[OnceLock<Box<Frame>>]>;
 
+std::thread_local! {
+    /// Whether this thread's allocations may go past the pool's configured page limit, up to
+    /// `MAX_PAGES` (see [`past_page_limit`]).
+    static PAST_PAGE_LIMIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` with this thread's page allocations held only to `MAX_PAGES`, not to the pool's
+/// configured limit: for work that must not fail for want of room, such as a rollback putting
+/// back rows it deleted, whose room a later insert may have taken. (Without ghost records a
+/// deleted row's room is free at once, so an undo can need a split.)
+pub fn past_page_limit<R>(work: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PAST_PAGE_LIMIT.set(self.0);
+        }
+    }
+    let _restore = Restore(PAST_PAGE_LIMIT.replace(true));
+    work()
+}
+
 /// The pool could not give out another page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the buffer pool is full: all {max_pages} pages are in use")]
@@ -472,7 +493,11 @@ impl BufferPool {
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
         let page_id = self.next_page_id.fetch_add(1, Ordering::Relaxed);
         let index = page_id as usize;
-        let max_pages = self.max_pages();
+        let max_pages = if PAST_PAGE_LIMIT.get() {
+            MAX_PAGES
+        } else {
+            self.max_pages()
+        };
         if index >= max_pages {
             self.next_page_id.fetch_sub(1, Ordering::Relaxed);
             return Err(PoolFull { max_pages });
