@@ -164,8 +164,13 @@ fn bad_flags_fail_cleanly() {
 #[test]
 fn fair_latches_convoy_on_the_last_page() {
     // Whether a convoy forms depends on the scheduler: if the threads happen to run one after
-    // another (a short loop never preempted), nobody waits. 64 threads x 1000 rows convoyed in
-    // every trial on 2 cores; up to three attempts keep a rare unlucky schedule from failing.
+    // another (a short loop never preempted), nobody waits. A thread's 1,000 rows took about
+    // half a millisecond, less than a time slice: on a loaded machine, where the threads got
+    // about one processor between them, all three attempts of 64 x 1000 rows once saw no
+    // wait (1 run of 20 of this binary beside other tests and a CPU hog), and pinned to one
+    // processor 7 runs of 12 saw none. With 5,000 rows a thread outlasts its time slice, so
+    // it is preempted, sometimes holding the last page's latch: pinned to one processor,
+    // each of 12 runs saw 50 to 104 waits. Up to three attempts stay for a rare schedule.
     let mut last = Value::Null;
     for _attempt in 0..3 {
         let report = insert_json(&[
@@ -176,9 +181,9 @@ fn fair_latches_convoy_on_the_last_page() {
             "--key",
             "ascending",
             "--rows-per-thread",
-            "1000",
+            "5000",
         ]);
-        assert_eq!(report["rows"], 64 * 1000);
+        assert_eq!(report["rows"], 64 * 5000);
         assert_eq!(report["integrity"], "ok");
         let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
             .as_u64()
