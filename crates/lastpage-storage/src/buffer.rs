@@ -491,17 +491,22 @@ impl BufferPool {
         level: u8,
         index_id: u32,
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
-        let page_id = self.next_page_id.fetch_add(1, Ordering::Relaxed);
-        let index = page_id as usize;
         let max_pages = if PAST_PAGE_LIMIT.get() {
             MAX_PAGES
         } else {
             self.max_pages()
         };
-        if index >= max_pages {
-            self.next_page_id.fetch_sub(1, Ordering::Relaxed);
-            return Err(PoolFull { max_pages });
-        }
+        // Taken only if below this allocation's limit, never taken and given back: allocators
+        // have different limits (an undo's is `MAX_PAGES`), and a refused one that gave its id
+        // back with a `fetch_sub` after a past-the-limit one had taken the next id moved the
+        // counter back onto that id, which was then handed out twice (a panic) while the id
+        // below it was never allocated.
+        let page_id = self
+            .next_page_id
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |page_id| {
+                ((page_id as usize) < max_pages).then_some(page_id + 1)
+            })
+            .map_err(|_| PoolFull { max_pages })?;
         self.reserve_frame();
         let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);
         frame.dirty.store(true, Ordering::Relaxed);

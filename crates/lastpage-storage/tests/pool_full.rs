@@ -330,3 +330,58 @@ fn growing_updates_at_the_page_limit_fail_cleanly() {
         }
     }
 }
+
+/// An allocation held only to `MAX_PAGES` (`past_page_limit`, an undo's) racing allocations
+/// held to the configured limit, at that limit: the page ids handed out must stay distinct and
+/// leave no hole. The refused allocations gave their page id back with a `fetch_sub` after the
+/// `fetch_add`, which is only right when every allocator has the same limit: a refused one
+/// (id `L`) and a past-the-limit one (id `L + 1`) interleaved, the refusal moved the counter
+/// back to `L + 1`, the next past-the-limit allocation got `L + 1` again and panicked ('page
+/// id was handed out twice'), and page `L` was never allocated.
+#[test]
+fn allocations_past_the_limit_racing_refused_ones_get_distinct_ids() {
+    use lastpage_storage::buffer::past_page_limit;
+    use lastpage_storage::latch::LatchPolicy;
+    use lastpage_storage::page::PageKind;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const LIMIT: usize = 16;
+    const PAST: usize = 5_000;
+    let pool = BufferPool::with_max_pages(LIMIT);
+    let allocate = |pool: &BufferPool| {
+        pool.allocate(LatchPolicy::default(), PageKind::Leaf, 0, 1)
+            .map(|guard| guard.page_id())
+    };
+    for expected in 1..LIMIT {
+        assert_eq!(allocate(&pool).unwrap() as usize, expected);
+    }
+    let stop = AtomicBool::new(false);
+    let ids = std::thread::scope(|scope| {
+        let refused = scope.spawn(|| {
+            let mut refusals = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if allocate(&pool).is_err() {
+                    refusals += 1;
+                }
+            }
+            refusals
+        });
+        let past = scope.spawn(|| {
+            let mut ids = Vec::with_capacity(PAST);
+            for _ in 0..PAST {
+                ids.push(past_page_limit(|| allocate(&pool)).unwrap());
+                std::hint::spin_loop();
+            }
+            ids
+        });
+        let ids = past.join();
+        stop.store(true, Ordering::Relaxed);
+        assert!(refused.join().unwrap() > 0);
+        ids.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    });
+    let expected: Vec<u32> = (LIMIT as u32..(LIMIT + PAST) as u32).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, expected, "the past-the-limit page ids");
+    assert_eq!(pool.page_count(), LIMIT - 1 + PAST);
+}
