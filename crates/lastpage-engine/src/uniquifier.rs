@@ -154,13 +154,41 @@ impl Uniquifiers {
 
 /// The calling thread's number, which picks its stripe. Plain std atomics, not part of any
 /// protocol: any number is correct, distinct ones only spread the threads over the stripes.
+///
+/// A thread's number goes back when it exits, and a new thread takes the lowest free one: with
+/// numbers never reused, a thread started after 64 others had come and gone (a connection's
+/// thread, a pool's replacement) shared the stripe of a thread still running, so both took
+/// interleaved values of one block and appended to the same last page of a heap.
 fn thread_number() -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static NUMBER: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    /// Numbers of threads that exited, for new threads to take (the lowest first).
+    static FREE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+    /// The next number never handed out.
+    static NEXT: Mutex<usize> = Mutex::new(0);
+    /// A thread's number, given back when the thread exits.
+    struct Number(usize);
+    impl Drop for Number {
+        fn drop(&mut self) {
+            FREE.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(self.0);
+        }
     }
-    NUMBER.with(|number| *number)
+    thread_local! {
+        static NUMBER: Number = Number(
+            FREE.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .pop_first()
+                .unwrap_or_else(|| {
+                    let mut next = NEXT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    *next += 1;
+                    *next - 1
+                }),
+        );
+    }
+    // A take from another thread-local's destructor, after this one's ran, uses stripe 0.
+    NUMBER.try_with(|number| number.0).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -214,6 +242,39 @@ mod tests {
         let near = Uniquifiers::new();
         near.raise_past(u64::MAX - (1 << 40) - 5);
         assert_eq!(near.take(), Some(((1 << 24) - 1) << 40));
+    }
+
+    /// Threads running at the same time take values from different blocks (so that a heap's
+    /// appenders write separate key ranges), however many threads came and went before: with
+    /// thread numbers never reused, the 64th thread started after a running one shared its
+    /// stripe and took the next values of its block.
+    #[test]
+    fn a_running_thread_shares_its_block_with_no_later_thread() {
+        let uniquifiers = Uniquifiers::new();
+        let block_of = |value: u64| value >> 40;
+        let (taken, release) = std::sync::mpsc::channel::<u64>();
+        let uniquifiers = &uniquifiers;
+        std::thread::scope(|scope| {
+            // Dropped by a failed assertion too, which lets the running thread end.
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            scope.spawn(move || {
+                taken.send(uniquifiers.take().unwrap()).unwrap();
+                let _ = stopped.recv();
+            });
+            let running = block_of(release.recv().unwrap());
+            for started in 0..200 {
+                let value = scope
+                    .spawn(move || uniquifiers.take().unwrap())
+                    .join()
+                    .unwrap();
+                assert_ne!(
+                    block_of(value),
+                    running,
+                    "thread {started} started after a running one took from its block"
+                );
+            }
+            stop.send(()).unwrap();
+        });
     }
 
     #[test]
