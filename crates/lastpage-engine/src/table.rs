@@ -1911,7 +1911,8 @@ impl Table {
             let value = uniquifiers.take().ok_or_else(|| {
                 EngineError::Storage(format!(
                     "table '{}': the uniquifiers of its non-unique clustered index are used up \
-                     (its rows hold a value in the last of 2^24 blocks of 2^40)",
+                     (all 2^24 blocks of 2^40 values are handed out or lie below a value its \
+                     rows hold)",
                     self.name
                 ))
             })?;
