@@ -65,9 +65,15 @@ fn row(id_tag: i64, payload_len: usize, partitions: u16) -> InsertRow {
     }
 }
 
-/// Every row of `Orders`: id -> payload length, and the integrity check.
-fn contents(db: &Database) -> BTreeMap<i64, usize> {
-    let table = db.table("Orders").unwrap();
+/// Every row of `table`: id (read by `id_of` from column 0) -> the length of the text in
+/// column `payload_column`; then the integrity check, and the row count against the rows read.
+fn payload_lengths<K: Ord + Copy + std::fmt::Debug>(
+    db: &Database,
+    table: &str,
+    payload_column: usize,
+    id_of: impl Fn(&Value) -> Option<K>,
+) -> BTreeMap<K, usize> {
+    let table = db.table(table).unwrap();
     let session = db.session();
     let mut rows = BTreeMap::new();
     for row in table
@@ -75,17 +81,25 @@ fn contents(db: &Database) -> BTreeMap<i64, usize> {
         .unwrap()
     {
         let row = row.unwrap();
-        let Value::BigInt(id) = row[0] else {
+        let Some(id) = id_of(&row[0]) else {
             panic!("id {:?}", row[0])
         };
-        let Value::String(text) = &row[2] else {
-            panic!("payload {:?}", row[2])
+        let Value::String(text) = &row[payload_column] else {
+            panic!("payload {:?}", row[payload_column])
         };
-        assert!(rows.insert(id, text.len()).is_none(), "id {id} twice");
+        assert!(rows.insert(id, text.len()).is_none(), "id {id:?} twice");
     }
     db.check_integrity().unwrap();
     assert_eq!(table.row_count(), rows.len() as u64, "row count");
     rows
+}
+
+/// Every row of `Orders`: id -> payload length, and the integrity check.
+fn contents(db: &Database) -> BTreeMap<i64, usize> {
+    payload_lengths(db, "Orders", 2, |id| match id {
+        Value::BigInt(id) => Some(*id),
+        _ => None,
+    })
 }
 
 fn is_full(error: &EngineError) -> bool {
@@ -219,25 +233,12 @@ fn accounts() -> TableDef {
         ))
 }
 
+/// Every row of `Accounts`: id -> payload length, and the integrity check.
 fn accounts_contents(db: &Database) -> BTreeMap<i32, usize> {
-    let table = db.table("Accounts").unwrap();
-    let session = db.session();
-    let mut rows = BTreeMap::new();
-    for row in table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-    {
-        let row = row.unwrap();
-        let Value::Int(id) = row[0] else {
-            panic!("id {:?}", row[0])
-        };
-        let Value::String(text) = &row[1] else {
-            panic!("payload {:?}", row[1])
-        };
-        assert!(rows.insert(id, text.len()).is_none(), "id {id} twice");
-    }
-    db.check_integrity().unwrap();
-    rows
+    payload_lengths(db, "Accounts", 1, |id| match id {
+        Value::Int(id) => Some(*id),
+        _ => None,
+    })
 }
 
 #[test]

@@ -152,16 +152,28 @@ fn random_writer(round: &Round, thread: u8, rng: &mut StdRng) -> Outcome {
         }
         let key = key_with(RANDOM_PREFIX, rng.random::<u64>(), thread, key_len(rng));
         let value = value_for(rng, key.len(), op as u64);
-        match round.tree.insert(&key, &value) {
-            Ok(()) => {
-                own.push(key.clone());
-                outcome.inserted(key, value);
-            }
-            Err(error) if is_pool_full(&error) => outcome.refused(key),
-            Err(other) => panic!("insert of {key:?}: {other}"),
-        }
+        insert_recorded(round, key, value, &mut own, &mut outcome);
     }
     outcome
+}
+
+/// Inserts one row into the round's tree: recorded in `own` (the writer's rows, which it may
+/// delete later) and in `outcome` if it went in, as refused if the pool was full.
+fn insert_recorded(
+    round: &Round,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    own: &mut Vec<Vec<u8>>,
+    outcome: &mut Outcome,
+) {
+    match round.tree.insert(&key, &value) {
+        Ok(()) => {
+            own.push(key.clone());
+            outcome.inserted(key, value);
+        }
+        Err(error) if is_pool_full(&error) => outcome.refused(key),
+        Err(other) => panic!("insert of {key:?}: {other}"),
+    }
 }
 
 /// Ascending keys from one counter shared by the ascending writers: appends at the end of
@@ -180,14 +192,7 @@ fn ascending_writer(round: &Round, thread: u8, rng: &mut StdRng) -> Outcome {
         let number = round.ascending.fetch_add(1, Ordering::Relaxed);
         let key = key_with(ASCENDING_PREFIX, number, thread, key_len);
         let value = value_for(rng, key.len(), op as u64);
-        match round.tree.insert(&key, &value) {
-            Ok(()) => {
-                own.push(key.clone());
-                outcome.inserted(key, value);
-            }
-            Err(error) if is_pool_full(&error) => outcome.refused(key),
-            Err(other) => panic!("insert of {key:?}: {other}"),
-        }
+        insert_recorded(round, key, value, &mut own, &mut outcome);
     }
     outcome
 }
