@@ -9,7 +9,7 @@
 //! ```text
 //! +---------------+---------------+-----------------+-----------+----------------+
 //! | magic (8 B)   | version (u32) | body length u32 | body      | CRC32C (u32)   |
-//! | "LPCATLG\0"   | = 1           |                 |           | of all before  |
+//! | "LPCATLG\0"   | = 2           |                 |           | of all before  |
 //! +---------------+---------------+-----------------+-----------+----------------+
 //! ```
 //!
@@ -32,7 +32,9 @@
 //! * whether the table is logged (a bool byte);
 //! * the trees: a u32 count of indexes (the clustered one, which a heap has too, then the
 //!   nonclustered ones in order), each a u32 partition count and, per partition, the index id
-//!   u32, the root page id u32 and the row count u64;
+//!   u32, the root page id u32, the row count u64, and a u32 count of spare leaves followed by
+//!   their page ids u32 (pages the tree allocated for its next splits and has not linked yet;
+//!   see `BTree::restore_spare_leaves`);
 //! * the next identity value (a bool byte, then an i64 when set).
 //!
 //! Data type tags: 1 `tinyint`, 2 `smallint`, 3 `int`, 4 `bigint`, 5 `bit`, 6
@@ -40,11 +42,15 @@
 //! `nvarchar(n)` (n u16 each), 12 `datetime2(p)` (p u8), 13 `date`, 14 `uniqueidentifier`, 15
 //! `varbinary(n)` (n u16). Zero is never a valid tag, so a zeroed region does not decode.
 //!
+//! Version 1 is version 2 without the spare leaves; it is still read (its trees have none), so
+//! that a database written before version 2 opens. Its spare leaves were never recorded, so
+//! they stay allocated and unreachable.
+//!
 //! Decoding checks the magic, the CRC, the version, every length against the bytes that are
 //! left (so a corrupt length cannot make it allocate more than the blob's size), every tag,
 //! and the consistency of the parts (one tree list per index, one entry per partition, an
 //! identity value exactly for tables with an identity column, unique table and index ids
-//! below the catalog's counters). Anything wrong is an [`EngineError::CorruptCatalog`]; it
+//! below the catalog's counters, spare leaves that are nobody's root and named once). Anything wrong is an [`EngineError::CorruptCatalog`]; it
 //! never panics.
 //!
 //! Closures cannot be stored: a computed column or a [`DefaultValue::Function`] default makes
@@ -75,8 +81,11 @@ pub(crate) fn table_name_key(name: &str) -> String {
 /// The first eight bytes of every encoded catalog.
 pub const CATALOG_MAGIC: [u8; 8] = *b"LPCATLG\0";
 
-/// The only format version this build writes and reads.
-pub const CATALOG_FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. It also reads [`CATALOG_FORMAT_VERSION_1`].
+pub const CATALOG_FORMAT_VERSION: u32 = 2;
+
+/// The format before spare leaves were recorded, still read.
+pub const CATALOG_FORMAT_VERSION_1: u32 = 1;
 
 /// Bytes before the body: magic, version and body length.
 const HEADER_LEN: usize = 8 + 4 + 4;
@@ -88,7 +97,7 @@ const CLOSURE_REASON: &str =
     "computed columns and function defaults are stored once the SQL layer can persist their text";
 
 /// The B-trees of one index: one tree per partition (one for an unpartitioned table). The
-/// three vectors are indexed by partition and have the same length.
+/// four vectors are indexed by partition and have the same length.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct IndexTrees {
     /// The index id of each partition's tree.
@@ -97,6 +106,9 @@ pub struct IndexTrees {
     pub root_per_partition: Vec<u32>,
     /// The number of rows (index entries) in each partition's tree.
     pub rows_per_partition: Vec<u64>,
+    /// The spare leaves of each partition's tree: allocated, formatted as empty leaves, not
+    /// yet linked (see `BTree::spare_leaves`).
+    pub spare_leaves_per_partition: Vec<Vec<u32>>,
 }
 
 /// One table in the catalog.
@@ -294,9 +306,10 @@ impl Catalog {
         }
         let mut header = Cursor::new(&covered[8..HEADER_LEN]);
         let format_version = header.u32()?;
-        if format_version != CATALOG_FORMAT_VERSION {
+        if format_version != CATALOG_FORMAT_VERSION && format_version != CATALOG_FORMAT_VERSION_1 {
             return Err(corrupt(format!(
-                "format version {format_version} is not supported; this build reads version {CATALOG_FORMAT_VERSION}"
+                "format version {format_version} is not supported; this build reads versions \
+                 {CATALOG_FORMAT_VERSION_1} and {CATALOG_FORMAT_VERSION}"
             )));
         }
         let body_len = header.u32()?;
@@ -319,7 +332,7 @@ impl Catalog {
         let table_count = r.count(24)?;
         let mut tables = Vec::with_capacity(table_count);
         for _ in 0..table_count {
-            tables.push(decode_entry(&mut r)?);
+            tables.push(decode_entry(&mut r, format_version)?);
         }
         if !r.is_empty() {
             return Err(corrupt(format!(
@@ -348,6 +361,8 @@ impl Catalog {
         let mut table_ids = HashSet::new();
         let mut table_names = HashSet::new();
         let mut index_ids = HashSet::new();
+        let mut roots = HashSet::new();
+        let mut spare_leaves = HashSet::new();
         for entry in &self.tables {
             let def = &entry.definition;
             let name = &def.name;
@@ -408,13 +423,20 @@ impl Catalog {
                     trees.index_id_per_partition.len(),
                     trees.root_per_partition.len(),
                     trees.rows_per_partition.len(),
+                    trees.spare_leaves_per_partition.len(),
                 ];
-                if lengths != [partitions; 3] {
+                if lengths != [partitions; 4] {
                     return Err(format!(
                         "index {position} of table '{name}' has {partitions} partitions but \
-                         {} index ids, {} roots and {} row counts",
-                        lengths[0], lengths[1], lengths[2]
+                         {} index ids, {} roots, {} row counts and {} spare leaf lists",
+                        lengths[0], lengths[1], lengths[2], lengths[3]
                     ));
+                }
+                roots.extend(trees.root_per_partition.iter().copied());
+                for &page in trees.spare_leaves_per_partition.iter().flatten() {
+                    if !spare_leaves.insert(page) {
+                        return Err(format!("page {page} is named twice as a spare leaf"));
+                    }
                 }
                 for &index_id in &trees.index_id_per_partition {
                     if index_id >= self.next_index_id {
@@ -428,6 +450,12 @@ impl Catalog {
                     }
                 }
             }
+        }
+        // Checked once every root is known: a tree's root may come after the spare naming it.
+        if let Some(page) = spare_leaves.intersection(&roots).next() {
+            return Err(format!(
+                "page {page} is named as a spare leaf and as a root"
+            ));
         }
         Ok(())
     }
@@ -482,17 +510,22 @@ fn encode_entry(entry: &CatalogEntry, out: &mut Vec<u8>) -> Result<()> {
     put_bool(out, def.logged);
     put_count(out, entry.index_trees.len())?;
     for trees in &entry.index_trees {
-        // The consistency check has made the three vectors the same length.
+        // The consistency check has made the four vectors the same length.
         put_count(out, trees.index_id_per_partition.len())?;
-        for ((index_id, root), rows) in trees
+        for (((index_id, root), rows), spare_leaves) in trees
             .index_id_per_partition
             .iter()
             .zip(&trees.root_per_partition)
             .zip(&trees.rows_per_partition)
+            .zip(&trees.spare_leaves_per_partition)
         {
             out.extend_from_slice(&index_id.to_le_bytes());
             out.extend_from_slice(&root.to_le_bytes());
             out.extend_from_slice(&rows.to_le_bytes());
+            put_count(out, spare_leaves.len())?;
+            for page in spare_leaves {
+                out.extend_from_slice(&page.to_le_bytes());
+            }
         }
     }
     put_bool(out, entry.next_identity.is_some());
@@ -591,7 +624,7 @@ fn put_str(out: &mut Vec<u8>, text: &str) -> Result<()> {
 // Decoding
 // ---------------------------------------------------------------------------------------------
 
-fn decode_entry(r: &mut Cursor<'_>) -> Result<CatalogEntry> {
+fn decode_entry(r: &mut Cursor<'_>, format_version: u32) -> Result<CatalogEntry> {
     let table_id = r.u32()?;
     let name = r.string()?;
     // A column takes at least 8 bytes: an empty name, a type tag and three flag bytes.
@@ -667,17 +700,29 @@ fn decode_entry(r: &mut Cursor<'_>) -> Result<CatalogEntry> {
     let tree_count = r.count(4)?;
     let mut index_trees = Vec::with_capacity(tree_count);
     for _ in 0..tree_count {
-        // A partition takes 16 bytes: index id, root and row count.
-        let partitions = r.count(16)?;
+        // A partition takes 16 bytes: index id, root and row count; and in version 2 at least
+        // the 4 of its spare leaf count.
+        let has_spare_leaves = format_version != CATALOG_FORMAT_VERSION_1;
+        let partitions = r.count(if has_spare_leaves { 20 } else { 16 })?;
         let mut trees = IndexTrees {
             index_id_per_partition: Vec::with_capacity(partitions),
             root_per_partition: Vec::with_capacity(partitions),
             rows_per_partition: Vec::with_capacity(partitions),
+            spare_leaves_per_partition: Vec::with_capacity(partitions),
         };
         for _ in 0..partitions {
             trees.index_id_per_partition.push(r.u32()?);
             trees.root_per_partition.push(r.u32()?);
             trees.rows_per_partition.push(r.u64()?);
+            let mut spare_leaves = Vec::new();
+            if has_spare_leaves {
+                let count = r.count(4)?;
+                spare_leaves.reserve(count);
+                for _ in 0..count {
+                    spare_leaves.push(r.u32()?);
+                }
+            }
+            trees.spare_leaves_per_partition.push(spare_leaves);
         }
         index_trees.push(trees);
     }

@@ -992,6 +992,10 @@ impl Database {
                         .get(partition)
                         .copied()
                         .unwrap_or(0),
+                    index
+                        .spare_leaves_per_partition
+                        .get(partition)
+                        .map_or(&[][..], Vec::as_slice),
                 )
             })
         });
@@ -1000,19 +1004,26 @@ impl Database {
             entry.table_id,
             entry.definition.clone(),
             &mut |options| {
-                let Some((index_id, Some(root), rows)) = trees.next() else {
+                let Some((index_id, Some(root), rows, spare_leaves)) = trees.next() else {
                     return Err(EngineError::Storage(format!(
                         "the catalog entry of table {} lists fewer trees than its indexes need",
                         entry.table_id
                     )));
                 };
-                Ok(lastpage_storage::btree::BTree::open(
+                let tree = lastpage_storage::btree::BTree::open(
                     Arc::clone(pool),
                     index_id,
                     root,
                     options,
                     rows,
-                ))
+                );
+                tree.restore_spare_leaves(spare_leaves).map_err(|error| {
+                    EngineError::CorruptCatalog(format!(
+                        "table '{}': {error}",
+                        entry.definition.name
+                    ))
+                })?;
+                Ok(tree)
             },
         )?;
         if let Some(next) = entry.next_identity {

@@ -3266,6 +3266,11 @@ impl Table {
                     index_id_per_partition: index.trees.iter().map(BTree::index_id).collect(),
                     root_per_partition: index.trees.iter().map(BTree::root).collect(),
                     rows_per_partition: index.trees.iter().map(BTree::row_count).collect(),
+                    spare_leaves_per_partition: index
+                        .trees
+                        .iter()
+                        .map(BTree::spare_leaves)
+                        .collect(),
                 })
                 .collect(),
             next_identity: self.identity.as_ref().map(IdentityState::restart_value),

@@ -57,6 +57,13 @@ fn trees(indexes: usize, partitions: usize, next_id: &mut u32) -> Vec<IndexTrees
                 trees
                     .rows_per_partition
                     .push((partition as u64) << 40 | index as u64);
+                // Every other tree has two spare leaves, numbered by its (unique) index id.
+                let index_id = *trees.index_id_per_partition.last().unwrap();
+                trees.spare_leaves_per_partition.push(if index_id % 2 == 0 {
+                    vec![100_000 + 2 * index_id, 100_001 + 2 * index_id]
+                } else {
+                    Vec::new()
+                });
             }
             trees
         })
@@ -252,6 +259,39 @@ fn rich_catalog_round_trips() {
     assert_eq!(decoded.encode().unwrap(), bytes);
 }
 
+/// A catalog written by the build before spare leaves were recorded (format version 1):
+/// `rich_catalog()` as that build encoded it, kept as a file. It must still decode, to the same
+/// catalog with no spare leaves, so that a database written then still opens.
+#[test]
+fn a_version_1_catalog_still_decodes_with_no_spare_leaves() {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/catalog-v1.bin"
+    ))
+    .unwrap();
+    assert_eq!(bytes[8..12], 1u32.to_le_bytes());
+    let mut decoded = Catalog::decode(&bytes).unwrap();
+    assert_eq!(decoded.format_version, 1);
+    let mut expected = rich_catalog();
+    for trees in expected.tables.iter_mut().flat_map(|t| &mut t.index_trees) {
+        for spare_leaves in &mut trees.spare_leaves_per_partition {
+            spare_leaves.clear();
+        }
+    }
+    assert!(
+        decoded
+            .tables
+            .iter()
+            .flat_map(|t| &t.index_trees)
+            .all(|trees| {
+                trees.spare_leaves_per_partition.len() == trees.root_per_partition.len()
+                    && trees.spare_leaves_per_partition.iter().all(Vec::is_empty)
+            })
+    );
+    decoded.format_version = CATALOG_FORMAT_VERSION;
+    assert_eq!(decoded.encode().unwrap(), expected.encode().unwrap());
+}
+
 #[test]
 fn empty_catalog_round_trips() {
     let catalog = Catalog::default();
@@ -407,7 +447,36 @@ fn inconsistent_catalogs_are_not_encoded() {
             "invalid type",
             Box::new(|c| c.tables[1].definition.columns[0].data_type = DataType::VarChar(0)),
         ),
-        ("version", Box::new(|c| c.format_version = 2)),
+        ("version", Box::new(|c| c.format_version = 3)),
+        ("old version", Box::new(|c| c.format_version = 1)),
+        (
+            "spare leaf lists",
+            Box::new(|c| {
+                c.tables[1].index_trees[0]
+                    .spare_leaves_per_partition
+                    .clear()
+            }),
+        ),
+        (
+            "duplicate spare leaf",
+            Box::new(|c| {
+                let spare = c.tables[0]
+                    .index_trees
+                    .iter()
+                    .flat_map(|trees| trees.spare_leaves_per_partition.iter().flatten())
+                    .copied()
+                    .next()
+                    .unwrap();
+                c.tables[1].index_trees[0].spare_leaves_per_partition[0].push(spare);
+            }),
+        ),
+        (
+            "spare leaf that is a root",
+            Box::new(|c| {
+                let root = c.tables[1].index_trees[0].root_per_partition[0];
+                c.tables[0].index_trees[0].spare_leaves_per_partition[0].push(root);
+            }),
+        ),
     ];
     for (what, spoil) in cases {
         let mut catalog = rich_catalog();
@@ -435,9 +504,9 @@ fn specific_corruptions_are_reported() {
     assert!(error.to_string().contains("checksum"), "{error}");
 
     let mut future = unsealed(&bytes);
-    future[8..12].copy_from_slice(&2u32.to_le_bytes());
+    future[8..12].copy_from_slice(&3u32.to_le_bytes());
     let error = Catalog::decode(&reseal(future)).unwrap_err();
-    assert!(error.to_string().contains("version 2"), "{error}");
+    assert!(error.to_string().contains("version 3"), "{error}");
 
     let mut trailing = unsealed(&bytes);
     trailing.push(0);
@@ -718,10 +787,18 @@ fn random_entry(
         .map(|_| {
             let mut trees = IndexTrees::default();
             for _ in 0..partitions {
+                // Spare leaves numbered by the (unique) index id, so that none is named twice;
+                // a random root may still be one of them, with odds of about one in 2^28.
+                let spare_leaves = (0..rng.random_range(0..=3))
+                    .map(|k| 0x8000_0000 + 4 * *next_index_id + k)
+                    .collect();
                 trees.index_id_per_partition.push(*next_index_id);
                 *next_index_id += 1;
-                trees.root_per_partition.push(rng.random());
+                trees
+                    .root_per_partition
+                    .push(rng.random_range(0..0x8000_0000));
                 trees.rows_per_partition.push(rng.random());
+                trees.spare_leaves_per_partition.push(spare_leaves);
             }
             trees
         })

@@ -501,3 +501,69 @@ fn a_heap_row_whose_uniquifier_ends_the_range_uses_up_only_its_own_heap() {
         .expect("a heap of another database in the process inserts");
     db.check_integrity().unwrap();
 }
+
+/// A catalog (checksums valid) that names a page of the tree, or one past the file, as a
+/// spare leaf is refused at the open with an error that says so. A split would otherwise take
+/// that page as a new, empty one and link it a second time, losing the rows on it.
+#[test]
+fn a_catalog_naming_a_page_in_use_as_a_spare_leaf_is_refused() {
+    use lastpage_engine::catalog::Catalog;
+    let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    for id in 1..=2_000i64 {
+        table
+            .insert(&session, InsertRow::new().set(0, id).set(1, payload(id)))
+            .unwrap();
+    }
+    // Emptied leaves stay linked (pages are never freed): empty, like a spare, but in use.
+    for id in 500..=900i64 {
+        assert!(table.delete(&session, &[Value::BigInt(id)]).unwrap());
+    }
+    let page_count = db.pool().page_count() as u32;
+    drop((table, session));
+    db.close().unwrap();
+    assert!(
+        page_count > 10,
+        "the tree should have several pages, not {page_count}"
+    );
+
+    let mut original = None;
+    rewrite_catalog(&fs, |blob| original = Some(Catalog::decode(blob).unwrap()));
+    let original = original.unwrap();
+    let trees = &original.tables[0].index_trees[0];
+    let (root, spare_leaves) = (
+        trees.root_per_partition[0],
+        trees.spare_leaves_per_partition[0].clone(),
+    );
+    let with_spare_leaves = |spare_leaves: Vec<u32>| {
+        let mut catalog = original.clone();
+        catalog.tables[0].index_trees[0].spare_leaves_per_partition[0] = spare_leaves;
+        let bytes = catalog.encode().unwrap();
+        rewrite_catalog(&fs, |blob| *blob = bytes);
+    };
+    // Every page but the root (refused by the catalog's own check) and the real spare leaves
+    // is in the tree; one more is past the file.
+    let mut refused = 0;
+    for page in (1..=page_count + 1).filter(|page| *page != root && !spare_leaves.contains(page)) {
+        let mut named = spare_leaves.clone();
+        named.push(page);
+        with_spare_leaves(named);
+        match catch_unwind(AssertUnwindSafe(|| Database::open(DIR, options(&fs)))) {
+            Err(panic) => panic!("page {page}: the open panicked: {}", panic_message(panic)),
+            Ok(Ok(_)) => panic!("page {page}, named as a spare leaf, was accepted"),
+            Ok(Err(error)) => assert!(
+                error.to_string().contains("spare leaf"),
+                "page {page}: unclear error: {error}"
+            ),
+        }
+        refused += 1;
+    }
+    assert_eq!(refused as usize, page_count as usize - spare_leaves.len());
+    // The rewriting itself leaves a database that opens, with every row.
+    with_spare_leaves(spare_leaves);
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    assert_eq!(db.table("Orders").unwrap().row_count(), 1_599);
+    db.check_integrity().unwrap();
+}

@@ -563,6 +563,44 @@ impl BTree {
         Ok(())
     }
 
+    /// The tree's spare leaves as of now: a checkpoint stores them with the tree's root, so
+    /// that a reopened tree uses them (see [`BTree::restore_spare_leaves`]). Exact only while
+    /// no writer runs, which is when a checkpoint reads it.
+    pub fn spare_leaves(&self) -> Vec<PageId> {
+        sync::lock(&self.spare_leaves).clone()
+    }
+
+    /// Gives a reopened tree back the spare leaves it had when its checkpoint image was
+    /// captured. Pages are never freed, so a spare that was not handed back stayed allocated,
+    /// and unreachable, for ever: a page lost to every tree at every close and every crash.
+    /// Each page is read and checked first (see [`BTree::spare_leaf_problem`]): a page named
+    /// by mistake could be one the tree already links, and a split that took it would link it
+    /// twice. Call it before the tree is shared.
+    pub fn restore_spare_leaves(&self, pages: &[PageId]) -> Result<(), super::IntegrityError> {
+        let mut named = std::collections::HashSet::new();
+        for &page_id in pages {
+            let problem = if page_id == NO_PAGE || page_id as usize > self.pool.page_count() {
+                Some(format!(
+                    "a spare leaf must be one of the {} pages of the data file",
+                    self.pool.page_count()
+                ))
+            } else if !named.insert(page_id) {
+                Some("the page is named twice as a spare leaf".into())
+            } else {
+                let guard = self
+                    .pool
+                    .latch_shared(page_id)
+                    .map_err(|error| self.unreadable(page_id, &error))?;
+                self.spare_leaf_problem(page_id, &guard.page())
+            };
+            if let Some(problem) = problem {
+                return Err(self.error(page_id, problem));
+            }
+        }
+        sync::lock(&self.spare_leaves).extend_from_slice(pages);
+        Ok(())
+    }
+
     /// A new leaf for a split of the last leaf: a prepared spare if there is one, else a fresh
     /// allocation. The page is unreachable until linked, so its latch is free.
     pub(super) fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {

@@ -4,7 +4,9 @@
 //! self-consistent and the keys strictly ascending ([`Page::check_layout`]); the page belongs to
 //! this tree; every key lies within the fences its parent gives it; children sit exactly one
 //! level below their parent; no page is reached twice; and the leaves, visited in key order,
-//! form a doubly linked list with both ends open. It counts rows and pages on the way.
+//! form a doubly linked list with both ends open. It counts rows and pages on the way. Then it
+//! checks the tree's spare leaves (pages allocated for its next splits, see `append.rs`): each
+//! is a formatted, empty, unlinked leaf of this tree, named once, and not in the tree.
 //!
 //! The check latches pages in shared mode while it reads them, so it is safe to run at any
 //! time, but its verdict is exact only when no writer runs, which is how tests use it.
@@ -26,6 +28,9 @@ pub struct TreeCheck {
     pub inner_pages: u64,
     /// Levels, leaves included.
     pub levels: u8,
+    /// Spare leaves: allocated for the tree's next splits, not yet linked into it. With
+    /// `leaf_pages` and `inner_pages`, every page the tree owns.
+    pub spare_leaves: u64,
     /// Average fraction of each leaf's body used by live records and slots.
     pub leaf_fill: f64,
 }
@@ -90,6 +95,7 @@ impl BTree {
                 ),
             ));
         }
+        self.check_spare_leaves(&mut walk)?;
         if walk.check.leaf_pages > 0 {
             let body = (crate::limits::PAGE_BODY_BYTES as u64) * walk.check.leaf_pages;
             walk.check.leaf_fill = walk.used_leaf_bytes as f64 / body as f64;
@@ -97,12 +103,61 @@ impl BTree {
         Ok(walk.check)
     }
 
+    /// Checks the spare leaves (after the walk, which has collected the tree's pages).
+    fn check_spare_leaves(&self, walk: &mut Walk) -> Result<(), IntegrityError> {
+        for page_id in self.spare_leaves() {
+            if !walk.seen.insert(page_id) {
+                return Err(self.error(
+                    page_id,
+                    "a spare leaf is also in the tree, or is named twice".into(),
+                ));
+            }
+            let guard = self
+                .pool
+                .latch_shared(page_id)
+                .map_err(|error| self.unreadable(page_id, &error))?;
+            if let Some(problem) = self.spare_leaf_problem(page_id, &guard.page()) {
+                return Err(self.error(page_id, problem));
+            }
+            walk.check.spare_leaves += 1;
+        }
+        Ok(())
+    }
+
+    /// Why `page` (page `page_id`) cannot be one of this tree's spare leaves, if it cannot: a
+    /// spare is a formatted leaf of this tree with no rows and no links, and not the root (a
+    /// tree of one leaf, its root, has no links either). A leaf in a tree of several leaves
+    /// always has a link, since the leaf chain has only its two ends open.
+    pub(super) fn spare_leaf_problem(&self, page_id: PageId, page: &Page<'_>) -> Option<String> {
+        if page_id == self.root {
+            return Some("the root is named as a spare leaf".into());
+        }
+        if page.page_id() != page_id {
+            return Some(format!("header says page {}", page.page_id()));
+        }
+        if !self.is_node(page, Some(0)) {
+            return Some(format!(
+                "as a spare leaf: {}",
+                self.not_a_node(page, Some(0))
+            ));
+        }
+        if page.slot_count() != 0 || page.prev() != NO_PAGE || page.next() != NO_PAGE {
+            return Some(format!(
+                "a spare leaf must be empty and unlinked, but it holds {} rows, prev {}, next {}",
+                page.slot_count(),
+                page.prev(),
+                page.next()
+            ));
+        }
+        None
+    }
+
     /// A page the checker could not read (an I/O error or a corrupt page in the data file).
-    fn unreadable(&self, page_id: PageId, error: &PageError) -> IntegrityError {
+    pub(super) fn unreadable(&self, page_id: PageId, error: &PageError) -> IntegrityError {
         self.error(page_id, format!("the page cannot be read: {error}"))
     }
 
-    fn error(&self, page_id: PageId, message: String) -> IntegrityError {
+    pub(super) fn error(&self, page_id: PageId, message: String) -> IntegrityError {
         IntegrityError {
             index_id: self.index_id,
             page_id,
