@@ -385,3 +385,109 @@ fn allocations_past_the_limit_racing_refused_ones_get_distinct_ids() {
     assert_eq!(sorted, expected, "the past-the-limit page ids");
     assert_eq!(pool.page_count(), LIMIT - 1 + PAST);
 }
+
+/// At the page limit, rows that fit on the last leaf still go in, whatever way they come:
+/// a batch and a sequence lane used to ask for a spare leaf before they looked at the last
+/// leaf, and refused with `PoolFull` the rows it had room for.
+#[test]
+fn rows_that_fit_on_the_last_leaf_go_in_at_the_page_limit() {
+    const VALUE_LEN: usize = 100;
+    let mut cases_without_spares = 0;
+    for path in InsertPath::ALL {
+        for way in ["batch", "lane", "other lane"] {
+            for max_pages in [3, 5, 9, 40] {
+                let context = format!("{path:?} {way} max_pages {max_pages}");
+                let tree = tree(max_pages, path);
+                let value = vec![7u8; VALUE_LEN];
+                // Fill with ascending keys until a split is refused.
+                let mut next = 0u64;
+                loop {
+                    next += 1;
+                    match tree.insert(&key_of(next, 8), &value) {
+                        Ok(()) => {}
+                        Err(BTreeError::PoolFull(_)) => {
+                            next -= 1;
+                            break;
+                        }
+                        Err(other) => panic!("{context}: {other:?}"),
+                    }
+                    assert!(next < 100_000, "{context}: never full");
+                }
+                // A refused split keeps the pages it did get as spare leaves; only without
+                // them does the case show what it is about (checked over all cases below).
+                if tree.check_integrity().unwrap().spare_leaves == 0 {
+                    cases_without_spares += 1;
+                }
+                // Room on the last leaf for three rows.
+                for number in next - 2..=next {
+                    assert!(tree.delete(&key_of(number, 8)).unwrap().is_some());
+                }
+                next -= 3;
+                let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> =
+                    (1..=next).map(|n| (key_of(n, 8), value.clone())).collect();
+                let mut key = Vec::new();
+                let inserted: Result<Vec<Vec<u8>>, String> = match way {
+                    "batch" => {
+                        let values: Vec<&[u8]> = vec![&value[..]; 2];
+                        let (mut keys, mut ends) = (Vec::new(), Vec::new());
+                        tree.insert_batch_with_generated_keys(
+                            &values,
+                            |keys, ends| {
+                                for _ in 0..2 {
+                                    next += 1;
+                                    keys.extend_from_slice(&key_of(next, 8));
+                                    ends.push(keys.len());
+                                }
+                                Ok::<(), ()>(())
+                            },
+                            &mut keys,
+                            &mut ends,
+                        )
+                        .map(|()| keys.chunks(8).map(<[u8]>::to_vec).collect())
+                        .map_err(|error| format!("{error:?}"))
+                    }
+                    _ => {
+                        // A lane that has not inserted yet starts a block; "other lane" first
+                        // lets lane 0 take the last leaf, as another session would.
+                        let lanes: &[usize] = if way == "lane" { &[0, 0] } else { &[0, 1] };
+                        lanes
+                            .iter()
+                            .map(|&lane| {
+                                key.clear();
+                                tree.insert_with_sequence_key_on_lane(
+                                    lane,
+                                    &value,
+                                    1,
+                                    |count| {
+                                        let first = next + 1;
+                                        next += count;
+                                        Ok::<i64, ()>(first as i64)
+                                    },
+                                    |number, key| {
+                                        key.extend_from_slice(&key_of(number as u64, 8));
+                                        Ok(())
+                                    },
+                                    &mut key,
+                                )
+                                .map(|_| key.clone())
+                                .map_err(|error| format!("{error:?}"))
+                            })
+                            .collect()
+                    }
+                };
+                let inserted = inserted.unwrap_or_else(|error| {
+                    panic!("{context}: rows that fit on the last leaf were refused: {error}")
+                });
+                for key in inserted {
+                    oracle.insert(key, value.clone());
+                }
+                verify(&tree, &oracle, &context);
+            }
+        }
+    }
+    println!("{cases_without_spares} of 48 cases reached the limit with no spare leaf");
+    assert!(
+        cases_without_spares >= 12,
+        "only {cases_without_spares} cases reached the limit with no spare leaf"
+    );
+}

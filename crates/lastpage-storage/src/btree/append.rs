@@ -63,8 +63,8 @@ impl BTree {
             return None;
         }
         let own_page = needs_own_page(key.len() + value.len());
-        if own_page && let Err(error) = self.prepare_spare_leaf() {
-            return Some(Err(error));
+        if own_page {
+            self.prepare_spare_leaf();
         }
         let _gate = self.enter_tail_gate(own_page);
         let mut leaf = match self.latch_tail() {
@@ -110,7 +110,7 @@ impl BTree {
             let key_len = self.generated_key_len.load(Ordering::Relaxed) as usize;
             let own = self.prepare_own_leaf(key_len, value)?;
             if own.is_none() {
-                self.prepare_spare_leaf()?;
+                self.prepare_spare_leaf();
             }
             own
         } else {
@@ -207,8 +207,7 @@ impl BTree {
         }
         // A new leaf for the first split, allocated before the gate (later ones, for a batch
         // that spans several pages, are allocated under it).
-        self.prepare_spare_leaf()
-            .map_err(|error| (0, error.into()))?;
+        self.prepare_spare_leaf();
         let _gate = self.enter_tail_gate(false);
         let mut leaf = self.latch_tail().map_err(|error| (0, error.into()))?;
         make_keys(keys, ends).map_err(|error| (0, GeneratedKeyError::Key(error)))?;
@@ -551,16 +550,22 @@ impl BTree {
     /// memory) while everyone else waits at the gate. Called before the gate by appenders that
     /// may split the last leaf under it: rows large enough that each starts a new page,
     /// batches, and sequence lanes starting a block.
-    pub(super) fn prepare_spare_leaf(&self) -> Result<(), BTreeError> {
+    ///
+    /// Only a preparation: at the page limit it prepares nothing, and the split that needs a
+    /// page, if one does, fails under the gate with nothing changed. Refusing the statement
+    /// here refused rows that fit on the last leaf, so a full database turned away the last
+    /// rows its last leaf had room for.
+    pub(super) fn prepare_spare_leaf(&self) {
         if !sync::lock(&self.spare_leaves).is_empty() {
-            return Ok(());
+            return;
         }
-        let page = self
+        if let Ok(page) = self
             .pool
-            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?
-            .page_id();
-        sync::lock(&self.spare_leaves).push(page);
-        Ok(())
+            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)
+        {
+            let page = page.page_id();
+            sync::lock(&self.spare_leaves).push(page);
+        }
     }
 
     /// The tree's spare leaves as of now: a checkpoint stores them with the tree's root, so

@@ -298,7 +298,7 @@ impl BTree {
     ) -> Result<i64, GeneratedKeyError<E>> {
         state.page = NO_PAGE;
         // A new leaf, if one is needed, is allocated here, outside the gate.
-        self.prepare_spare_leaf()?;
+        self.prepare_spare_leaf();
         let key_len = match state.last_key.len() {
             0 => self.generated_key_len.load(Ordering::Relaxed).max(8) as usize,
             len => len,
@@ -369,8 +369,9 @@ impl BTree {
     /// filling it. Returns the new leaf's page, which the lane records while it holds the latch
     /// of the leaf before it (re-reading the tail hint after letting that latch go took, when a
     /// classic writer's split moved the tail in between, a page whose keys all lie above the
-    /// lane's next ones). `None` if the parent could not take the new leaf, and nothing was
-    /// changed.
+    /// lane's next ones). `None` if the parent could not take the new leaf, or the pool is at
+    /// its page limit, and nothing was changed: the caller then uses the last leaf's room,
+    /// which is better than refusing a row at a full database while that room is left.
     fn append_on_new_tail<'a>(
         &'a self,
         leaf: &mut ExclusiveGuard<'a>,
@@ -383,6 +384,7 @@ impl BTree {
         };
         let mut right = match self.take_spare_leaf() {
             Ok(right) => right,
+            Err(BTreeError::PoolFull(_)) => return None,
             Err(error) => return Some(Err(error)),
         };
         right
