@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
 use lastpage_io::{FileSystem, StdFileSystem};
-use lastpage_storage::buffer::{BufferPool, PoolConfig};
+use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
     ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_PAGES, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
@@ -678,6 +678,29 @@ impl Database {
         EngineError::LogFailed(message)
     }
 
+    /// The error for a checkpoint that failed with `error`. If the data file failed (a write or
+    /// an fdatasync of the image), the buffer pool refuses every later checkpoint, since after
+    /// a failed fdatasync nothing is known about the unsynced writes (fsyncgate). Commits could
+    /// still go to the log, but the log would then grow without end, never to be truncated,
+    /// until the disk filled, and a close could no longer write its clean image. So the
+    /// database stops, as PostgreSQL does (a PANIC) when a checkpoint's fsync fails: every
+    /// acknowledged commit is in the log, and the next open replays it over the last good
+    /// image and takes a new one.
+    fn fail_checkpoint(&self, error: PageError) -> EngineError {
+        if !self.inner.pool.checkpoints_failed() {
+            return EngineError::Storage(error.to_string());
+        }
+        let message = format!(
+            "a checkpoint could not write or sync the data file ({error}), so no later \
+             checkpoint can be trusted; every acknowledged commit is in the log"
+        );
+        let _ = self.inner.failure.set(message);
+        match self.check_not_failed() {
+            Err(stopped) => stopped,
+            Ok(()) => unreachable!("the failure was set just above"),
+        }
+    }
+
     /// Records that rolling back transaction `txn` failed with `error` part way: some of its
     /// changes are still in the trees, where the next statement could read them or commit on
     /// top of them. As SQL Server takes such a database offline and PostgreSQL escalates an
@@ -821,7 +844,7 @@ impl Database {
         self.inner
             .pool
             .write_dirty_pages()
-            .map_err(|error| EngineError::Storage(error.to_string()))?;
+            .map_err(|error| self.fail_checkpoint(error))?;
         let (pending, catalog, pause) = {
             let _gate = durable
                 .gate
@@ -847,7 +870,7 @@ impl Database {
                 .inner
                 .pool
                 .checkpoint_capture()
-                .map_err(|error| EngineError::Storage(error.to_string()))?;
+                .map_err(|error| self.fail_checkpoint(error))?;
             (pending, catalog, paused.elapsed())
         };
         // The image holds changes of transactions that may not have committed; the log must be
@@ -856,7 +879,7 @@ impl Database {
         let blob = catalog.encode()?;
         pending
             .finish(&self.inner.pool, &blob)
-            .map_err(|error| EngineError::Storage(error.to_string()))?;
+            .map_err(|error| self.fail_checkpoint(error))?;
         let segments_removed = durable
             .wal
             .remove_segments_before(Lsn(catalog.oldest_active_lsn))

@@ -188,8 +188,9 @@ pub enum EngineError {
         /// The panic's message, if it had one.
         message: String,
     },
-    /// The database stopped after a log failure or a rollback that could not undo all of its
-    /// changes; reopening it recovers from the log.
+    /// The database stopped after a log failure, a checkpoint that could not write or sync the
+    /// data file, or a rollback that could not undo all of its changes; reopening it recovers
+    /// from the log.
     #[error("the database stopped and must be reopened to recover: {0}")]
     DatabaseFailed(String),
     /// `Database::close` shut the database down; a clone of its handle cannot go on using it.

@@ -575,6 +575,73 @@ fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
     assert_orders_survived(&after, &before);
 }
 
+/// A checkpoint that cannot sync the data file, or write its image, stops the database: no
+/// later checkpoint could be trusted, so the log could never be truncated again and a close
+/// could not write its clean image. Every commit acknowledged before is recovered from the log
+/// at the next open, over the last good image. Before, commits went on, every later checkpoint
+/// (automatic ones too, every 100 ms) was refused, and only `close` failed. A page write that
+/// fails ahead of the image (a full disk) fails only that checkpoint; the next one, once there
+/// is room, succeeds.
+#[test]
+fn a_checkpoint_that_cannot_sync_or_write_the_data_file_stops_the_database() {
+    let data_file = Path::new(DIR).join(DATA_FILE_NAME);
+    for (what, rule, stops) in [
+        ("a failed fdatasync", FaultRule::syncs_fail_from(1), true),
+        (
+            "a full disk for the image",
+            FaultRule::disk_full_after(0),
+            true,
+        ),
+        (
+            "a full disk for the pages",
+            FaultRule::disk_full_after(0),
+            false,
+        ),
+    ] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(21));
+        let db = open(&fs);
+        db.create_table(orders()).unwrap();
+        let session = db.session();
+        let mut acknowledged: Vec<i64> = (0..50)
+            .map(|_| insert_order(&db, &session).unwrap())
+            .collect();
+        db.checkpoint().unwrap();
+        acknowledged.extend((0..50).map(|_| insert_order(&db, &session).unwrap()));
+        if what == "a full disk for the image" {
+            // Written ahead, so that the checkpoint's first write is its image's.
+            db.pool().write_dirty_pages().unwrap();
+        }
+        fs.inject(rule.on_path(&data_file));
+        let error = db.checkpoint().unwrap_err();
+        if stops {
+            assert!(
+                matches!(error, EngineError::DatabaseFailed(_))
+                    && error.to_string().contains("data file"),
+                "{what}: {error}"
+            );
+            let refused = insert_order(&db, &session).unwrap_err();
+            assert!(
+                matches!(refused, EngineError::DatabaseFailed(_)),
+                "{what}: a commit after the failed checkpoint: {refused}"
+            );
+            assert!(db.clone().close().is_err(), "{what}: the close");
+        } else {
+            assert!(matches!(error, EngineError::Storage(_)), "{what}: {error}");
+            acknowledged.push(insert_order(&db, &session).unwrap());
+            fs.clear_faults();
+            db.checkpoint().unwrap();
+            acknowledged.push(insert_order(&db, &session).unwrap());
+        }
+        fs.clear_faults();
+        let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
+        assert_orders_survived(&after, &acknowledged);
+        // The reopened database checkpoints again.
+        let db = open(&after);
+        db.checkpoint().unwrap();
+        assert_eq!(orders_rows(&db).len(), acknowledged.len(), "{what}");
+    }
+}
+
 /// [`options`] with a buffer pool of 64 pages.
 fn small_budget(fs: &FaultyFileSystem) -> DatabaseOptions {
     DatabaseOptions {

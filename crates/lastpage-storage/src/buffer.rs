@@ -403,6 +403,12 @@ impl BufferPool {
         self.file.is_some()
     }
 
+    /// Whether a checkpoint failed (a failed write or sync of the data file while it captured
+    /// or finished an image), after which every later one is refused.
+    pub fn checkpoints_failed(&self) -> bool {
+        self.file.as_ref().is_some_and(|file| file.has_failed())
+    }
+
     /// Installs the run-once-per-batch hook that eviction calls before it writes dirty pages
     /// (the WAL rule: the log must be durable up to a page's changes before the page is
     /// written). If the hook fails, dirty pages stay in memory.
