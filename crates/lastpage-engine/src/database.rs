@@ -65,11 +65,11 @@ pub struct DatabaseOptions {
     /// The file system a durable database uses; `None` is the real one. Tests pass a
     /// fault-injecting one.
     pub file_system: Option<Arc<dyn FileSystem>>,
-    /// The most pages the database may hold (SQL Server's MAXSIZE, in 8 KiB pages): page ids
-    /// stop below it, and a write that needs a page past it fails with
-    /// [`EngineError::PoolFull`]. At most, and by default, `MAX_PAGES` (128 GiB). Tests set it
+    /// The most pages the database may hold (SQL Server's MAXSIZE, in 8 KiB pages): a write
+    /// that needs one more fails with [`EngineError::PoolFull`]. At most, and by default,
+    /// `MAX_POOL_PAGES` (128 GiB less one page; a larger value counts as that). Tests set it
     /// low to reach a full database cheaply. Recovery at open is not held to it (only to
-    /// `MAX_PAGES`): committed rows are replayed whatever pages they take.
+    /// `MAX_POOL_PAGES`): committed rows are replayed whatever pages they take.
     pub max_pages: usize,
 }
 

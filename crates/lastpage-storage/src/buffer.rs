@@ -38,7 +38,7 @@ use crate::datafile::{DataFile, refused};
 use crate::latch::{Latch, LatchClass, LatchMode, LatchPolicy};
 use crate::limits::{
     CHECKPOINT_WRITE_BATCH_PAGES, DEFAULT_MEMORY_BUDGET_BYTES, EVICTION_BATCH_PAGES, MAX_PAGES,
-    PAGE_SIZE_BYTES, PAGE_TABLE_CHUNK_PAGES,
+    MAX_POOL_PAGES, PAGE_SIZE_BYTES, PAGE_TABLE_CHUNK_PAGES,
 };
 use crate::page::{Page, PageBytes, PageId, PageKind, PageMut};
 use crate::page_memory::PageMemory;
@@ -129,11 +129,11 @@ type Chunk = Box<[OnceLock<Box<Frame>>]>;
 
 std::thread_local! {
     /// Whether this thread's allocations may go past the pool's configured page limit, up to
-    /// `MAX_PAGES` (see [`past_page_limit`]).
+    /// `MAX_POOL_PAGES` (see [`past_page_limit`]).
     static PAST_PAGE_LIMIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `work` with this thread's page allocations held only to `MAX_PAGES`, not to the pool's
+/// Runs `work` with this thread's page allocations held only to `MAX_POOL_PAGES`, not to the pool's
 /// configured limit: for work that must not fail for want of room, such as a rollback putting
 /// back rows it deleted, whose room a later insert may have taken. (Without ghost records a
 /// deleted row's room is free at once, so an undo can need a split.)
@@ -199,10 +199,10 @@ pub struct PoolConfig {
     /// `MIN_BUDGET_PAGES` pages). A soft limit: when every resident page is latched, a
     /// thread that needs a frame goes over it rather than wait.
     pub memory_budget_bytes: usize,
-    /// The pool's page limit: page ids stop below it, and an allocation past it fails with
-    /// [`PoolFull`] (SQL Server's MAXSIZE, in pages). At most [`MAX_PAGES`], the most the page
-    /// table addresses; a larger value counts as `MAX_PAGES`. A lower one lets a database be
-    /// capped, and lets tests reach a full database without writing 128 GiB.
+    /// The pool's page limit: the most pages it holds (page ids 1 to this), after which an
+    /// allocation fails with [`PoolFull`] (SQL Server's MAXSIZE, in pages). At most
+    /// [`MAX_POOL_PAGES`]; a larger value counts as that. A lower one lets a database be capped, and lets tests reach a full
+    /// database without writing 128 GiB.
     pub max_pages: usize,
 }
 
@@ -259,8 +259,8 @@ type SharedHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct BufferPool {
     chunks: Box<[OnceLock<Chunk>]>,
     next_page_id: AtomicU32,
-    /// Page ids stop below this (see [`PoolConfig::max_pages`]); at most `MAX_PAGES`. Not part
-    /// of any protocol: an allocation racing a change of it may see either value.
+    /// The most pages (see [`PoolConfig::max_pages`]); at most [`MAX_POOL_PAGES`]. Not part of any
+    /// protocol: an allocation racing a change of it may see either value.
     max_pages: AtomicUsize,
     /// Pages whose bytes are in memory (and frames reserved for pages being loaded).
     resident: AtomicUsize,
@@ -323,7 +323,7 @@ impl BufferPool {
                 .collect(),
             // Page 0 is `NO_PAGE`.
             next_page_id: AtomicU32::new(1),
-            max_pages: AtomicUsize::new(max_pages.min(MAX_PAGES)),
+            max_pages: AtomicUsize::new(max_pages.min(MAX_POOL_PAGES)),
             resident: AtomicUsize::new(0),
             budget_pages,
             file,
@@ -421,12 +421,12 @@ impl BufferPool {
         self.max_pages.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Changes the pool's page limit (at most `MAX_PAGES`) for allocations from now on. Pages
+    /// Changes the pool's page limit (at most [`MAX_POOL_PAGES`]) for allocations from now on. Pages
     /// already beyond a lower limit stay; only new ones are refused. Recovery replays with the
     /// limit raised, since replayed rows may need more pages than they took before the crash.
     pub fn set_max_pages(&self, max_pages: usize) {
         self.max_pages.store(
-            max_pages.min(MAX_PAGES),
+            max_pages.min(MAX_POOL_PAGES),
             std::sync::atomic::Ordering::Relaxed,
         );
     }
@@ -498,19 +498,19 @@ impl BufferPool {
         index_id: u32,
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
         let max_pages = if PAST_PAGE_LIMIT.get() {
-            MAX_PAGES
+            MAX_POOL_PAGES
         } else {
             self.max_pages()
         };
         // Taken only if below this allocation's limit, never taken and given back: allocators
-        // have different limits (an undo's is `MAX_PAGES`), and a refused one that gave its id
+        // have different limits (an undo's is `MAX_POOL_PAGES`), and a refused one that gave its id
         // back with a `fetch_sub` after a past-the-limit one had taken the next id moved the
         // counter back onto that id, which was then handed out twice (a panic) while the id
         // below it was never allocated.
         let page_id = self
             .next_page_id
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |page_id| {
-                ((page_id as usize) < max_pages).then_some(page_id + 1)
+                ((page_id as usize) <= max_pages).then_some(page_id + 1)
             })
             .map_err(|_| PoolFull { max_pages })?;
         self.reserve_frame();

@@ -33,6 +33,10 @@ pub const PAGE_BODY_BYTES: usize = PAGE_SIZE_BYTES - PAGE_HEADER_BYTES;
 /// two-level array of `PAGE_TABLE_CHUNK_PAGES`-entry chunks.
 pub const MAX_PAGES: usize = 1 << 24;
 
+/// The most pages one buffer pool holds: page ids run from 1 to this, below `MAX_PAGES` (id 0
+/// is no page). A configured page limit (`PoolConfig::max_pages`) counts pages, up to this.
+pub const MAX_POOL_PAGES: usize = MAX_PAGES - 1;
+
 /// The most 8 KiB slots a data file can have: each page is in at most three slots at once (the
 /// durable image's, a captured image's not yet durable, and the one it was written to since),
 /// a failed checkpoint may leak one more until the file is reopened, and the images' streams

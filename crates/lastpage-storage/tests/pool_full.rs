@@ -352,7 +352,7 @@ fn allocations_past_the_limit_racing_refused_ones_get_distinct_ids() {
         pool.allocate(LatchPolicy::default(), PageKind::Leaf, 0, 1)
             .map(|guard| guard.page_id())
     };
-    for expected in 1..LIMIT {
+    for expected in 1..=LIMIT {
         assert_eq!(allocate(&pool).unwrap() as usize, expected);
     }
     let stop = AtomicBool::new(false);
@@ -379,11 +379,18 @@ fn allocations_past_the_limit_racing_refused_ones_get_distinct_ids() {
         assert!(refused.join().unwrap() > 0);
         ids.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     });
-    let expected: Vec<u32> = (LIMIT as u32..(LIMIT + PAST) as u32).collect();
+    let expected: Vec<u32> = (LIMIT as u32 + 1..=(LIMIT + PAST) as u32).collect();
     let mut sorted = ids.clone();
     sorted.sort_unstable();
-    assert_eq!(sorted, expected, "the past-the-limit page ids");
-    assert_eq!(pool.page_count(), LIMIT - 1 + PAST);
+    assert!(
+        sorted == expected,
+        "the past-the-limit page ids: {} of them, from {:?} to {:?}, distinct: {}",
+        sorted.len(),
+        sorted.first(),
+        sorted.last(),
+        sorted.windows(2).all(|pair| pair[0] < pair[1])
+    );
+    assert_eq!(pool.page_count(), LIMIT + PAST);
 }
 
 /// At the page limit, rows that fit on the last leaf still go in, whatever way they come:
@@ -490,4 +497,38 @@ fn rows_that_fit_on_the_last_leaf_go_in_at_the_page_limit() {
         cases_without_spares >= 12,
         "only {cases_without_spares} cases reached the limit with no spare leaf"
     );
+}
+
+/// A page limit of `n` lets the pool hold exactly `n` pages, and the error says so. It held one
+/// fewer (page ids stopped below the limit) while reporting "all n pages are in use".
+#[test]
+fn a_page_limit_counts_pages() {
+    use lastpage_storage::latch::LatchPolicy;
+    use lastpage_storage::page::PageKind;
+    for max_pages in [1, 2, 5, 64] {
+        let pool = BufferPool::with_max_pages(max_pages);
+        for _ in 0..max_pages {
+            pool.allocate(LatchPolicy::default(), PageKind::Leaf, 0, 1)
+                .unwrap_or_else(|full| panic!("limit {max_pages}: {full}"));
+        }
+        assert_eq!(pool.page_count(), max_pages);
+        let full = pool
+            .allocate(LatchPolicy::default(), PageKind::Leaf, 0, 1)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(full.max_pages, max_pages);
+        assert_eq!(
+            full.to_string(),
+            format!("the buffer pool is full: all {max_pages} pages are in use")
+        );
+        // Past the limit (a rollback's undo), pages still come, up to the pool's most.
+        lastpage_storage::buffer::past_page_limit(|| {
+            pool.allocate(LatchPolicy::default(), PageKind::Leaf, 0, 1)
+                .map(|_| ())
+                .unwrap();
+        });
+        assert_eq!(pool.page_count(), max_pages + 1);
+    }
+    let most = lastpage_storage::limits::MAX_POOL_PAGES;
+    assert_eq!(BufferPool::with_max_pages(usize::MAX).max_pages(), most);
 }
