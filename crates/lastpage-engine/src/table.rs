@@ -1113,10 +1113,10 @@ impl Table {
     /// index, for a batch that goes in at the tail), and the error is the first row's rejected
     /// at the first step that rejects any (so a duplicate clustered key in a later row is
     /// reported before a duplicate unique nonclustered key in an earlier one);
-    /// readers never see the batch's rows before it commits (an in-memory
-    /// database's autocommit batch of fresh identity keys into a table without nonclustered
-    /// indexes takes no locks, but nothing can fail once its rows are in, so readers see only
-    /// rows that commit: see `WriteScope::needs_locks`).
+    /// readers never see the batch's rows before it commits (its rows are locked even where
+    /// fresh identity keys otherwise need no lock, an in-memory database's autocommit
+    /// statement: a later row can still fail, on a full database, and take the batch's rows
+    /// back; see `Table::visible_rows_cannot_fail`).
     pub fn insert_batch(
         self: &Arc<Self>,
         session: &Session,
@@ -1243,7 +1243,12 @@ impl Table {
         }
         let buffer = Arc::new(buffer);
         keep_batch_buffer(&buffer);
-        if scope.needs_locks(self.inserts_only_fresh_keys) {
+        // Fresh keys need no lock against other writers, but a batch can still fail after
+        // some of its rows are in the trees (a later row or entry that finds the database
+        // full), and readers must not see those rows before they are taken back.
+        if scope.needs_locks(
+            self.inserts_only_fresh_keys && self.visible_rows_cannot_fail(records.len()),
+        ) {
             self.lock_batch(scope, &buffer, &records)?;
         }
         let sort_for_log = scope.logs_changes() && self.partition_count() > 1;
@@ -1329,7 +1334,7 @@ impl Table {
             .map(|row| &buffer[batch_item_range(&value_ends, row)])
             .collect();
         let locker = scope
-            .needs_locks(self.visible_rows_cannot_fail())
+            .needs_locks(self.visible_rows_cannot_fail(row_count))
             .then(|| scope.fresh_locker(self));
         let keep_changes = scope.keeps_changes();
         let reservation_log = self.reservation_log(scope);
@@ -1539,7 +1544,9 @@ impl Table {
         let value = self.clustered_value(&values)?;
         self.check_sizes(&self.clustered, &key, &value)?;
         let entries = self.nonclustered_entries(&values, &key)?;
-        if scope.needs_locks(self.inserts_only_fresh_keys) {
+        // The row's nonclustered entries go in after its record and may still fail (a full
+        // database), taking the record out again: then readers must not have seen it.
+        if scope.needs_locks(self.inserts_only_fresh_keys && self.visible_rows_cannot_fail(1)) {
             self.lock_entries(scope, &key, &entries)?;
         }
         let partition = self.partition_of_row(&values);
@@ -1578,14 +1585,20 @@ impl Table {
         Ok(())
     }
 
-    /// Whether an insert of fresh identity keys can no longer fail once its rows are in the
-    /// clustered tree: true without nonclustered indexes. With them, an entry made afterwards
-    /// can still fail (a duplicate unique key, a key too large) and take the rows out again,
-    /// so the rows must be locked from the moment readers can see them even where a fresh key
-    /// otherwise needs no lock (an in-memory database's autocommit statement): a reader would
-    /// otherwise return a row that never commits.
-    fn visible_rows_cannot_fail(&self) -> bool {
-        self.nonclustered.is_empty()
+    /// Whether a statement inserting `rows` rows of fresh identity keys can no longer fail
+    /// once any of its rows is in the clustered tree, so that it may leave them unlocked where a
+    /// fresh key otherwise needs no lock (an in-memory database's autocommit statement; see
+    /// `WriteScope::needs_locks`): a reader would otherwise return a row that never commits.
+    /// True only for a single row without nonclustered indexes, whose record is the last
+    /// thing the statement puts in. A nonclustered entry made afterwards can still fail (a
+    /// duplicate unique key, a full database) and take the row out again. So can a later row
+    /// of a batch: its rows go in one after another and become visible as they go, and a row
+    /// that needs a page the database cannot give (`DatabaseOptions::max_pages`, in memory
+    /// too) fails the statement, whose rows are then taken back. Readers returned such rows
+    /// when batches were left unlocked
+    /// (`read_committed_tail.rs::readers_never_see_rows_of_a_batch_that_fails_when_the_database_is_full`).
+    fn visible_rows_cannot_fail(&self, rows: usize) -> bool {
+        rows == 1 && self.nonclustered.is_empty()
     }
 
     /// Whether the clustered key is the identity column alone: then a batch's rows, which take
@@ -2068,7 +2081,7 @@ impl Table {
         let (identity, data_type) = self.identity_and_type();
         let keep_change = scope.keeps_changes();
         let locker = scope
-            .needs_locks(self.visible_rows_cannot_fail())
+            .needs_locks(self.visible_rows_cannot_fail(1))
             .then(|| scope.fresh_locker(self));
         let reservation_log = self.reservation_log(scope);
         let id = scope.logged(self, |changes| {

@@ -1069,8 +1069,9 @@ fn borrowed_batches_check_their_column_list_once() {
 
 /// An in-memory autocommit insert of fresh identity keys takes no row lock only where nothing
 /// can fail after its rows are in the clustered tree: with a nonclustered index, an entry made
-/// afterwards can still fail and take the rows out again, so they are locked from the moment a
-/// reader could see them (a reader would otherwise return a row that never commits).
+/// afterwards can still fail and take the rows out again, and so can a later row of a batch,
+/// so they are locked from the moment a reader could see them (a reader would otherwise return
+/// a row that never commits).
 #[test]
 fn fresh_rows_are_locked_while_a_later_index_entry_can_still_fail() {
     let db = database();
@@ -1107,9 +1108,16 @@ fn fresh_rows_are_locked_while_a_later_index_entry_can_still_fail() {
         0,
         "nothing can fail after the row is in: no lock"
     );
+    // A batch's rows go in one after another, and a later one can still fail (a database
+    // full at its page limit) and take the visible ones back: one range lock covers them.
     assert_eq!(
         locks_taken(&|| drop(plain.insert_batch(&session, vec![row(), row()]).unwrap())),
-        0
+        1
+    );
+    assert_eq!(
+        locks_taken(&|| drop(plain.insert_batch(&session, vec![row()]).unwrap())),
+        0,
+        "a batch of one row is a single row"
     );
     // The unique key is locked as always; the clustered key now too.
     assert_eq!(
