@@ -28,6 +28,15 @@ fn id_of(row: &[Value]) -> i64 {
     }
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// An in-memory database with a page limit: autocommit batches into a table clustered on its
 /// identity alone run until the database is full, while readers scan. A batch that fails
 /// part way takes its rows back; a reader must never have returned one of them.
@@ -117,9 +126,11 @@ fn readers_never_see_rows_of_a_batch_that_fails_when_the_database_is_full() {
                 })
                 .collect();
             let writer = {
-                let (db, table) = (&db, &table);
+                let (db, table, stop) = (&db, &table, &stop);
                 let mut rng = StdRng::seed_from_u64(seed ^ round);
                 scope.spawn(move || {
+                    // Stops the readers however the writer ends (a panic too).
+                    let _stop = StopOnDrop(stop);
                     let session = db.session();
                     let mut committed = BTreeSet::new();
                     let mut failures = 0;
@@ -149,7 +160,6 @@ fn readers_never_see_rows_of_a_batch_that_fails_when_the_database_is_full() {
                 })
             };
             let committed = writer.join().unwrap();
-            stop.store(true, Ordering::Relaxed);
             let mut seen = BTreeSet::new();
             for reader in readers {
                 seen.extend(reader.join().unwrap());
@@ -389,21 +399,21 @@ fn scan_and_check(
     );
 }
 
-/// One reader: scans, lookups by key and lookups through the index until `stop` (and at least
+/// One reader: scans, lookups by key and lookups through the index until `deadline` (and at least
 /// a few), each checked against what was committed before it started. Returns every id it
 /// was given.
 fn read_committed(
     db: &Database,
     table: &lastpage_engine::Table,
     published: &std::sync::Mutex<Published>,
-    stop: &AtomicBool,
+    deadline: std::time::Instant,
     seed: u64,
 ) -> BTreeSet<i64> {
     let session = db.session();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seen = BTreeSet::new();
     let mut reads = 0u64;
-    while !stop.load(Ordering::Relaxed) || reads < 5 {
+    while std::time::Instant::now() < deadline || reads < 5 {
         reads += 1;
         let must_see: Vec<i64> = published.lock().unwrap().kept.clone();
         match rng.random_range(0..8) {
@@ -468,10 +478,9 @@ fn read_committed_readers_meet_lanes_batches_and_rollbacks() {
         .unwrap();
         let table = lanes_table(&db, latch_policy);
         let published = std::sync::Mutex::new(Published::default());
-        let stop = AtomicBool::new(false);
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1200);
         let seen = std::thread::scope(|scope| {
-            let (db, table, published, stop) = (&db, &table, &published, &stop);
+            let (db, table, published) = (&db, &table, &published);
             // ALTER INDEX … SET now and then: the classic path for a while, then back.
             let switcher = scope.spawn(move || {
                 let session = db.session();
@@ -497,14 +506,13 @@ fn read_committed_readers_meet_lanes_batches_and_rollbacks() {
             let readers: Vec<_> = (0..3u64)
                 .map(|reader| {
                     let seed = seed ^ (reader + 101);
-                    scope.spawn(move || read_committed(db, table, published, stop, seed))
+                    scope.spawn(move || read_committed(db, table, published, deadline, seed))
                 })
                 .collect();
             for writer in writers {
                 writer.join().unwrap();
             }
             switcher.join().unwrap();
-            stop.store(true, Ordering::Relaxed);
             let mut seen = BTreeSet::new();
             for reader in readers {
                 seen.extend(reader.join().unwrap());
