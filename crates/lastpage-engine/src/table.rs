@@ -1285,10 +1285,31 @@ impl Table {
     /// Takes `count` consecutive identity values for a write through `scope` and returns the
     /// first, or `None` if the table has no identity column (see `IdentityState::take`).
     fn take_identity(&self, scope: &WriteScope<'_>, count: u64) -> Result<Option<i64>> {
-        self.identity
+        let first = self
+            .identity
             .as_ref()
             .map(|identity| identity.take(count, self.reservation_log(scope)))
-            .transpose()
+            .transpose()?;
+        if let Some(first) = first {
+            self.identity_taken_outside_lane(first, count);
+        }
+        Ok(first)
+    }
+
+    /// Tells the clustered tree's sequence lanes that the calling thread took `count` identity
+    /// values from `first` on outside them (a batch, or a row of a table whose rows do not go
+    /// through the lanes), so that the thread's next single row gets a larger value than these
+    /// (see `BTree::sequence_taken_outside_lane`): one session's values keep ascending.
+    fn identity_taken_outside_lane(&self, first: i64, count: u64) {
+        if let Some(identity) = &self.identity
+            && self.identity_keyed
+            && identity.increment > 0
+            && count > 0
+        {
+            let steps = i64::try_from(count - 1).unwrap_or(i64::MAX);
+            let last = first.saturating_add(steps.saturating_mul(identity.increment));
+            self.clustered.tree(0).sequence_taken_outside_lane(last);
+        }
     }
 
     /// Whether a multi-row insert goes in at the tail with keys made there (see
@@ -1345,6 +1366,7 @@ impl Table {
             let mut key_ends = Vec::with_capacity(row_count);
             let make_keys = |keys: &mut Vec<u8>, ends: &mut Vec<usize>| {
                 first_id = identity.take(row_count as u64, reservation_log)?;
+                self.identity_taken_outside_lane(first_id, row_count as u64);
                 // `take` reserved the whole block, so no value of it overflows an i64.
                 for row in 0..row_count as i64 {
                     let id = first_id + row * identity.increment;

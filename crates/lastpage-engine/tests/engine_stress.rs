@@ -200,3 +200,92 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
         );
     }
 }
+
+/// One session's identity values ascend, however it inserts: single rows (on its sequence
+/// lane), batches (which take their values at the tail), page-sized rows (which do too), and
+/// with the insert path switched to classic and back, while other sessions do the same. A
+/// session's batch took values past its lane's block, and its next single row went back into
+/// the block: one session got ids that went backwards.
+#[test]
+fn each_session_gets_ascending_identity_values_however_it_inserts() {
+    const SESSIONS: usize = 4;
+    const STATEMENTS: usize = 300;
+    let seed = std::env::var("LASTPAGE_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Events")
+                .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+                .column(ColumnDef::new("Payload", DataType::VarChar(8000)).not_null())
+                .clustered(IndexDef::new("PK_Events", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    std::thread::scope(|scope| {
+        for session_number in 0..SESSIONS {
+            let (db, table) = (&db, &table);
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ session_number as u64);
+                let session = db.session();
+                let mut last = 0i64;
+                let mut taken = Vec::new();
+                for statement in 0..STATEMENTS {
+                    let ids: Vec<i64> = match rng.random_range(0..10) {
+                        0..=5 => vec![
+                            table
+                                .insert(&session, InsertRow::new().set(1, "x".repeat(100)))
+                                .unwrap()
+                                .unwrap(),
+                        ],
+                        6 | 7 => {
+                            let rows = (0..rng.random_range(2..6))
+                                .map(|_| InsertRow::new().set(1, "b"))
+                                .collect();
+                            table
+                                .insert_batch(&session, rows)
+                                .unwrap()
+                                .into_iter()
+                                .map(Option::unwrap)
+                                .collect()
+                        }
+                        8 => vec![
+                            table
+                                .insert(&session, InsertRow::new().set(1, "p".repeat(7_900)))
+                                .unwrap()
+                                .unwrap(),
+                        ],
+                        _ => {
+                            // The classic path for a moment (one session's switch is every
+                            // session's: that is the point).
+                            table
+                                .set_insert_path(&session, "PK_Events", InsertPath::Classic)
+                                .unwrap();
+                            let id = table
+                                .insert(&session, InsertRow::new().set(1, "c"))
+                                .unwrap()
+                                .unwrap();
+                            table
+                                .set_insert_path(&session, "PK_Events", InsertPath::Default)
+                                .unwrap();
+                            vec![id]
+                        }
+                    };
+                    for id in ids {
+                        taken.push(id);
+                        assert!(
+                            id > last,
+                            "session {session_number}, statement {statement}: id {id} after \
+                             {last} (its last ids: {:?})",
+                            &taken[taken.len().saturating_sub(12)..]
+                        );
+                        last = id;
+                    }
+                }
+            });
+        }
+    });
+    db.check_integrity().unwrap();
+}

@@ -9,7 +9,10 @@
 //! one tree, with the key still ascending and nothing in the schema changed:
 //!
 //! - The tree has `TAIL_LANES` lanes. Each thread always uses the same lane (its *home*), so
-//!   one session's keys keep ascending.
+//!   one session's keys keep ascending. A thread that takes numbers of the sequence another way
+//!   (a batch, a page-sized row, the classic path) raises its lane's *floor* past them
+//!   ([`BTree::sequence_taken_outside_lane`]), and the lane gives up a block below its floor,
+//!   so the thread's next row still gets a larger number than its last.
 //! - A lane owns a *block* of the sequence: `rows` consecutive numbers, reserved at once from
 //!   the shared counter, about as many as fill one leaf. Its rows go on the leaf where its
 //!   previous row went, under that leaf's latch only: no tail gate, and different lanes write
@@ -41,7 +44,7 @@ use crate::buffer::ExclusiveGuard;
 use crate::limits::{PAGE_BODY_BYTES, TAIL_LANES};
 use crate::page::{NO_PAGE, PageId, leaf_entry_bytes};
 use crate::stats::{self, LatchClass, WaitType};
-use crate::sync::{self, Mutex, Ordering};
+use crate::sync::{self, AtomicI64, Mutex, Ordering};
 
 use super::append::{GeneratedKeyError, needs_own_page};
 use super::{BTree, BTreeError, InsertPath, check_record_size};
@@ -102,16 +105,32 @@ impl LaneState {
     }
 }
 
+/// One lane: its state, and its floor.
+struct Lane {
+    state: Mutex<LaneState>,
+    /// The largest number a thread of this lane took outside the lane (see
+    /// [`BTree::sequence_taken_outside_lane`]); the lane hands out no number at or below it.
+    /// Only the thread that raised it must see it (its own later insert, in program order), so
+    /// relaxed accesses do; other threads of the lane may see it late and then start a new
+    /// block a little later, which costs nothing but the rest of a block.
+    floor: AtomicI64,
+}
+
 /// The lanes of one tree.
 pub(super) struct Lanes {
-    lanes: Box<[crossbeam_utils::CachePadded<Mutex<LaneState>>]>,
+    lanes: Box<[crossbeam_utils::CachePadded<Lane>]>,
 }
 
 impl Default for Lanes {
     fn default() -> Self {
         Lanes {
             lanes: (0..TAIL_LANES)
-                .map(|_| crossbeam_utils::CachePadded::new(Mutex::new(LaneState::new())))
+                .map(|_| {
+                    crossbeam_utils::CachePadded::new(Lane {
+                        state: Mutex::new(LaneState::new()),
+                        floor: AtomicI64::new(i64::MIN),
+                    })
+                })
                 .collect(),
         }
     }
@@ -165,6 +184,22 @@ impl BTree {
         self.insert_with_sequence_key_on_lane(home_lane(), value, step, reserve, make_key, key)
     }
 
+    /// Tells the calling thread's lane that the thread took numbers of the sequence up to
+    /// `last` outside it (a batch at the tail, say): the lane's next number for this thread is
+    /// then above `last` (it gives up the rest of a block that lies below), so the keys one
+    /// session inserts keep ascending however it inserts them. Without it a session's batch
+    /// took numbers past its lane's block, and its next single row went back into the block.
+    pub fn sequence_taken_outside_lane(&self, last: i64) {
+        self.sequence_taken_outside_lane_of(home_lane(), last);
+    }
+
+    fn sequence_taken_outside_lane_of(&self, lane: usize, last: i64) {
+        let lane = &self.lanes.lanes[lane % self.lanes.lanes.len()];
+        if lane.floor.load(Ordering::Relaxed) < last {
+            lane.floor.fetch_max(last, Ordering::Relaxed);
+        }
+    }
+
     /// [`BTree::insert_with_sequence_key`] on lane `lane` (modulo the number of lanes). For
     /// tests that need two threads on two lanes.
     #[doc(hidden)]
@@ -180,15 +215,23 @@ impl BTree {
         key.clear();
         if self.insert_path() != InsertPath::Default || step <= 0 || needs_own_page(value.len()) {
             let mut number = None;
-            *key = self.insert_with_generated_key(value, |key| {
+            let inserted = self.insert_with_generated_key(value, |key| {
                 let first = reserve(1)?;
                 number = Some(first);
                 make_key(first, key)
-            })?;
+            });
+            if let Some(number) = number
+                && step > 0
+            {
+                self.sequence_taken_outside_lane_of(lane, number);
+            }
+            *key = inserted?;
             return Ok(number.expect("the key maker ran"));
         }
         let _admission = self.enter_insert_path();
         let lane = &self.lanes.lanes[lane % self.lanes.lanes.len()];
+        let floor = lane.floor.load(Ordering::Relaxed);
+        let lane = &lane.state;
         let mut state = match lane.try_lock() {
             Ok(state) => state,
             Err(_) => {
@@ -199,6 +242,11 @@ impl BTree {
                 state
             }
         };
+        if state.remaining > 0 && state.next <= floor {
+            // The thread took larger numbers outside the lane: the rest of this block would
+            // take its keys backwards.
+            state.remaining = 0;
+        }
         if state.remaining > 0
             && state.page != NO_PAGE
             && let Some(number) =
