@@ -20,19 +20,14 @@
 //! `LASTPAGE_CRASHREC_OPEN_AT_CLOSE` leaves a transaction open across the close.
 
 use std::collections::BTreeMap;
-use std::io;
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, InsertRow, KeyRange,
     Session, Table, TableDef, Uniqueness, Value,
 };
-use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions,
-};
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, PowerCut};
 use lastpage_storage::wal::WalConfig;
 
 const DIR: &str = "/db";
@@ -532,133 +527,6 @@ fn verify_after(fs: &FaultyFileSystem, m: &Model, mode: CrashMode) -> Result<(),
 }
 
 // ---------------------------------------------------------------------------------------------
-// A file system that loses power at its n-th mutating operation.
-
-#[derive(Debug)]
-struct CutState {
-    inner: FaultyFileSystem,
-    mode: CrashMode,
-    ops: AtomicU64,
-    /// Cut at this operation (0: never).
-    at: AtomicU64,
-    after: Mutex<Option<FaultyFileSystem>>,
-    fired: AtomicBool,
-}
-
-#[derive(Debug, Clone)]
-struct CutFs(Arc<CutState>);
-
-impl CutFs {
-    fn new(inner: FaultyFileSystem, mode: CrashMode) -> CutFs {
-        CutFs(Arc::new(CutState {
-            inner,
-            mode,
-            ops: AtomicU64::new(0),
-            at: AtomicU64::new(0),
-            after: Mutex::new(None),
-            fired: AtomicBool::new(false),
-        }))
-    }
-
-    /// Cuts the power at the `n`-th mutating operation from now.
-    fn arm(&self, n: u64) {
-        let now = self.0.ops.load(Ordering::SeqCst);
-        self.0.at.store(now + n, Ordering::SeqCst);
-    }
-
-    fn ops(&self) -> u64 {
-        self.0.ops.load(Ordering::SeqCst)
-    }
-
-    fn op(&self) {
-        let n = self.0.ops.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.0.at.load(Ordering::SeqCst) {
-            let after = self.0.inner.crash_with(self.0.mode);
-            *self.0.after.lock().unwrap() = Some(after);
-            self.0.fired.store(true, Ordering::SeqCst);
-        }
-    }
-
-    fn fired(&self) -> bool {
-        self.0.fired.load(Ordering::SeqCst)
-    }
-
-    fn after(&self) -> Option<FaultyFileSystem> {
-        self.0.after.lock().unwrap().clone()
-    }
-}
-
-#[derive(Debug)]
-struct CutFile {
-    fs: CutFs,
-    file: Box<dyn File>,
-}
-
-impl File for CutFile {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.file.read_at(offset, buf)
-    }
-    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.fs.op();
-        self.file.write_all_at(offset, data)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.fs.op();
-        self.file.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.file.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.fs.op();
-        self.file.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.fs.op();
-        self.file.allocate(len)
-    }
-    fn try_lock(&self) -> io::Result<bool> {
-        self.file.try_lock()
-    }
-}
-
-impl FileSystem for CutFs {
-    fn open(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn File>> {
-        if options.truncate
-            || ((options.create || options.create_new) && !self.0.inner.exists(path)?)
-        {
-            self.op();
-        }
-        let file = self.0.inner.open(path, options)?;
-        Ok(Box::new(CutFile {
-            fs: self.clone(),
-            file,
-        }))
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.op();
-        self.0.inner.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.op();
-        self.0.inner.rename(from, to)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.0.inner.exists(path)
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.0.inner.create_dir_all(path)
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<std::path::PathBuf>> {
-        self.0.inner.list_dir(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.op();
-        self.0.inner.sync_dir(path)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 
 struct Report {
     name: &'static str,
@@ -715,14 +583,14 @@ const LIMIT: u64 = 2000;
 const VARIANTS: [&str; 4] = ["cut lose", "cut random", "fsync", "fsync sticky"];
 
 /// Opens the database on a file system that loses power at its armed operation.
-fn open_cut(cut: &CutFs) -> lastpage_engine::Result<Database> {
+fn open_cut(cut: &PowerCut) -> lastpage_engine::Result<Database> {
     Database::open(DIR, options(Arc::new(cut.clone())))
 }
 
 /// A file system over `inner` that loses power (`mode`) at its `n`-th mutating operation.
-fn armed_cut(inner: FaultyFileSystem, mode: CrashMode, n: u64) -> CutFs {
-    let cut = CutFs::new(inner, mode);
-    cut.arm(n);
+fn armed_cut(inner: FaultyFileSystem, mode: CrashMode, n: u64) -> PowerCut {
+    let cut = PowerCut::new(inner);
+    cut.arm(n, mode);
     cut
 }
 
@@ -772,7 +640,9 @@ fn open_with_fault(
 struct Armed {
     variant: &'static str,
     base: FaultyFileSystem,
-    cut: CutFs,
+    cut: PowerCut,
+    /// What the cut does with writes that were not durable.
+    mode: CrashMode,
     before: lastpage_io::FaultyStats,
 }
 
@@ -785,7 +655,8 @@ impl Armed {
         };
         Armed {
             variant,
-            cut: CutFs::new(base.clone(), mode),
+            cut: PowerCut::new(base.clone()),
+            mode,
             before: base.stats(),
             base,
         }
@@ -799,7 +670,7 @@ impl Armed {
     fn arm(&mut self, n: u64) {
         self.before = self.base.stats();
         match self.variant {
-            "cut lose" | "cut random" => self.cut.arm(n),
+            "cut lose" | "cut random" => self.cut.arm(n, self.mode),
             "fsync" => self.base.inject(FaultRule::sync_fails(n)),
             _ => self.base.inject(FaultRule::syncs_fail_from(n)),
         }
@@ -871,7 +742,7 @@ impl Report {
     fn record_cut_open(
         &mut self,
         case: &str,
-        cut: &CutFs,
+        cut: &PowerCut,
         model: &Model,
         what: &str,
         completed: impl FnOnce() -> String,

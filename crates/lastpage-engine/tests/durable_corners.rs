@@ -17,11 +17,10 @@
 //! (`LASTPAGE_CORNER_ROUNDS` sets how many rounds each runs).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lastpage_engine::ColumnDef;
@@ -29,9 +28,7 @@ use lastpage_engine::{
     CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability, EngineError,
     IndexDef, InsertPath, InsertRow, KeyRange, Session, Table, TableDef, Uniqueness, Value,
 };
-use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions,
-};
+use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, PowerCut};
 use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -78,160 +75,63 @@ fn rounds(default: u64) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A file system that loses power at its n-th mutating operation (as in crash_in_recovery.rs).
-
-#[derive(Debug)]
-struct CutState {
-    inner: Mutex<FaultyFileSystem>,
-    mode: Mutex<CrashMode>,
-    ops: AtomicU64,
-    /// Cut at this operation (0: never).
-    at: AtomicU64,
-    after: Mutex<Option<FaultyFileSystem>>,
-    fired: AtomicBool,
-    /// A fault (failed fsync, full disk) was injected: failures are expected from now on.
-    faulted: AtomicBool,
-}
+// A file system that loses power at its n-th mutating operation (`lastpage_io::PowerCut`),
+// and remembers whether a fault was injected into it.
 
 #[derive(Debug, Clone)]
-struct CutFs(Arc<CutState>);
+struct CutFs {
+    cut: PowerCut,
+    /// A fault (failed fsync, full disk) was injected: failures are expected from now on.
+    faulted: Arc<AtomicBool>,
+}
 
 impl CutFs {
     fn new(inner: FaultyFileSystem) -> CutFs {
-        CutFs(Arc::new(CutState {
-            inner: Mutex::new(inner),
-            mode: Mutex::new(CrashMode::Random),
-            ops: AtomicU64::new(0),
-            at: AtomicU64::new(0),
-            after: Mutex::new(None),
-            fired: AtomicBool::new(false),
-            faulted: AtomicBool::new(false),
-        }))
+        CutFs {
+            cut: PowerCut::new(inner),
+            faulted: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     fn inner(&self) -> FaultyFileSystem {
-        self.0.inner.lock().unwrap().clone()
+        self.cut.inner().clone()
     }
 
     /// Cuts the power at the `n`-th mutating operation from now, in `mode`.
     fn arm(&self, n: u64, mode: CrashMode) {
-        *self.0.mode.lock().unwrap() = mode;
-        let now = self.0.ops.load(Ordering::SeqCst);
-        self.0.at.store(now + n, Ordering::SeqCst);
+        self.cut.arm(n, mode);
     }
 
     fn disarm(&self) {
-        self.0.at.store(0, Ordering::SeqCst);
-    }
-
-    fn op(&self) {
-        let n = self.0.ops.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.0.at.load(Ordering::SeqCst) {
-            self.cut_now();
-        }
+        self.cut.disarm();
     }
 
     /// Cuts the power now (once), in `mode`.
     fn cut_now_in(&self, mode: CrashMode) {
-        *self.0.mode.lock().unwrap() = mode;
-        self.cut_now();
-    }
-
-    /// Cuts the power now (once), in the armed mode.
-    fn cut_now(&self) {
-        let mut after = self.0.after.lock().unwrap();
-        if after.is_none() {
-            let mode = *self.0.mode.lock().unwrap();
-            *after = Some(self.inner().crash_with(mode));
-            self.0.fired.store(true, Ordering::SeqCst);
-        }
+        self.cut.cut_now(mode);
     }
 
     fn fired(&self) -> bool {
-        self.0.fired.load(Ordering::SeqCst)
+        self.cut.fired()
     }
 
     /// Injects `rule` into the file system: failures are expected from now on.
     fn inject(&self, rule: FaultRule) {
-        self.0.faulted.store(true, Ordering::SeqCst);
-        self.inner().inject(rule);
+        self.faulted.store(true, Ordering::SeqCst);
+        self.cut.inner().inject(rule);
     }
 
     fn faulted(&self) -> bool {
-        self.0.faulted.load(Ordering::SeqCst)
+        self.faulted.load(Ordering::SeqCst)
     }
 
     fn after(&self) -> Option<FaultyFileSystem> {
-        self.0.after.lock().unwrap().clone()
+        self.cut.after()
     }
-}
 
-#[derive(Debug)]
-struct CutFile {
-    fs: CutFs,
-    file: Box<dyn File>,
-}
-
-impl File for CutFile {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.file.read_at(offset, buf)
-    }
-    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.fs.op();
-        self.file.write_all_at(offset, data)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.fs.op();
-        self.file.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.file.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.fs.op();
-        self.file.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.fs.op();
-        self.file.allocate(len)
-    }
-    fn try_lock(&self) -> io::Result<bool> {
-        self.file.try_lock()
-    }
-}
-
-impl FileSystem for CutFs {
-    fn open(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn File>> {
-        let inner = self.inner();
-        if options.truncate || ((options.create || options.create_new) && !inner.exists(path)?) {
-            self.op();
-        }
-        let file = inner.open(path, options)?;
-        Ok(Box::new(CutFile {
-            fs: self.clone(),
-            file,
-        }))
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.op();
-        self.inner().remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.op();
-        self.inner().rename(from, to)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner().exists(path)
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner().create_dir_all(path)
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<std::path::PathBuf>> {
-        self.inner().list_dir(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.op();
-        self.inner().sync_dir(path)
+    /// The file system the database runs on.
+    fn file_system(&self) -> Arc<dyn FileSystem> {
+        Arc::new(self.cut.clone())
     }
 }
 
@@ -1333,7 +1233,7 @@ impl Run {
 
 fn open_db(fs: &FaultyFileSystem, config: &Config) -> Result<(CutFs, Database), String> {
     let cut = CutFs::new(fs.clone());
-    let db = Database::open(DIR, options(Arc::new(cut.clone()), config))
+    let db = Database::open(DIR, options(cut.file_system(), config))
         .map_err(|e| format!("open: {e}"))?;
     Ok((cut, db))
 }
@@ -1566,6 +1466,8 @@ fn corner_round(seed: u64) -> Result<(), String> {
             return Err(format!("{error}\n{history:?}\nlast steps: {:#?}", run.log));
         }
         let mut scratch_kept = Some(false);
+        // The process ended with the power on: the next one reads what the page cache holds.
+        let mut exited_with_power_on = false;
         match end {
             End::Crash(mode) => {
                 cut.cut_now_in(mode);
@@ -1595,7 +1497,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
                 if let Err(error) = step {
                     return Err(format!("{error}\n{history:?}\nlast steps: {:#?}", run.log));
                 }
-                cut.cut_now();
+                cut.cut_now_in(mode);
             }
             End::Fault(crash) => {
                 let rule = match rng.random_range(0..4) {
@@ -1623,7 +1525,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
                         // The process goes without a power loss: the next one reads what
                         // the page cache holds.
                         cut.inner().clear_faults();
-                        *cut.0.after.lock().unwrap() = Some(cut.inner());
+                        exited_with_power_on = true;
                         if scratch_kept.is_some() {
                             scratch_kept = None;
                         }
@@ -1646,7 +1548,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
                 }
             }
         }
-        let after = if scratch_kept == Some(true) {
+        let after = if scratch_kept == Some(true) || exited_with_power_on {
             cut.inner()
         } else {
             cut.after().expect("the power was cut")
@@ -1695,7 +1597,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
 }
 
 fn options_for(cut: &CutFs, config: &Config) -> DatabaseOptions {
-    options(Arc::new(cut.clone()), config)
+    options(cut.file_system(), config)
 }
 
 #[test]

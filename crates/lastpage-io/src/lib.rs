@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod faulty;
+mod power_cut;
 mod std_fs;
 
 use std::fmt::Debug;
@@ -33,6 +34,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use faulty::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FaultyStats, Tear};
+pub use power_cut::PowerCut;
 pub use std_fs::StdFileSystem;
 
 /// How [`FileSystem::open`] opens a file. Files are always opened for reading and writing.
