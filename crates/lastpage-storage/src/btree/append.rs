@@ -578,9 +578,9 @@ impl BTree {
     /// Gives a reopened tree back the spare leaves it had when its checkpoint image was
     /// captured. Pages are never freed, so a spare that was not handed back stayed allocated,
     /// and unreachable, for ever: a page lost to every tree at every close and every crash.
-    /// Each page is read and checked first (see [`BTree::spare_leaf_problem`]): a page named
-    /// by mistake could be one the tree already links, and a split that took it would link it
-    /// twice. Call it before the tree is shared.
+    /// Each page is read and checked first (it must be a formatted, empty, unlinked leaf of
+    /// this tree, and not its root): a page named by mistake could be one the tree already
+    /// links, and a split that took it would link it twice. Call it before the tree is shared.
     pub fn restore_spare_leaves(&self, pages: &[PageId]) -> Result<(), super::IntegrityError> {
         let mut named = std::collections::HashSet::new();
         for &page_id in pages {
