@@ -104,6 +104,10 @@ impl FlowControl {
         if self.try_admit() {
             return Some(FlowTicket { flow: self });
         }
+        // The wait starts at the first refusal, as a latch's does: the queue mutex below is part
+        // of it (under contention, a large part), and a worker admitted on the re-check still
+        // waited for the mutex.
+        let wait = stats::begin_wait(WaitType::BtreeInsertFlowControl, None);
         let waiter = current_waiter();
         {
             let mut queues = sync::lock(&self.queues);
@@ -111,6 +115,8 @@ impl FlowControl {
             // back under the same mutex, so either the place is visible here or this waiter is
             // queued before the leaving worker looks.
             if self.try_admit() {
+                drop(queues);
+                wait.end(None);
                 return Some(FlowTicket { flow: self });
             }
             waiter.prepare();
@@ -120,7 +126,6 @@ impl FlowControl {
                 queues.slow.push_back(Arc::clone(&waiter));
             }
         }
-        let wait = stats::begin_wait(WaitType::BtreeInsertFlowControl, None);
         let signalled = waiter.wait();
         wait.end(Some(signalled));
         // The leaving worker handed its place over: `admitted` already counts this worker.
