@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
+use lastpage_storage::btree::{
+    BTree, BTreeError, Direction, GeneratedKeyError, InsertPath, TreeOptions,
+};
 use lastpage_storage::buffer::BufferPool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -531,4 +533,50 @@ fn a_page_limit_counts_pages() {
     }
     let most = lastpage_storage::limits::MAX_POOL_PAGES;
     assert_eq!(BufferPool::with_max_pages(usize::MAX).max_pages(), most);
+}
+
+/// At the page limit, a row large enough to need a page of its own on the default path (it is
+/// copied into a private page before the tail gate) still goes in when the last leaf has room
+/// for it: the private page is only a preparation, as a spare leaf is.
+#[test]
+fn page_sized_rows_that_fit_on_the_last_leaf_go_in_at_the_page_limit() {
+    const VALUE_LEN: usize = 5_000;
+    for max_pages in [3, 5, 9, 40] {
+        let context = format!("max_pages {max_pages}");
+        let tree = tree(max_pages, InsertPath::Default);
+        let value = vec![9u8; VALUE_LEN];
+        let mut next = 0u64;
+        let insert = |next: &mut u64| {
+            tree.insert_with_generated_key(&value, |key| {
+                *next += 1;
+                key.extend_from_slice(&key_of(*next, 8));
+                Ok::<(), ()>(())
+            })
+        };
+        // Fill until a row needs a page the pool cannot give.
+        loop {
+            match insert(&mut next) {
+                Ok(_) => {}
+                Err(GeneratedKeyError::Tree(BTreeError::PoolFull(_))) => break,
+                Err(other) => panic!("{context}: {other:?}"),
+            }
+            assert!(next < 100_000, "{context}: never full");
+        }
+        // The refused row made no key, or made one that is not in the tree.
+        let last = (1..=next)
+            .rev()
+            .find(|&n| tree.get(&key_of(n, 8)).unwrap().is_some())
+            .unwrap();
+        // Room on the last leaf for one such row again.
+        assert!(tree.delete(&key_of(last, 8)).unwrap().is_some());
+        let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = (1..last)
+            .filter(|&n| tree.get(&key_of(n, 8)).unwrap().is_some())
+            .map(|n| (key_of(n, 8), value.clone()))
+            .collect();
+        let key = insert(&mut next).unwrap_or_else(|error| {
+            panic!("{context}: a row that fits on the last leaf was refused: {error:?}")
+        });
+        oracle.insert(key, value.clone());
+        verify(&tree, &oracle, &context);
+    }
 }

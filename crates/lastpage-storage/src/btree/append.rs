@@ -108,7 +108,7 @@ impl BTree {
         let own_page = needs_own_page(value.len());
         let mut own = if own_page {
             let key_len = self.generated_key_len.load(Ordering::Relaxed) as usize;
-            let own = self.prepare_own_leaf(key_len, value)?;
+            let own = self.prepare_own_leaf(key_len, value);
             if own.is_none() {
                 self.prepare_spare_leaf();
             }
@@ -510,29 +510,28 @@ impl BTree {
     }
 
     /// A private leaf holding one record, `value` under a placeholder key `key_len` bytes long,
-    /// for [`BTree::link_own_tail`]; `None` if no key length is known yet or the record does not
-    /// fit.
-    fn prepare_own_leaf(
-        &self,
-        key_len: usize,
-        value: &[u8],
-    ) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
+    /// for [`BTree::link_own_tail`]; `None` if no key length is known yet, the record does not
+    /// fit, or the pool is at its page limit. Like a spare leaf, only a preparation: a full
+    /// pool must not refuse a row that fits on the last leaf (the row then goes in the
+    /// ordinary way, and a split that needs a page fails under the gate with nothing changed).
+    fn prepare_own_leaf(&self, key_len: usize, value: &[u8]) -> Option<ExclusiveGuard<'_>> {
         const PLACEHOLDER: [u8; crate::limits::MAX_KEY_BYTES] = [0; crate::limits::MAX_KEY_BYTES];
         if key_len == 0 || key_len > PLACEHOLDER.len() {
-            return Ok(None);
+            return None;
         }
         let mut own = self
             .pool
-            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?;
+            .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)
+            .ok()?;
         if own
             .page_mut()
             .insert_leaf(0, &PLACEHOLDER[..key_len], value)
             .is_err()
         {
             self.recycle_own_leaf(own);
-            return Ok(None);
+            return None;
         }
-        Ok(Some(own))
+        Some(own)
     }
 
     /// Returns an unused private leaf from [`BTree::prepare_own_leaf`], emptied, to the spare
