@@ -310,8 +310,8 @@ impl BufferPool {
         Self::with_max_pages(MAX_PAGES)
     }
 
-    /// An empty memory-only pool whose page ids stop below `max_pages` (see
-    /// [`PoolConfig::max_pages`]).
+    /// An empty memory-only pool that holds at most `max_pages` pages, ids 1 to `max_pages`
+    /// (see [`PoolConfig::max_pages`]).
     pub fn with_max_pages(max_pages: usize) -> Self {
         Self::with_parts(usize::MAX, None, max_pages)
     }
