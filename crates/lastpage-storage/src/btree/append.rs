@@ -579,9 +579,11 @@ impl BTree {
     /// and unreachable, for ever: a page lost to every tree at every close and every crash.
     /// Each page is read and checked first (it must be a formatted, empty, unlinked leaf of
     /// this tree, and not its root): a page named by mistake could be one the tree already
-    /// links, and a split that took it would link it twice. Call it before the tree is shared.
+    /// links, and a split that took it would link it twice. A page that is already one of the
+    /// tree's spare leaves is refused for the same reason. Call it before the tree is shared.
     pub fn restore_spare_leaves(&self, pages: &[PageId]) -> Result<(), super::IntegrityError> {
-        let mut named = std::collections::HashSet::new();
+        let mut named: std::collections::HashSet<PageId> =
+            sync::lock(&self.spare_leaves).iter().copied().collect();
         for &page_id in pages {
             let problem = if page_id == NO_PAGE || page_id as usize > self.pool.page_count() {
                 Some(format!(
@@ -589,7 +591,7 @@ impl BTree {
                     self.pool.page_count()
                 ))
             } else if !named.insert(page_id) {
-                Some("the page is named twice as a spare leaf".into())
+                Some("the page is named twice as a spare leaf, or is one already".into())
             } else {
                 let guard = self
                     .pool
