@@ -492,7 +492,9 @@ impl Database {
                     .saturating_sub(*sync::lock(&durable.checkpoint));
                 if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
                     // A failed automatic checkpoint leaves the previous image in force; the next
-                    // attempt (or an explicit CHECKPOINT) reports the error.
+                    // attempt (or an explicit CHECKPOINT) reports the error. One that failed the
+                    // data file stops the database (`Database::fail_checkpoint`), and every later
+                    // operation reports that instead.
                     let _ = db.checkpoint();
                 }
                 true
