@@ -692,15 +692,10 @@ impl Database {
         if !self.inner.pool.checkpoints_failed() {
             return EngineError::Storage(error.to_string());
         }
-        let message = format!(
+        self.stop(format!(
             "a checkpoint could not write or sync the data file ({error}), so no later \
              checkpoint can be trusted; every acknowledged commit is in the log"
-        );
-        let _ = self.inner.failure.set(message);
-        match self.check_not_failed() {
-            Err(stopped) => stopped,
-            Ok(()) => unreachable!("the failure was set just above"),
-        }
+        ))
     }
 
     /// Records that rolling back transaction `txn` failed with `error` part way: some of its

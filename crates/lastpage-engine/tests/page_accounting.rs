@@ -236,3 +236,64 @@ fn every_page_belongs_to_a_tree_after_closes_and_crashes() {
     let rows = rows_and_owned_pages(&db, "at the end");
     assert_eq!(rows, expected, "rows at the end");
 }
+
+/// A spare leaf that cannot be read back (evicted, then a failed read) stays a spare leaf: the
+/// split that wanted it fails, and once reads work again every page still belongs to a tree.
+/// Before, the split had taken the page off the list before reading it, and it belonged to no
+/// tree for ever.
+#[test]
+fn a_spare_leaf_that_cannot_be_read_stays_a_spare_leaf() {
+    use lastpage_io::FaultRule;
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            memory_budget_bytes: 64 * 8192,
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let events = db.create_table(events()).unwrap();
+    let filler = db.create_table(heap()).unwrap();
+    let session = db.session();
+    // Several leaves, so that the last one splits as the tail (with a spare leaf), not as
+    // the root; then a batch that fits on the last leaf keeps the spare leaf it prepared.
+    let tiny = |n: usize| {
+        (0..n)
+            .map(|_| InsertRow::new().set(1, "s"))
+            .collect::<Vec<_>>()
+    };
+    events.insert_batch(&session, tiny(1_000)).unwrap();
+    events.insert_batch(&session, tiny(2)).unwrap();
+    rows_and_owned_pages(&db, "after the batch");
+    let spares = |db: &Database| -> u64 {
+        db.check_integrity().unwrap()[0]
+            .indexes
+            .iter()
+            .map(|(_, tree)| tree.spare_leaves)
+            .sum()
+    };
+    assert_eq!(spares(&db), 1, "the batch's spare leaf");
+    // Page-sized rows elsewhere push the spare out of memory; a row on the last leaf of
+    // `Events` brings that leaf back in.
+    for _ in 0..1_500 {
+        filler
+            .insert(&session, InsertRow::new().set(0, "f".repeat(7_900)))
+            .unwrap();
+    }
+    events.insert_batch(&session, tiny(1)).unwrap();
+    // And a lookup brings the root back (the tail's parent, which its split latches).
+    assert!(events.get(&session, &[Value::BigInt(1)]).unwrap().is_some());
+    fs.inject(FaultRule::reads_fail_from(1));
+    // Rows past the last leaf's room: the split needs the spare, whose read fails.
+    let error = events
+        .insert_batch(&session, tiny(400))
+        .map(|_| ())
+        .unwrap_err();
+    println!("the split failed: {error}");
+    fs.clear_faults();
+    rows_and_owned_pages(&db, "after the failed read");
+    assert_eq!(spares(&db), 1, "the spare leaf is still one");
+    events.insert_batch(&session, tiny(400)).unwrap();
+    rows_and_owned_pages(&db, "after the split");
+}

@@ -612,8 +612,12 @@ impl BTree {
     pub(super) fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
         let spare = sync::lock(&self.spare_leaves).pop();
         match spare {
-            // A spare may have been evicted while it waited; latching reads it back.
-            Some(page) => Ok(self.pool.latch_exclusive(page)?),
+            // A spare may have been evicted while it waited; latching reads it back. If that
+            // read fails, the page stays a spare: dropped here, it would belong to no tree.
+            Some(page) => self.pool.latch_exclusive(page).map_err(|error| {
+                sync::lock(&self.spare_leaves).push(page);
+                error.into()
+            }),
             None => Ok(self
                 .pool
                 .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)?),
