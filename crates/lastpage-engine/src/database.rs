@@ -17,8 +17,8 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_PAGES, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
-    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
+    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES, MAX_TXN_ID,
+    MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -83,7 +83,7 @@ impl Default for DatabaseOptions {
             lock_timeout: None,
             wal: WalConfig::default(),
             file_system: None,
-            max_pages: MAX_PAGES,
+            max_pages: MAX_POOL_PAGES,
         }
     }
 }
@@ -333,7 +333,7 @@ impl Database {
                 // statements and rolled-back rows left, can take more pages than before. A
                 // crash of a database at its limit then made every open fail with 'replaying
                 // a committed change failed: the buffer pool is full'.
-                max_pages: MAX_PAGES,
+                max_pages: MAX_POOL_PAGES,
             },
         )
         .map_err(|error| EngineError::Storage(error.to_string()))?;

@@ -210,7 +210,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
-            max_pages: MAX_PAGES,
+            max_pages: MAX_POOL_PAGES,
         }
     }
 }
@@ -307,7 +307,7 @@ fn unallocated(page_id: PageId) -> PageError {
 impl BufferPool {
     /// An empty memory-only pool: unbounded, no data file.
     pub fn new() -> Self {
-        Self::with_max_pages(MAX_PAGES)
+        Self::with_max_pages(MAX_POOL_PAGES)
     }
 
     /// An empty memory-only pool that holds at most `max_pages` pages, ids 1 to `max_pages`

@@ -22,8 +22,10 @@
 //!   number, or a new block's first); otherwise, under the tail gate, it reserves the next
 //!   block and starts a new last leaf with the block's first row (the descent-free append of
 //!   `append.rs`, with a fresh page even if the last leaf has room, which belongs to another
-//!   lane). Reserving under the gate keeps blocks arriving at the tail in the order they were
-//!   reserved, so a new block's first key is always the largest key.
+//!   lane; when the parent has no room for it, or the database is at its page limit, the row
+//!   goes on that last leaf after all, which is correct because later rows of either lane are
+//!   placed by a search). Reserving under the gate keeps blocks arriving at the tail in the
+//!   order they were reserved, so a new block's first key is always the largest key.
 //!
 //! Why a lane's row belongs on its leaf: when the lane last inserted there, the leaf covered
 //! the lane's previous key `p`; the new key `k` is the next number of the same block, so
