@@ -680,9 +680,12 @@ impl Database {
         EngineError::LogFailed(message)
     }
 
-    /// The error for a checkpoint that failed with `error`. If the data file failed (a write or
-    /// an fdatasync of the image), the buffer pool refuses every later checkpoint, since after
-    /// a failed fdatasync nothing is known about the unsynced writes (fsyncgate). Commits could
+    /// The error for a checkpoint that failed with `error`. If the data file failed (a failed
+    /// fdatasync, or a failed write of the meta slot, which may have reached the disk all the
+    /// same), the buffer pool refuses every later checkpoint, since after a failed fdatasync
+    /// nothing is known about the unsynced writes (fsyncgate). (A write of pages or of the
+    /// image's page map that fails, for want of room say, fails only this checkpoint: a
+    /// `Storage` error, and the next checkpoint tries again.) Commits could
     /// still go to the log, but the log would then grow without end, never to be truncated,
     /// until the disk filled, and a close could no longer write its clean image. So the
     /// database stops, as PostgreSQL does (a PANIC) when a checkpoint's fsync fails: every

@@ -918,7 +918,9 @@ impl BufferPool {
             }
             frame.latch.release(LatchMode::Shared);
             if let Err(error) = result {
-                file.fail();
+                // A failed page write leaves the page dirty (its slot and checksum unchanged)
+                // and its fresh slot free; pages captured before it are clean in slots no image
+                // names yet. Abandoning the capture leaves all of that to a later checkpoint.
                 let slots: Vec<u32> = map.iter().map(|&(slot, _)| slot).collect();
                 file.abandon(&slots);
                 return Err(error);
@@ -982,7 +984,12 @@ impl PendingCheckpoint {
                 file_slots,
             }),
             Err(error) => {
-                file.fail();
+                // A failure that leaves the file unknown has failed it (see `DataFile::finish`);
+                // any other gives the capture up, for a later checkpoint to try again.
+                if !file.has_failed() {
+                    let slots: Vec<u32> = self.map.iter().map(|&(slot, _)| slot).collect();
+                    file.abandon(&slots);
+                }
                 Err(error)
             }
         }

@@ -184,10 +184,12 @@ impl SlotState {
 pub(crate) struct DataFile {
     file: Box<dyn File>,
     state: Mutex<SlotState>,
-    /// Set after a failed sync of the data file, or any failed I/O of a capture or its finish:
-    /// later checkpoints are refused, because after a failed `fdatasync` nothing about unsynced
-    /// writes is known (see `lastpage_io`). (A failed page write of the write-back ahead of a
-    /// checkpoint only fails that call: the page stays dirty and goes out again later.)
+    /// Set after a failed sync of the data file, or a failed write of a meta slot: later
+    /// checkpoints are refused, because after a failed `fdatasync` nothing about unsynced
+    /// writes is known (see `lastpage_io`), and a meta slot whose write failed may have reached
+    /// the disk all the same. (A failed write of a page or of an image's stream only fails that
+    /// checkpoint: the page stays dirty, the stream's fresh slots go back to the free list, and
+    /// a later checkpoint tries again, say once a full disk has room.)
     failed: AtomicBool,
 }
 
@@ -558,9 +560,15 @@ impl DataFile {
         if self.has_failed() {
             return Err(refused());
         }
-        self.file
-            .sync_data()
-            .map_err(|error| io_error(0, "syncing the checkpoint's pages", error))?;
+        // A failed fdatasync, and a failed write of the meta slot (which may have reached the
+        // disk all the same), leave the file in a state nothing knows: they fail the file, and
+        // no checkpoint follows. A failed write of the stream (a full disk) leaves nothing
+        // unknown: its slots are fresh, no image names them, and they go back to the free list,
+        // so a later checkpoint may try again.
+        self.file.sync_data().map_err(|error| {
+            self.fail();
+            io_error(0, "syncing the checkpoint's pages", error)
+        })?;
         let mut stream = Vec::with_capacity(map.len() * MAP_ENTRY_BYTES + blob.len());
         for (slot, crc) in map {
             stream.extend_from_slice(&slot.to_le_bytes());
@@ -582,13 +590,22 @@ impl DataFile {
             let next = stream_slots.get(index + 1).copied().unwrap_or(0);
             buffer[..STREAM_HEADER_BYTES].copy_from_slice(&next.to_le_bytes());
             buffer[STREAM_HEADER_BYTES..STREAM_HEADER_BYTES + chunk.len()].copy_from_slice(chunk);
-            self.file
+            if let Err(error) = self
+                .file
                 .write_all_at(slot_offset(stream_slots[index]), buffer.as_slice())
-                .map_err(|error| io_error(0, "writing the checkpoint's page map", error))?;
+            {
+                let mut state = self.lock();
+                for &slot in &stream_slots {
+                    state.clear_mark(slot, MARK_PENDING);
+                    state.free.push(slot);
+                }
+                return Err(io_error(0, "writing the checkpoint's page map", error));
+            }
         }
-        self.file
-            .sync_data()
-            .map_err(|error| io_error(0, "syncing the checkpoint's page map", error))?;
+        self.file.sync_data().map_err(|error| {
+            self.fail();
+            io_error(0, "syncing the checkpoint's page map", error)
+        })?;
         let meta = Meta {
             generation,
             page_count: map.len() as u32,
@@ -602,10 +619,14 @@ impl DataFile {
                 slot_offset((generation % 2) as u32),
                 meta.encode().as_slice(),
             )
-            .map_err(|error| io_error(0, "writing the meta slot", error))?;
-        self.file
-            .sync_data()
-            .map_err(|error| io_error(0, "syncing the meta slot", error))?;
+            .map_err(|error| {
+                self.fail();
+                io_error(0, "writing the meta slot", error)
+            })?;
+        self.file.sync_data().map_err(|error| {
+            self.fail();
+            io_error(0, "syncing the meta slot", error)
+        })?;
         // The new image is durable: its slots become the protected set, and the previous
         // image's slots that it does not use become free.
         let mut state = self.lock();

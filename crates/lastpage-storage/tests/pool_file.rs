@@ -386,6 +386,75 @@ fn a_failed_fsync_fails_the_checkpoint_and_reopening_gives_the_previous_image() 
     }
 }
 
+/// A full disk while a checkpoint writes pages or its image's page map fails only that
+/// checkpoint: nothing it wrote is named by an image, so a later one (once there is room)
+/// succeeds, and the file opens with the later image. Before, any failed write refused every
+/// later checkpoint, as a failed fdatasync must. A failed write of the meta slot still refuses
+/// them (the slot may have reached the disk all the same, on a file system that can fail an
+/// overwrite), and the file opens with the previous image.
+#[test]
+fn a_full_disk_fails_one_checkpoint_and_the_next_succeeds() {
+    let base = common::seed();
+    let (mut page_failures, mut map_failures, mut meta_failures) = (0, 0, 0);
+    // Room on the disk for 0 to 31 slots: the capture's page writes run out first, then the
+    // image's page map.
+    for room_slots in 0..32u64 {
+        let fs = faulty(base.wrapping_add(room_slots));
+        let (pool, _) = open(&fs, 24);
+        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let mut oracle = BTreeMap::new();
+        let insert = |from: u32, to: u32, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
+            for i in from..to {
+                let key = i.wrapping_mul(2_654_435_761).to_be_bytes().to_vec();
+                tree.insert(&key, &value_for(&key)).unwrap();
+                oracle.insert(key.clone(), value_for(&key));
+            }
+        };
+        insert(0, 2_000, &mut oracle);
+        checkpoint(&pool, &tree);
+        let first = oracle.clone();
+        insert(2_000, 3_000, &mut oracle);
+        fs.inject(FaultRule::disk_full_after(room_slots * 8192).on_path(PATH));
+        let result = pool
+            .checkpoint_capture()
+            .and_then(|pending| pending.finish(&pool, &blob(&tree)));
+        match &result {
+            Ok(_) => {}
+            Err(PageError::Io { message, .. }) if message.contains("page map") => map_failures += 1,
+            Err(PageError::Io { message, .. }) if message.contains("writing slot") => {
+                page_failures += 1
+            }
+            Err(PageError::Io { message, .. }) if message.contains("meta slot") => {
+                meta_failures += 1;
+                assert!(pool.checkpoint_capture().is_err(), "later ones are refused");
+                drop(tree);
+                drop(pool);
+                let crashed = fs.crash_with(lastpage_io::CrashMode::LoseUnsynced);
+                let (pool, blob) = open(&crashed, 24);
+                assert_eq!(pool.durable_generation(), Some(1));
+                assert_matches(&reattach(pool, &blob.unwrap()), &first);
+                continue;
+            }
+            Err(other) => panic!("room {room_slots} slots: {other}"),
+        }
+        fs.clear_faults();
+        insert(3_000, 3_500, &mut oracle);
+        checkpoint(&pool, &tree);
+        drop(tree);
+        drop(pool);
+        let crashed = fs.crash_with(lastpage_io::CrashMode::LoseUnsynced);
+        let (pool, blob) = open(&crashed, 24);
+        let tree = reattach(pool, &blob.unwrap());
+        assert_matches(&tree, &oracle);
+        tree.check_integrity().unwrap();
+    }
+    println!(
+        "{page_failures} checkpoints failed at a page, {map_failures} at the page map, \
+         {meta_failures} at the meta slot"
+    );
+    assert!(page_failures > 0 && map_failures > 0);
+}
+
 /// A checkpoint whose meta-slot fdatasync failed can leave the new meta slot in the page cache,
 /// readable but never to be written (fsyncgate; the fault-injecting file system keeps it so). A
 /// restart without a power loss read it as the durable image and reused the previous image's
