@@ -14,8 +14,11 @@ use lastpage_engine::{
     ColumnDef, DataType, DefaultValue, EngineError, IndexDef, IndexOptions, InsertPath,
     LatchPolicy, TableDef, Uniqueness, Value,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+
+mod common;
+
+use common::{cases, random_type, seeded_rng};
 
 /// Bytes before the body in the blob: magic, version, body length.
 const HEADER_LEN: usize = 16;
@@ -24,23 +27,6 @@ const HEADER_LEN: usize = 16;
 /// (a computed column shows as a flag), which is exactly what a round trip must preserve.
 fn repr(catalog: &Catalog) -> String {
     format!("{catalog:#?}")
-}
-
-fn rng_for(test: &str) -> StdRng {
-    let seed = ["LASTPAGE_SEED", "LASTPAGE_TEST_SEED"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok()?.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("{test}: seed {seed} (rerun with LASTPAGE_SEED={seed})");
-    StdRng::seed_from_u64(seed)
-}
-
-fn cases(base: usize) -> usize {
-    let scale = std::env::var("LASTPAGE_TEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    base * scale
 }
 
 /// Trees for `indexes` indexes of `partitions` partitions each, with ids taken from `next_id`.
@@ -614,32 +600,6 @@ fn length(rng: &mut impl Rng, max: u16) -> u16 {
     }
 }
 
-fn random_type(rng: &mut impl Rng) -> DataType {
-    match rng.random_range(0..15) {
-        0 => DataType::TinyInt,
-        1 => DataType::SmallInt,
-        2 => DataType::Int,
-        3 => DataType::BigInt,
-        4 => DataType::Bit,
-        5 => {
-            let precision = rng.random_range(1..=38);
-            DataType::Decimal {
-                precision,
-                scale: rng.random_range(0..=precision),
-            }
-        }
-        6 => DataType::Money,
-        7 => DataType::Char(length(rng, 8000)),
-        8 => DataType::VarChar(length(rng, 8000)),
-        9 => DataType::NChar(length(rng, 4000)),
-        10 => DataType::NVarChar(length(rng, 4000)),
-        11 => DataType::DateTime2(rng.random_range(0..=7)),
-        12 => DataType::Date,
-        13 => DataType::UniqueIdentifier,
-        _ => DataType::VarBinary(length(rng, 8000)),
-    }
-}
-
 /// A random constant of `ty`, already in the form the column type gives it (so the round trip
 /// compares equal), or `NULL`.
 fn random_value(rng: &mut impl Rng, ty: DataType) -> Value {
@@ -748,7 +708,7 @@ fn random_entry(
             let increment = pick(rng, &[1, -1, 7, i64::MIN, i64::MAX]);
             ColumnDef::new(name, ty).identity(rng.random(), increment)
         } else {
-            let ty = random_type(rng);
+            let ty = random_type(rng, |rng, max| length(rng, max));
             let mut column = ColumnDef::new(name, ty);
             column.nullable = rng.random();
             column.default = match rng.random_range(0..5) {
@@ -846,7 +806,7 @@ fn random_catalog(rng: &mut impl Rng) -> Catalog {
 
 #[test]
 fn random_catalogs_round_trip() {
-    let mut rng = rng_for("random_catalogs_round_trip");
+    let (_, mut rng) = seeded_rng();
     for case in 0..cases(300) {
         let catalog = random_catalog(&mut rng);
         let bytes = catalog

@@ -24,13 +24,14 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, InsertRow, KeyRange,
-    Session, Table, TableDef, Uniqueness, Value,
+    Database, DatabaseOptions, Direction, InsertRow, KeyRange, Session, Table, Value,
 };
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, PowerCut};
 use lastpage_storage::wal::WalConfig;
 
-const DIR: &str = "/db";
+mod common;
+
+use common::{DIR, accounts_by_balance, notes, orders};
 
 fn seeds() -> u64 {
     std::env::var("LASTPAGE_CRASHREC_SEEDS")
@@ -56,36 +57,6 @@ fn options(fs: Arc<dyn FileSystem>) -> DatabaseOptions {
 
 fn open_fs(fs: &FaultyFileSystem) -> lastpage_engine::Result<Database> {
     Database::open(DIR, options(Arc::new(fs.clone())))
-}
-
-fn orders() -> TableDef {
-    TableDef::new("Orders")
-        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
-        .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
-        .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey))
-}
-
-fn accounts() -> TableDef {
-    TableDef::new("Accounts")
-        .column(ColumnDef::new("Id", DataType::Int).not_null())
-        .column(ColumnDef::new("Balance", DataType::Int).not_null())
-        .clustered(IndexDef::new(
-            "PK_Accounts",
-            &["Id"],
-            Uniqueness::PrimaryKey,
-        ))
-        .nonclustered(IndexDef::new(
-            "IX_Balance",
-            &["Balance"],
-            Uniqueness::NonUnique,
-        ))
-}
-
-fn notes() -> TableDef {
-    TableDef::new("Notes")
-        .column(ColumnDef::new("Id", DataType::Int).not_null())
-        .column(ColumnDef::new("Text", DataType::VarChar(100)).not_null())
-        .clustered(IndexDef::new("PK_Notes", &["Id"], Uniqueness::PrimaryKey))
 }
 
 /// What the database must hold: every acknowledged commit, nothing else.
@@ -179,7 +150,7 @@ fn build_with(seed: u64, end: End, big: bool) -> (FaultyFileSystem, Model) {
     let fs = FaultyFileSystem::new(config);
     let db = open_fs(&fs).unwrap();
     db.create_table(orders()).unwrap();
-    db.create_table(accounts()).unwrap();
+    db.create_table(accounts_by_balance()).unwrap();
     db.create_table(notes()).unwrap();
     let t = tables(&db);
     let s = db.session();
@@ -1097,7 +1068,7 @@ fn a_power_cut_while_a_new_database_is_created_and_first_used() {
                 let mut m = Model::default();
                 let run = catch(|| -> Result<(), String> {
                     let db = open_cut(&cut).map_err(|e| e.to_string())?;
-                    for def in [orders(), accounts(), notes()] {
+                    for def in [orders(), accounts_by_balance(), notes()] {
                         db.create_table(def).map_err(|e| e.to_string())?;
                         acked_tables += 1;
                     }

@@ -16,11 +16,12 @@ use lastpage_engine::{
     TableDef, Uniqueness, Value,
 };
 use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
-use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const DIR: &str = "/db";
+mod common;
+
+use common::{DIR, crash, seed};
 
 /// Damaged copies opened per run.
 const CASES: u64 = 1000;
@@ -29,16 +30,12 @@ const CASES: u64 = 1000;
 const BATCHES: i64 = 60;
 const BATCH_ROWS: i64 = 50;
 
+/// The shared test options with 64 KiB log segments, so that the template's log spans many
+/// segments and damage can hit any of them.
 fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
-    DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 64 << 10,
-            ..WalConfig::default()
-        },
-        ..DatabaseOptions::default()
-    }
+    let mut options = common::options(fs);
+    options.wal.segment_bytes = 64 << 10;
+    options
 }
 
 /// The payload row `id` was inserted with.
@@ -70,9 +67,7 @@ fn template() -> FaultyFileSystem {
             db.checkpoint().unwrap();
         }
     }
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
-    drop((session, table, db));
-    after
+    crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ())
 }
 
 /// Every file of the database directory, the log's included.
@@ -173,11 +168,7 @@ fn by_id(rows: &[Vec<Value>], context: &str) -> BTreeMap<i64, String> {
 
 #[test]
 fn damaged_files_never_panic_the_open_and_never_give_wrong_rows() {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
     let crashed = template();
     let intact = open_and_read(&crashed.crash_with(CrashMode::LoseUnsynced)).unwrap();
     assert_eq!(by_id(&intact, "intact").len() as i64, BATCHES * BATCH_ROWS);

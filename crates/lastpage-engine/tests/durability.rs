@@ -20,32 +20,11 @@ use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const DIR: &str = "/db";
+mod common;
 
-fn seed() -> u64 {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    seed
-}
-
-fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
-    DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
-        ..DatabaseOptions::default()
-    }
-}
-
-fn open(fs: &FaultyFileSystem) -> Database {
-    Database::open(DIR, options(fs)).unwrap()
-}
+use common::{
+    DIR, accounts, accounts_by_balance, crash, notes, open, options, orders, orders_rows, seed,
+};
 
 /// Opens with DELAYED durability by default and no background flush in practice (an hour's
 /// interval): the log reaches the disk only when something flushes it.
@@ -59,65 +38,6 @@ fn open_delayed(fs: &FaultyFileSystem) -> Database {
         },
     )
     .unwrap()
-}
-
-/// Pulls the plug on `fs` (in `mode`) while `db` is open, then lets go of the old handle so that
-/// the crashed copy can be opened: `held` (the sessions and tables that keep the handle alive)
-/// is dropped before `db`, and `abandoned` (sessions with a transaction still open) is leaked,
-/// so that no rollback runs as if the process had gone on. Returns what the crash left.
-fn crash(
-    fs: &FaultyFileSystem,
-    mode: CrashMode,
-    db: Database,
-    held: impl Sized,
-    abandoned: impl Sized,
-) -> FaultyFileSystem {
-    let after = fs.crash_with(mode);
-    std::mem::forget(abandoned);
-    drop(held);
-    drop(db);
-    after
-}
-
-/// `Orders(Id BIGINT IDENTITY PRIMARY KEY, Payload VARCHAR(100) NOT NULL)`.
-fn orders() -> TableDef {
-    TableDef::new("Orders")
-        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
-        .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
-        .clustered(IndexDef::new("PK_Orders", &["Id"], Uniqueness::PrimaryKey))
-}
-
-/// `Accounts(Id INT PRIMARY KEY, Balance INT NOT NULL)`: explicit keys, for lock tests.
-fn accounts() -> TableDef {
-    TableDef::new("Accounts")
-        .column(ColumnDef::new("Id", DataType::Int).not_null())
-        .column(ColumnDef::new("Balance", DataType::Int).not_null())
-        .clustered(IndexDef::new(
-            "PK_Accounts",
-            &["Id"],
-            Uniqueness::PrimaryKey,
-        ))
-}
-
-/// Every row of `Orders`: id -> payload.
-fn orders_rows(db: &Database) -> BTreeMap<i64, String> {
-    let table = db.table("Orders").unwrap();
-    let session = db.session();
-    let mut rows = BTreeMap::new();
-    for row in table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-    {
-        let row = row.unwrap();
-        let Value::BigInt(id) = row[0] else {
-            panic!("id {:?}", row[0])
-        };
-        let Value::String(text) = &row[1] else {
-            panic!("payload {:?}", row[1])
-        };
-        assert!(rows.insert(id, text.clone()).is_none(), "id {id} twice");
-    }
-    rows
 }
 
 /// Opens the crashed copy `after` and checks that every id in `acknowledged` is in `Orders`.
@@ -987,15 +907,6 @@ fn statements_are_atomic_inside_transactions() {
     assert_eq!(table.row_count(), 1);
 }
 
-/// `Notes(Id INT PRIMARY KEY, Text VARCHAR(100) NOT NULL)`: explicit keys and rows of about
-/// 100 bytes.
-fn notes() -> TableDef {
-    TableDef::new("Notes")
-        .column(ColumnDef::new("Id", DataType::Int).not_null())
-        .column(ColumnDef::new("Text", DataType::VarChar(100)).not_null())
-        .clustered(IndexDef::new("PK_Notes", &["Id"], Uniqueness::PrimaryKey))
-}
-
 /// A statement that fails part way takes back the rows it had put in before it returns its
 /// error: they are in neither the log nor the transaction's undo list yet. If that take-back
 /// fails too (here: the batch's early rows were evicted, and the data file can no longer be
@@ -1496,15 +1407,6 @@ fn a_row_deleted_by_an_open_transaction_is_waited_for_not_skipped() {
         assert_eq!(ids, [Value::Int(1), Value::Int(3)], "durable={durable}");
         db.check_integrity().unwrap();
     }
-}
-
-/// `Accounts` with a non-unique nonclustered index on Balance.
-fn accounts_by_balance() -> TableDef {
-    accounts().nonclustered(IndexDef::new(
-        "IX_Balance",
-        &["Balance"],
-        Uniqueness::NonUnique,
-    ))
 }
 
 /// READ COMMITTED across a writer that changes a row twice: a scan that read the row ahead

@@ -33,6 +33,10 @@ use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+
+use common::seed;
+
 const DIR: &str = "/db";
 
 /// What the randomized runs reached, to show that they reach it: reopens that found the last
@@ -57,15 +61,6 @@ impl Coverage {
 }
 
 static COVERAGE: Coverage = Coverage([const { AtomicU64::new(0) }; 6]);
-
-fn seed() -> u64 {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    seed
-}
 
 fn rounds(default: u64) -> u64 {
     std::env::var("LASTPAGE_CORNER_ROUNDS")

@@ -1,7 +1,7 @@
 //! Property tests of the key and row encodings, as seeded random loops.
 //!
-//! Each test prints its seed; rerun a failure with `LASTPAGE_TEST_SEED=<seed>`. The number of
-//! cases scales with `LASTPAGE_TEST_CASES` (default 1).
+//! Each test prints its seed; rerun a failure with `LASTPAGE_SEED=<seed>` (`LASTPAGE_TEST_SEED`
+//! works too). The number of cases scales with `LASTPAGE_TEST_CASES` (default 1).
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -11,61 +11,27 @@ use lastpage_engine::encoding::{
     key_prefix_len,
 };
 use lastpage_engine::types::{DataType, Date, DateTime2, Decimal, TICKS_PER_DAY, Uuid, Value};
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
-fn rng_for(test: &str) -> (StdRng, u64) {
-    let seed = std::env::var("LASTPAGE_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("{test}: seed {seed} (rerun with LASTPAGE_TEST_SEED={seed})");
-    (StdRng::seed_from_u64(seed), seed)
-}
+mod common;
 
-fn cases(base: usize) -> usize {
-    let scale = std::env::var("LASTPAGE_TEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    base * scale
-}
+use common::{cases, seeded_rng};
 
 // ------------------------------------------------------------------------------------------
 // Generators
 // ------------------------------------------------------------------------------------------
 
-fn random_type(rng: &mut impl Rng) -> DataType {
-    let small_len = |rng: &mut dyn rand::RngCore| -> u16 {
+/// A random type whose text and binary lengths are short (mostly up to 10, else up to 40), so
+/// that padding and truncation meet the values [`random_value`] makes.
+fn random_type(rng: &mut StdRng) -> DataType {
+    common::random_type(rng, |rng, _| {
         if rng.random_bool(0.8) {
             rng.random_range(1..=10)
         } else {
             rng.random_range(1..=40)
         }
-    };
-    match rng.random_range(0..15) {
-        0 => DataType::TinyInt,
-        1 => DataType::SmallInt,
-        2 => DataType::Int,
-        3 => DataType::BigInt,
-        4 => DataType::Bit,
-        5 => {
-            let precision = rng.random_range(1..=38);
-            DataType::Decimal {
-                precision,
-                scale: rng.random_range(0..=precision),
-            }
-        }
-        6 => DataType::Money,
-        7 => DataType::Char(small_len(rng)),
-        8 => DataType::VarChar(small_len(rng)),
-        9 => DataType::NChar(small_len(rng)),
-        10 => DataType::NVarChar(small_len(rng)),
-        11 => DataType::DateTime2(rng.random_range(0..=7)),
-        12 => DataType::Date,
-        13 => DataType::UniqueIdentifier,
-        _ => DataType::VarBinary(small_len(rng)),
-    }
+    })
 }
 
 fn pick<T: Copy>(rng: &mut impl Rng, items: &[T]) -> T {
@@ -272,7 +238,7 @@ fn key(types: &[DataType], values: &[Value]) -> Vec<u8> {
 
 #[test]
 fn single_column_key_order_matches_sql_order() {
-    let (mut rng, seed) = rng_for("single_column_key_order_matches_sql_order");
+    let (seed, mut rng) = seeded_rng();
     for _ in 0..cases(2000) {
         let ty = random_type(&mut rng);
         let values: Vec<Value> = (0..30).map(|_| random_value(&mut rng, &ty)).collect();
@@ -296,7 +262,7 @@ fn single_column_key_order_matches_sql_order() {
 
 #[test]
 fn composite_key_order_is_lexicographic() {
-    let (mut rng, seed) = rng_for("composite_key_order_is_lexicographic");
+    let (seed, mut rng) = seeded_rng();
     for _ in 0..cases(1500) {
         let types: Vec<DataType> = (0..rng.random_range(1..=4))
             .map(|_| random_type(&mut rng))
@@ -330,7 +296,7 @@ fn composite_key_order_is_lexicographic() {
 
 #[test]
 fn key_round_trips() {
-    let (mut rng, seed) = rng_for("key_round_trips");
+    let (seed, mut rng) = seeded_rng();
     for _ in 0..cases(30000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=5))
             .map(|_| random_type(&mut rng))
@@ -373,7 +339,7 @@ fn key_round_trips() {
 
 #[test]
 fn row_round_trips() {
-    let (mut rng, seed) = rng_for("row_round_trips");
+    let (seed, mut rng) = seeded_rng();
     for _ in 0..cases(30000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=20))
             .map(|_| random_type(&mut rng))
@@ -411,7 +377,7 @@ fn row_round_trips() {
 /// types, and strings longer than the column (with and without excess trailing spaces).
 #[test]
 fn coercing_a_borrowed_value_matches_coerce() {
-    let (mut rng, seed) = rng_for("coercing_a_borrowed_value_matches_coerce");
+    let (seed, mut rng) = seeded_rng();
     let (mut borrowed, mut total) = (0usize, 0usize);
     for _ in 0..cases(30000) {
         let ty = random_type(&mut rng);
@@ -461,7 +427,7 @@ fn coercing_a_borrowed_value_matches_coerce() {
 /// (it encodes again, to the same bytes for keys and rows).
 #[test]
 fn decoding_garbage_never_panics() {
-    let (mut rng, seed) = rng_for("decoding_garbage_never_panics");
+    let (seed, mut rng) = seeded_rng();
     let (mut key_ok, mut row_ok) = (0usize, 0usize);
     for case in 0..cases(100000) {
         let types: Vec<DataType> = (0..rng.random_range(0..=6))

@@ -13,6 +13,10 @@ use lastpage_engine::{
     InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
 };
 
+mod common;
+
+use common::seeded_rng;
+
 fn database() -> Database {
     Database::create(DatabaseOptions::default()).unwrap()
 }
@@ -325,11 +329,7 @@ fn defaults_and_computed_columns_fill_in_missing_values() {
     for _ in 0..40 {
         table.insert(&session, InsertRow::new()).unwrap();
     }
-    let rows: Vec<_> = table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let rows = common::rows(&table, &session);
     assert_eq!(rows.len(), 40);
     // Clustered on (ModValue, InsertID): 1, 17, 33, 2, 18, 34, ...
     let ids: Vec<String> = rows.iter().take(4).map(|row| row[0].to_string()).collect();
@@ -339,15 +339,8 @@ fn defaults_and_computed_columns_fill_in_missing_values() {
             .all(|row| row[1] == Value::TinyInt(1) && !row[2].is_null())
     );
     // A prefix lookup: every row with ModValue = 3.
-    let prefix = KeyRange {
-        lower: Bound::Included(vec![Value::Int(3)]),
-        upper: Bound::Included(vec![Value::Int(3)]),
-    };
-    let threes: Vec<_> = table
-        .scan(&session, &prefix, Direction::Backward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let prefix = common::prefix(vec![Value::Int(3)]);
+    let threes = common::scan(&table, &session, &prefix, Direction::Backward);
     let ids: Vec<String> = threes.iter().map(|row| row[0].to_string()).collect();
     assert_eq!(ids, ["35", "19", "3"]);
     assert!(matches!(
@@ -399,10 +392,7 @@ fn a_non_unique_clustered_key_keeps_duplicates_and_nonclustered_indexes_follow_e
     let six = table
         .scan(
             &session,
-            &KeyRange {
-                lower: Bound::Included(vec![Value::Int(6)]),
-                upper: Bound::Included(vec![Value::Int(6)]),
-            },
+            &common::prefix(vec![Value::Int(6)]),
             Direction::Forward,
         )
         .unwrap()
@@ -472,11 +462,7 @@ fn updates_that_grow_a_row_past_its_page_split_it_and_keep_every_row() {
                 .unwrap()
         );
     }
-    let rows: Vec<_> = table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let rows = common::rows(&table, &session);
     assert_eq!(rows.len(), 200);
     for row in &rows {
         let Value::Int(id) = row[0] else {
@@ -685,11 +671,7 @@ fn identity_values_from_sequence_lanes_ascend_per_session_and_never_repeat() {
     assert_eq!(all.len(), distinct, "no value is handed out twice");
     assert!(!all.contains(&rolled_back));
     assert!(table.next_identity().unwrap() > *all.last().unwrap());
-    let rows: Vec<_> = table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let rows = common::rows(&table, &session);
     assert_eq!(rows.len(), all.len());
     for row in &rows {
         let Value::Int(id) = row[0] else {
@@ -856,17 +838,6 @@ fn borrowed_batch_table(db: &Database, name: &str, shape: &str) -> Arc<lastpage_
     db.create_table(table).unwrap()
 }
 
-/// A generator seeded from `LASTPAGE_TEST_SEED`, or at random; the test prints its seed.
-fn seeded_rng(test: &str) -> (u64, rand::rngs::StdRng) {
-    use rand::SeedableRng;
-    let seed = std::env::var("LASTPAGE_TEST_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("{test}: seed {seed}");
-    (seed, rand::rngs::StdRng::seed_from_u64(seed))
-}
-
 /// A column list for [`borrowed_batch_table`]: the payload and any of the other three
 /// columns, in any order.
 fn random_insert_columns(rng: &mut rand::rngs::StdRng) -> Vec<usize> {
@@ -952,18 +923,6 @@ fn same_outcome<'r, T: PartialEq + std::fmt::Debug>(
     }
 }
 
-/// Every row of `table`, in key order.
-fn all_rows(
-    session: &lastpage_engine::Session,
-    table: &Arc<lastpage_engine::Table>,
-) -> Vec<Vec<Value>> {
-    table
-        .scan(session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-}
-
 /// `insert_batch_values` stores exactly what `insert_batch` stores for the same rows, on the
 /// path at the tail (values borrowed) and on the copying paths (a nonclustered index, a
 /// computed column): random column lists in any order, values that need converting (an int
@@ -971,7 +930,7 @@ fn all_rows(
 /// and batches with a bad row, which fail the same way and leave nothing behind.
 #[test]
 fn borrowed_batches_store_what_owned_batches_store() {
-    let (seed, mut rng) = seeded_rng("borrowed_batches_store_what_owned_batches_store");
+    let (seed, mut rng) = seeded_rng();
     let db = database();
     for shape in ["tail", "nonclustered", "computed"] {
         let owned = borrowed_batch_table(&db, &format!("Owned_{shape}"), shape);
@@ -998,8 +957,8 @@ fn borrowed_batches_store_what_owned_batches_store() {
             "seed {seed}: {failed} {inserted}"
         );
         assert_eq!(
-            all_rows(&session, &owned),
-            all_rows(&session, &borrowed),
+            common::rows(&owned, &session),
+            common::rows(&borrowed, &session),
             "seed {seed}: {shape}"
         );
         assert_eq!(borrowed.row_count(), inserted as u64);
@@ -1219,7 +1178,7 @@ fn a_batch_counts_its_rows_whatever_the_iterator_says() {
 /// and does not give its identity values out again.
 #[test]
 fn prepared_inserts_store_what_single_row_inserts_store() {
-    let (seed, mut rng) = seeded_rng("prepared_inserts_store_what_single_row_inserts_store");
+    let (seed, mut rng) = seeded_rng();
     let db = database();
     for shape in ["tail", "nonclustered", "computed"] {
         let owned = borrowed_batch_table(&db, &format!("Owned_{shape}"), shape);
@@ -1272,8 +1231,8 @@ fn prepared_inserts_store_what_single_row_inserts_store() {
             "seed {seed}: {shape}: a rolled-back identity value was given out again"
         );
         assert_eq!(
-            all_rows(&session, &owned),
-            all_rows(&session, &prepared_table),
+            common::rows(&owned, &session),
+            common::rows(&prepared_table, &session),
             "seed {seed}: {shape}"
         );
         assert_eq!(prepared_table.row_count(), inserted as u64 + 1);
@@ -1335,7 +1294,7 @@ fn prepared_inserts_check_their_column_list_once_and_every_row_length() {
         let row = [Value::from("a"), Value::from("12")];
         assert_eq!(prepared.insert(&session, &row).unwrap(), Some(1));
         assert_eq!(
-            all_rows(&session, &table),
+            common::rows(&table, &session),
             vec![vec![
                 Value::Int(1),
                 Value::from("a"),
@@ -1378,7 +1337,7 @@ fn prepared_inserts_into_a_wide_table_store_every_column() {
             Some(i64::from(row) + 1)
         );
     }
-    let rows = all_rows(&session, &table);
+    let rows = common::rows(&table, &session);
     assert_eq!(rows.len(), 3);
     for (row, stored) in rows.iter().enumerate() {
         let expected: Vec<Value> = std::iter::once(Value::BigInt(row as i64 + 1))

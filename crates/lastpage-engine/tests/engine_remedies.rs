@@ -2,7 +2,6 @@
 //! scans), batched multi-row inserts (atomic per statement), OPTIMIZE_FOR_SEQUENTIAL_KEY and
 //! the insert path switched at run time.
 
-use std::ops::Bound;
 use std::sync::Arc;
 
 use lastpage_engine::schema::ComputeFn;
@@ -10,6 +9,8 @@ use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, IndexDef, IndexOptions,
     InsertPath, InsertRow, KeyRange, TableDef, Uniqueness, Value,
 };
+
+mod common;
 
 fn modulo_16() -> ComputeFn {
     Arc::new(|row: &[Value]| match &row[0] {
@@ -70,11 +71,7 @@ fn a_partitioned_table_spreads_rows_and_reads_them_back_in_key_order() {
         );
     }
     // A merged scan over all partitions comes back in clustered key order (ModValue, InsertID).
-    let rows: Vec<_> = table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let rows = common::rows(&table, &session);
     assert_eq!(rows.len(), 2000);
     let keys: Vec<(u8, i32)> = rows
         .iter()
@@ -84,11 +81,7 @@ fn a_partitioned_table_spreads_rows_and_reads_them_back_in_key_order() {
         })
         .collect();
     assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
-    let backward: Vec<_> = table
-        .scan(&session, &KeyRange::all(), Direction::Backward)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let backward = common::scan(&table, &session, &KeyRange::all(), Direction::Backward);
     assert_eq!(backward.first(), rows.last());
     // A key that names the partition reads one partition; a prefix reads one ModValue.
     let row = table
@@ -99,10 +92,7 @@ fn a_partitioned_table_spreads_rows_and_reads_them_back_in_key_order() {
     let fives = table
         .scan(
             &session,
-            &KeyRange {
-                lower: Bound::Included(vec![Value::Int(5)]),
-                upper: Bound::Included(vec![Value::Int(5)]),
-            },
+            &common::prefix(vec![Value::Int(5)]),
             Direction::Forward,
         )
         .unwrap()

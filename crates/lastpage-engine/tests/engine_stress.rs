@@ -12,13 +12,13 @@ use lastpage_engine::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+
+use common::seed;
+
 #[test]
 fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
     for (latch_policy, insert_path) in LatchPolicy::ALL
         .into_iter()
         .flat_map(|latch| InsertPath::ALL.into_iter().map(move |path| (latch, path)))
@@ -210,11 +210,7 @@ fn concurrent_sessions_match_their_oracles_and_every_index_stays_consistent() {
 fn each_session_gets_ascending_identity_values_however_it_inserts() {
     const SESSIONS: usize = 4;
     const STATEMENTS: usize = 300;
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
     let db = Database::create(DatabaseOptions::default()).unwrap();
     let table = db
         .create_table(

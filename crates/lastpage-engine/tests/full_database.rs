@@ -4,27 +4,22 @@
 //! readable, the integrity check passes, and the database reopens with every acknowledged row.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, IndexDef, InsertRow,
-    KeyRange, TableDef, Uniqueness, Value,
+    ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
+    Uniqueness, Value,
 };
-use lastpage_io::{FaultyConfig, FaultyFileSystem};
-use lastpage_storage::wal::WalConfig;
+use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
 
-const DIR: &str = "/db";
+mod common;
 
+use common::{DIR, bigint, crash, seeded_rng, text_by_key};
+
+/// The shared test options at a page limit of `max_pages`.
 fn options(fs: &FaultyFileSystem, max_pages: usize) -> DatabaseOptions {
     DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
         max_pages,
-        ..DatabaseOptions::default()
+        ..common::options(fs)
     }
 }
 
@@ -73,33 +68,22 @@ fn payload_lengths<K: Ord + Copy + std::fmt::Debug>(
     payload_column: usize,
     id_of: impl Fn(&Value) -> Option<K>,
 ) -> BTreeMap<K, usize> {
-    let table = db.table(table).unwrap();
-    let session = db.session();
-    let mut rows = BTreeMap::new();
-    for row in table
-        .scan(&session, &KeyRange::all(), Direction::Forward)
-        .unwrap()
-    {
-        let row = row.unwrap();
-        let Some(id) = id_of(&row[0]) else {
-            panic!("id {:?}", row[0])
-        };
-        let Value::String(text) = &row[payload_column] else {
-            panic!("payload {:?}", row[payload_column])
-        };
-        assert!(rows.insert(id, text.len()).is_none(), "id {id:?} twice");
-    }
+    let rows: BTreeMap<K, usize> = text_by_key(db, table, payload_column, id_of)
+        .into_iter()
+        .map(|(id, text)| (id, text.len()))
+        .collect();
     db.check_integrity().unwrap();
-    assert_eq!(table.row_count(), rows.len() as u64, "row count");
+    assert_eq!(
+        db.table(table).unwrap().row_count(),
+        rows.len() as u64,
+        "row count"
+    );
     rows
 }
 
 /// Every row of `Orders`: id -> payload length, and the integrity check.
 fn contents(db: &Database) -> BTreeMap<i64, usize> {
-    payload_lengths(db, "Orders", 2, |id| match id {
-        Value::BigInt(id) => Some(*id),
-        _ => None,
-    })
+    payload_lengths(db, "Orders", 2, bigint)
 }
 
 fn is_full(error: &EngineError) -> bool {
@@ -210,9 +194,7 @@ fn a_database_at_its_page_limit_fails_statements_cleanly_and_reopens() {
                 }
                 assert_eq!(contents(&db), expected, "{context}: after reopen inserts");
                 // A crash without a checkpoint: recovery replays the rows into the image.
-                let after = fs.crash();
-                drop((table, session));
-                drop(db);
+                let after = crash(&fs, CrashMode::Random, db, (table, session), ());
                 let db = Database::open(DIR, options(&after, max_pages))
                     .unwrap_or_else(|error| panic!("{context}: open after a crash: {error}"));
                 assert_eq!(contents(&db), expected, "{context}: after a crash");
@@ -243,13 +225,8 @@ fn accounts_contents(db: &Database) -> BTreeMap<i32, usize> {
 
 #[test]
 fn random_keys_up_to_the_page_limit_survive_a_crash() {
-    let seed: u64 = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    use rand::Rng;
+    let (_, mut rng) = seeded_rng();
     for max_pages in [5, 9, 30] {
         for round in 0..20 {
             let context = format!("max_pages {max_pages} round {round}");
@@ -283,9 +260,7 @@ fn random_keys_up_to_the_page_limit_survive_a_crash() {
                 }
             }
             assert_eq!(accounts_contents(&db), expected, "{context}");
-            let after = fs.crash();
-            drop((table, session));
-            drop(db);
+            let after = crash(&fs, CrashMode::Random, db, (table, session), ());
             let db = Database::open(DIR, options(&after, max_pages))
                 .unwrap_or_else(|error| panic!("{context}: open after a crash: {error}"));
             assert_eq!(accounts_contents(&db), expected, "{context}: after a crash");

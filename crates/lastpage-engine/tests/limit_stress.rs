@@ -27,14 +27,15 @@ use lastpage_engine::{
     KeyRange, Table, TableDef, Uniqueness, Value,
 };
 use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
-use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const DIR: &str = "/db";
+mod common;
+
+use common::{DIR, cases, seed};
 
 /// Rounds per run at `LASTPAGE_TEST_CASES=1`, within a few seconds in CI.
-const ROUNDS: u64 = 8;
+const ROUNDS: usize = 8;
 
 /// Units of work (statements or transactions) each session attempts per round.
 const UNITS_PER_SESSION: usize = 400;
@@ -94,17 +95,11 @@ type Rows = BTreeMap<RowId, String>;
 
 fn options(fs: &FaultyFileSystem, max_pages: usize, budget_pages: usize) -> DatabaseOptions {
     DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
         max_pages,
         memory_budget_bytes: budget_pages * 8192,
         // Small, so that automatic checkpoints race the sessions too.
         checkpoint_log_bytes: 512 << 10,
-        ..DatabaseOptions::default()
+        ..common::options(fs)
     }
 }
 
@@ -619,16 +614,8 @@ fn with_watchdog(limit: Duration, what: &str, work: impl FnOnce()) {
 
 #[test]
 fn sessions_at_the_page_limit_through_checkpoints_and_a_crash_keep_exactly_their_commits() {
-    let seed: u64 = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    let scale: u64 = std::env::var("LASTPAGE_TEST_CASES")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or(1);
-    for round in 0..ROUNDS * scale {
+    let seed = seed();
+    for round in 0..cases(ROUNDS) as u64 {
         let round_seed = seed.wrapping_add(round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         with_watchdog(
             Duration::from_secs(120),

@@ -15,6 +15,10 @@ use rand::{Rng, SeedableRng};
 
 use LockMode::{Exclusive, Shared};
 
+mod common;
+
+use common::seed;
+
 const ZERO: Option<Duration> = Some(Duration::ZERO);
 
 fn key(row: u8) -> LockKey {
@@ -417,11 +421,7 @@ fn random_transactions_keep_mutual_exclusion_and_all_finish() {
     const THREADS: usize = 16;
     const TXNS_PER_THREAD: usize = 150;
     const KEYS: u8 = 8;
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
 
     let manager = Arc::new(LockManager::new(4));
     let oracle: Arc<Vec<Oracle>> = Arc::new((0..KEYS).map(|_| Oracle::default()).collect());
@@ -689,11 +689,7 @@ fn nobody_gets_past_an_uncommitted_range() {
     const OTHERS: usize = 8;
     const BLOCKS_PER_INSERTER: u16 = 200;
     const BLOCK_ROWS: u16 = 4;
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
 
     let manager = Arc::new(LockManager::new(4));
     let next_block = Arc::new(AtomicU64::new(0));

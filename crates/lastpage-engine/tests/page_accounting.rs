@@ -25,6 +25,10 @@ use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+
+use common::seed;
+
 const DIR: &str = "/db";
 
 /// Open-write-close (or crash) cycles per run.
@@ -192,11 +196,7 @@ fn write(db: &Database, rng: &mut StdRng) -> [u64; 3] {
 
 #[test]
 fn every_page_belongs_to_a_tree_after_closes_and_crashes() {
-    let seed: u64 = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("seed {seed} (rerun with LASTPAGE_SEED={seed})");
+    let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut fs = FaultyFileSystem::new(FaultyConfig::new(seed));
     {

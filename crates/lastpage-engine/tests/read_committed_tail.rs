@@ -12,14 +12,9 @@ use lastpage_engine::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn seed() -> u64 {
-    let seed = std::env::var("LASTPAGE_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
-    seed
-}
+mod common;
+
+use common::seed;
 
 fn id_of(row: &[Value]) -> i64 {
     match row[0] {
