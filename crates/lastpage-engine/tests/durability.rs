@@ -23,7 +23,8 @@ use rand::{Rng, SeedableRng};
 mod common;
 
 use common::{
-    DIR, accounts, accounts_by_balance, crash, notes, open, options, orders, orders_rows, seed,
+    DIR, accounts, accounts_by_balance, crash, in_memory_with_lock_timeout, notes, open, options,
+    orders, orders_rows, seed, wait_until, while_blocked,
 };
 
 /// Opens with DELAYED durability by default and no background flush in practice (an hour's
@@ -1531,11 +1532,7 @@ fn an_index_lookup_finds_a_row_its_lock_holder_moved_and_committed() {
         ("UX_Code", Value::from("c2"), 1),
         ("IX_Grp", Value::Int(0), 4),
     ] {
-        let db = Database::create(DatabaseOptions {
-            lock_timeout: Some(Duration::from_secs(5)),
-            ..DatabaseOptions::default()
-        })
-        .unwrap();
+        let db = in_memory_with_lock_timeout(Duration::from_secs(5));
         let table = db
             .create_table(
                 TableDef::new("Codes")
@@ -1560,25 +1557,20 @@ fn an_index_lookup_finds_a_row_its_lock_holder_moved_and_committed() {
         // Locks row 2 without moving an entry.
         let unchanged = [(1, Value::from("c2"))];
         assert!(table.update(&writer, &[Value::Int(2)], &unchanged).unwrap());
-        let found = std::thread::scope(|scope| {
-            let reader = scope.spawn(|| {
+        let found = while_blocked(
+            &db,
+            "the reader did not wait",
+            || {
                 table
                     .get_by_index(&db.session(), index, std::slice::from_ref(&key))
                     .unwrap()
-            });
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while db.lock_stats().waits == 0 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the reader did not wait"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let moved = [(0, Value::Int(20))];
-            assert!(table.update(&writer, &[Value::Int(2)], &moved).unwrap());
-            writer.commit().unwrap();
-            reader.join().unwrap()
-        });
+            },
+            || {
+                let moved = [(0, Value::Int(20))];
+                assert!(table.update(&writer, &[Value::Int(2)], &moved).unwrap());
+                writer.commit().unwrap();
+            },
+        );
         assert_eq!(found.len(), expected, "{index}: {found:?}");
         let now = table.get_by_index(&session, index, &[key]).unwrap();
         assert_eq!(now.len(), expected, "{index}");
@@ -1587,11 +1579,7 @@ fn an_index_lookup_finds_a_row_its_lock_holder_moved_and_committed() {
 
 #[test]
 fn index_lookups_wait_for_rows_deleted_or_rekeyed_by_an_open_transaction() {
-    let db = Database::create(DatabaseOptions {
-        lock_timeout: Some(Duration::from_millis(50)),
-        ..DatabaseOptions::default()
-    })
-    .unwrap();
+    let db = in_memory_with_lock_timeout(Duration::from_millis(50));
     let table = db.create_table(accounts_by_balance()).unwrap();
     let (writer, other) = (db.session(), db.session());
     for id in 1..=3 {
@@ -2209,29 +2197,24 @@ fn a_reader_waiting_for_a_writer_whose_end_is_refused_does_not_return_its_change
             let change = [(1, Value::Int(2))];
             assert!(table.update(&writer, &[Value::Int(1)], &change).unwrap());
         }
-        let read = std::thread::scope(|scope| {
-            let reader = scope.spawn(|| table.get(&db.session(), &[Value::Int(1)]));
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while db.lock_stats().waits == 0 {
+        let read = while_blocked(
+            &db,
+            "the reader did not wait",
+            || table.get(&db.session(), &[Value::Int(1)]),
+            || {
+                std::thread::sleep(Duration::from_millis(20));
+                db.clone().close().unwrap();
+                let ended = if case == "rollback" {
+                    writer.rollback()
+                } else {
+                    writer.commit()
+                };
                 assert!(
-                    std::time::Instant::now() < deadline,
-                    "the reader did not wait"
+                    matches!(ended, Err(EngineError::DatabaseClosed)),
+                    "{ended:?}"
                 );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            db.clone().close().unwrap();
-            let ended = if case == "rollback" {
-                writer.rollback()
-            } else {
-                writer.commit()
-            };
-            assert!(
-                matches!(ended, Err(EngineError::DatabaseClosed)),
-                "{ended:?}"
-            );
-            reader.join().unwrap()
-        });
+            },
+        );
         assert!(
             matches!(read, Err(EngineError::DatabaseClosed)),
             "{case}: {read:?}"
@@ -2256,11 +2239,7 @@ fn a_reader_waiting_for_a_writer_whose_end_is_refused_does_not_return_its_change
 #[test]
 fn an_index_lookup_finishes_while_another_session_deletes_matching_rows() {
     const ROWS: i32 = 20_000;
-    let db = Database::create(DatabaseOptions {
-        lock_timeout: Some(Duration::from_secs(5)),
-        ..DatabaseOptions::default()
-    })
-    .unwrap();
+    let db = in_memory_with_lock_timeout(Duration::from_secs(5));
     let table = db
         .create_table(
             TableDef::new("T")
@@ -2313,11 +2292,7 @@ fn an_index_lookup_finishes_while_another_session_deletes_matching_rows() {
 /// `T(Id, Grp, W)` with a nonclustered index on Grp, in an in-memory database whose lock
 /// waits time out after 10 s, holding a row (id, 0, 0) for each of `ids`.
 fn moving_rows(ids: &[i32]) -> (Database, Arc<lastpage_engine::Table>) {
-    let db = Database::create(DatabaseOptions {
-        lock_timeout: Some(Duration::from_secs(10)),
-        ..DatabaseOptions::default()
-    })
-    .unwrap();
+    let db = in_memory_with_lock_timeout(Duration::from_secs(10));
     let table = db
         .create_table(
             TableDef::new("T")
@@ -2368,14 +2343,9 @@ fn lookup_group_zero_while(
 
 /// Waits until `db` has counted `at_least` lock waits, then 50 ms more.
 fn wait_for_lock_waits(db: &Database, at_least: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while db.lock_stats().waits < at_least {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the reader did not wait"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(Duration::from_secs(5), "the reader did not wait", || {
+        db.lock_stats().waits >= at_least
+    });
     std::thread::sleep(Duration::from_millis(50));
 }
 
@@ -2752,14 +2722,11 @@ fn a_flush_requested_while_the_flusher_waits_for_a_group_commit_is_not_lost() {
     a.join().unwrap();
     b.join().unwrap();
     // Nobody waits for C's ticket: only the background flusher can make it durable.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !c.is_durable() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the pipelined commit's flush request was lost"
-        );
-        std::thread::sleep(step);
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the pipelined commit's flush request was lost",
+        || c.is_durable(),
+    );
     p.wait().unwrap();
     c.wait().unwrap();
 }

@@ -1361,11 +1361,7 @@ fn an_uncommitted_unique_nonclustered_key_makes_an_insert_wait() {
         ("classic", false),
         ("classic", true),
     ] {
-        let db = Database::create(DatabaseOptions {
-            lock_timeout: Some(std::time::Duration::from_secs(20)),
-            ..DatabaseOptions::default()
-        })
-        .unwrap();
+        let db = common::in_memory_with_lock_timeout(std::time::Duration::from_secs(20));
         let mut def = TableDef::new("Customers")
             .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
             .column(ColumnDef::new("Code", DataType::VarChar(10)).not_null())
@@ -1392,9 +1388,10 @@ fn an_uncommitted_unique_nonclustered_key_makes_an_insert_wait() {
             table
                 .insert(&first, InsertRow::new().set(1, code).set(2, 1))
                 .unwrap();
-            let waits_before = db.lock_stats().waits;
-            let second = std::thread::scope(|scope| {
-                let waiter = scope.spawn(|| {
+            let second = common::while_blocked(
+                &db,
+                &format!("{shape} batch={batch} {code}: the second insert did not wait"),
+                || {
                     let session = db.session();
                     let result = if batch {
                         let rows = vec![
@@ -1411,22 +1408,15 @@ fn an_uncommitted_unique_nonclustered_key_makes_an_insert_wait() {
                         result,
                         session.waits().wait(WaitType::LckMX).waiting_tasks_count,
                     )
-                });
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                while db.lock_stats().waits == waits_before {
-                    assert!(
-                        !waiter.is_finished() && std::time::Instant::now() < deadline,
-                        "{shape} batch={batch} {code}: the second insert did not wait"
-                    );
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                if commit {
-                    first.commit().unwrap();
-                } else {
-                    first.rollback().unwrap();
-                }
-                waiter.join().unwrap()
-            });
+                },
+                || {
+                    if commit {
+                        first.commit().unwrap();
+                    } else {
+                        first.rollback().unwrap();
+                    }
+                },
+            );
             let (result, lock_waits) = second;
             assert!(lock_waits >= 1, "{shape} batch={batch} {code}");
             if commit {
@@ -2139,11 +2129,7 @@ fn an_out_of_range_bound_sorts_above_null_keys_like_the_lowest_value() {
 /// statement's locks were held for ever, so the next reader of the row timed out.
 #[test]
 fn a_supplied_function_that_panics_fails_its_statement_and_leaves_nothing_behind() {
-    let db = Database::create(DatabaseOptions {
-        lock_timeout: Some(std::time::Duration::from_millis(500)),
-        ..DatabaseOptions::default()
-    })
-    .unwrap();
+    let db = common::in_memory_with_lock_timeout(std::time::Duration::from_millis(500));
     let unlucky: ComputeFn = Arc::new(|row: &[Value]| {
         if row[1] == Value::Int(13) {
             panic!("thirteen");
@@ -2239,21 +2225,15 @@ fn read_waiting_on_a_lock<R: Send>(
                 .unwrap()
         );
     }
-    let waits_before = db.lock_stats().waits;
-    std::thread::scope(|scope| {
-        let reader = scope.spawn(|| read(&table));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while db.lock_stats().waits == waits_before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the reader did not wait"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        writer.commit().unwrap();
-        reader.join().unwrap()
-    })
+    common::while_blocked(
+        db,
+        "the reader did not wait",
+        || read(&table),
+        || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            writer.commit().unwrap();
+        },
+    )
 }
 
 /// A wait inside `Session::run_statement` counts once for the session: the statement's own

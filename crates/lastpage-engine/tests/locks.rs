@@ -17,7 +17,7 @@ use LockMode::{Exclusive, Shared};
 
 mod common;
 
-use common::seed;
+use common::{seed, wait_until};
 
 const ZERO: Option<Duration> = Some(Duration::ZERO);
 
@@ -28,11 +28,27 @@ fn key(row: u8) -> LockKey {
 /// Waits (politely, with a generous limit) until `count` transactions wait for a lock and have
 /// looked for a deadlock, so a test can make the next request the one that closes a cycle.
 fn wait_for_waiters(manager: &LockManager, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while manager.waiting_txns() < count {
-        assert!(Instant::now() < deadline, "waiters never queued");
-        thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(Duration::from_secs(10), "waiters never queued", || {
+        manager.waiting_txns() >= count
+    });
+}
+
+/// Requests `mode` on `key` for transaction `txn` on another thread and returns once that
+/// request waits, as the `waiting`-th waiting transaction, so that the test goes on with it
+/// queued; joining the handle gives the request's result.
+fn queued(
+    manager: &Arc<LockManager>,
+    txn: u64,
+    key: LockKey,
+    mode: LockMode,
+    waiting: usize,
+) -> thread::JoinHandle<Result<(), LockError>> {
+    let handle = {
+        let manager = Arc::clone(manager);
+        thread::spawn(move || manager.acquire(TxnId(txn), &key, mode, None))
+    };
+    wait_for_waiters(manager, waiting);
+    handle
 }
 
 #[test]
@@ -152,11 +168,7 @@ fn a_sole_shared_holder_converts_at_once_and_others_wait_for_the_readers() {
         manager.acquire(TxnId(1), &key(1), Exclusive, ZERO),
         Err(LockError::Timeout { ms: 0 })
     );
-    let upgrader = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(1), &key(1), Exclusive, None))
-    };
-    wait_for_waiters(&manager, 1);
+    let upgrader = queued(&manager, 1, key(1), Exclusive, 1);
     // While it waits, the converter still holds its S lock.
     assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Shared));
     manager.release_all(TxnId(2), &[key(1)]);
@@ -171,11 +183,7 @@ fn two_converters_deadlock_and_the_second_is_the_victim() {
     let manager = Arc::new(LockManager::new(2));
     manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
     manager.acquire(TxnId(2), &key(1), Shared, None).unwrap();
-    let first = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(1), &key(1), Exclusive, None))
-    };
-    wait_for_waiters(&manager, 1);
+    let first = queued(&manager, 1, key(1), Exclusive, 1);
     assert_eq!(
         manager.acquire(TxnId(2), &key(1), Exclusive, None),
         Err(LockError::Deadlock { victim: TxnId(2) })
@@ -190,18 +198,10 @@ fn two_converters_deadlock_and_the_second_is_the_victim() {
 fn grants_are_fifo_so_readers_cannot_starve_a_writer() {
     let manager = Arc::new(LockManager::new(1));
     manager.acquire(TxnId(1), &key(1), Shared, None).unwrap();
-    let writer = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(2), &key(1), Exclusive, None))
-    };
-    wait_for_waiters(&manager, 1);
+    let writer = queued(&manager, 2, key(1), Exclusive, 1);
     // S is compatible with the holder, but a writer is queued ahead.
     assert!(manager.acquire(TxnId(3), &key(1), Shared, ZERO).is_err());
-    let reader = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(3), &key(1), Shared, None))
-    };
-    wait_for_waiters(&manager, 2);
+    let reader = queued(&manager, 3, key(1), Shared, 2);
     manager.release_all(TxnId(1), &[key(1)]);
     writer.join().unwrap().unwrap();
     assert_eq!(manager.holds(TxnId(2), &key(1)), Some(Exclusive));
@@ -396,11 +396,7 @@ fn a_reader_in_a_transaction_can_be_a_deadlock_victim() {
     let manager = Arc::new(LockManager::new(4));
     manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
     manager.acquire(TxnId(2), &key(2), Exclusive, None).unwrap();
-    let writer = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(1), &key(2), Exclusive, None))
-    };
-    wait_for_waiters(&manager, 1);
+    let writer = queued(&manager, 1, key(2), Exclusive, 1);
     assert_eq!(
         manager.wait_for_shared(Some(TxnId(2)), &key(1), None),
         Err(LockError::Deadlock { victim: TxnId(2) })
@@ -666,11 +662,7 @@ fn a_deadlock_through_a_range_has_one_victim() {
         .lock_range(TxnId(1), &row(10), &row(20), None)
         .unwrap();
     manager.acquire(TxnId(2), &row(1), Exclusive, None).unwrap();
-    let first = {
-        let manager = Arc::clone(&manager);
-        thread::spawn(move || manager.acquire(TxnId(1), &row(1), Exclusive, None))
-    };
-    wait_for_waiters(&manager, 1);
+    let first = queued(&manager, 1, row(1), Exclusive, 1);
     assert_eq!(
         manager.acquire(TxnId(2), &row(15), Shared, None),
         Err(LockError::Deadlock { victim: TxnId(2) })

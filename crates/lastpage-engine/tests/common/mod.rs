@@ -230,3 +230,37 @@ pub fn random_type<R: Rng>(rng: &mut R, length: impl Fn(&mut R, u16) -> u16) -> 
         _ => DataType::VarBinary(length(rng, 8000)),
     }
 }
+
+/// An in-memory database whose lock waits time out after `lock_timeout`, for a test in which
+/// one session waits for another's lock (a generous timeout keeps a slow machine from failing
+/// it; a short one tests the timeout).
+pub fn in_memory_with_lock_timeout(lock_timeout: Duration) -> Database {
+    Database::create(DatabaseOptions {
+        lock_timeout: Some(lock_timeout),
+        ..DatabaseOptions::default()
+    })
+    .unwrap()
+}
+
+/// Runs `blocked` on another thread and, once `db` has counted a lock wait more than before
+/// (`blocked` waits for a lock that a transaction of this thread holds), runs `meanwhile` here,
+/// which usually ends that transaction; returns what `blocked` returned. Panics with `what` if
+/// `blocked` returns without having waited, or has not waited within 10 s.
+pub fn while_blocked<R: Send>(
+    db: &Database,
+    what: &str,
+    blocked: impl FnOnce() -> R + Send,
+    meanwhile: impl FnOnce(),
+) -> R {
+    let waits_before = db.lock_stats().waits;
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(blocked);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while db.lock_stats().waits == waits_before {
+            assert!(!waiter.is_finished() && Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        meanwhile();
+        waiter.join().unwrap()
+    })
+}
