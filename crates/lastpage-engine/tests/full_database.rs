@@ -60,6 +60,20 @@ fn row(id_tag: i64, payload_len: usize, partitions: u16) -> InsertRow {
     }
 }
 
+/// The clustered key that the update and delete loops use for identity `id` in [`orders`] of
+/// `partitions` partitions: when the table is partitioned, `id` modulo `partitions` leads as
+/// the partition.
+fn key(id: i64, partitions: u16) -> Vec<Value> {
+    if partitions > 1 {
+        vec![
+            Value::TinyInt((id % i64::from(partitions)) as u8),
+            Value::BigInt(id),
+        ]
+    } else {
+        vec![Value::BigInt(id)]
+    }
+}
+
 /// Every row of `table`: id (read by `id_of` from column 0) -> the length of the text in
 /// column `payload_column`; then the integrity check, and the row count against the rows read.
 fn payload_lengths<K: Ord + Copy + std::fmt::Debug>(
@@ -146,14 +160,7 @@ fn a_database_at_its_page_limit_fails_statements_cleanly_and_reopens() {
                 );
                 // Growing every row: some fail, the rest change, nothing else moves.
                 for (&id, len) in expected.iter_mut() {
-                    let key: Vec<Value> = if partitions > 1 {
-                        vec![
-                            Value::TinyInt((id % i64::from(partitions)) as u8),
-                            Value::BigInt(id),
-                        ]
-                    } else {
-                        vec![Value::BigInt(id)]
-                    };
+                    let key = key(id, partitions);
                     match table.update(&session, &key, &[(2, Value::from("y".repeat(7900)))]) {
                         Ok(true) => *len = 7900,
                         Ok(false) => panic!("{context}: update of {id} found nothing"),
@@ -165,14 +172,7 @@ fn a_database_at_its_page_limit_fails_statements_cleanly_and_reopens() {
                 // Deletes free room on their pages; rows that fit there go in again.
                 let ids: Vec<i64> = expected.keys().copied().collect();
                 for &id in ids.iter().step_by(2) {
-                    let key: Vec<Value> = if partitions > 1 {
-                        vec![
-                            Value::TinyInt((id % i64::from(partitions)) as u8),
-                            Value::BigInt(id),
-                        ]
-                    } else {
-                        vec![Value::BigInt(id)]
-                    };
+                    let key = key(id, partitions);
                     assert!(table.delete(&session, &key).unwrap(), "{context}: delete");
                     expected.remove(&id);
                 }
