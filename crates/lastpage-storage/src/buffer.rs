@@ -783,6 +783,18 @@ impl BufferPool {
         hook.is_none_or(|hook| hook().is_ok())
     }
 
+    /// Whether the page at `index` of a capture's map (page id `index + 1`) is no longer in
+    /// `slot`, the slot the capture named: it was changed and written elsewhere since. Called by
+    /// [`DataFile::abandon`] under the slot state's lock, after the slot's protection was
+    /// taken back, so the page cannot be moving out of it any more; one that is still moving
+    /// (its new slot picked, not yet recorded) reads as not moved, and its old slot leaks.
+    fn page_moved(&self, index: usize, slot: u32) -> bool {
+        PageId::try_from(index + 1)
+            .ok()
+            .and_then(|page_id| self.try_frame(page_id))
+            .is_some_and(|frame| frame.slot.load(Ordering::Relaxed) != slot)
+    }
+
     /// Writes a resident page to a slot no image protects and records the slot and CRC. The
     /// caller holds the frame's latch (exclusively, or shared while writers are quiesced).
     fn write_frame(
@@ -921,8 +933,7 @@ impl BufferPool {
                 // A failed page write leaves the page dirty (its slot and checksum unchanged)
                 // and its fresh slot free; pages captured before it are clean in slots no image
                 // names yet. Abandoning the capture leaves all of that to a later checkpoint.
-                let slots: Vec<u32> = map.iter().map(|&(slot, _)| slot).collect();
-                file.abandon(&slots);
+                file.abandon(&map, |index, slot| self.page_moved(index, slot));
                 return Err(error);
             }
             map.push((slot, crc));
@@ -987,8 +998,10 @@ impl PendingCheckpoint {
                 // A failure that leaves the file unknown has failed it (see `DataFile::finish`);
                 // any other gives the capture up, for a later checkpoint to try again.
                 if !file.has_failed() {
-                    let slots: Vec<u32> = self.map.iter().map(|&(slot, _)| slot).collect();
-                    file.abandon(&slots);
+                    // Pages changed and evicted since the capture went to other slots: those
+                    // the capture named go back to the free list (they leaked before, a slot
+                    // per such page at every failed checkpoint).
+                    file.abandon(&self.map, |index, slot| pool.page_moved(index, slot));
                 }
                 Err(error)
             }
@@ -1002,8 +1015,7 @@ impl Drop for PendingCheckpoint {
             // An abandoned capture: its slots stop being protected. Those still current for
             // their pages are reused in place by later writes; the others leak until the file
             // is reopened (every slot outside the durable image is free then).
-            let slots: Vec<u32> = self.map.iter().map(|&(slot, _)| slot).collect();
-            self.file.abandon(&slots);
+            self.file.abandon(&self.map, |_, _| false);
         }
     }
 }

@@ -528,12 +528,22 @@ impl DataFile {
         }
     }
 
-    /// Gives up a capture that will not be finished: its slots stop being protected (they are
-    /// still some pages' current slots, or leak until the file is reopened).
-    pub(crate) fn abandon(&self, page_slots: &[u32]) {
+    /// Gives up a capture that will not be finished: its slots stop being protected. `map`
+    /// is the capture's page map (the slot of page `index + 1` at `index`). A slot that no
+    /// durable image uses either is still its page's current slot, or the page moved since
+    /// (changed and written elsewhere, because the capture protected this slot): `moved(index,
+    /// slot)` says so, and such a slot goes back to the free list. Nothing else can use it: it
+    /// was on no free list while the capture protected it, and a page moves only to its current
+    /// slot or a fresh one. (A `moved` that cannot tell answers `false`: the slot then leaks
+    /// until the file is reopened.) The state's lock is held while `moved` runs, so a page
+    /// that `moved` finds still in the slot is written there in place from now on.
+    pub(crate) fn abandon(&self, map: &[(u32, u32)], moved: impl Fn(usize, u32) -> bool) {
         let mut state = self.lock();
-        for &slot in page_slots {
+        for (index, &(slot, _)) in map.iter().enumerate() {
             state.clear_mark(slot, MARK_PENDING);
+            if slot >= FIRST_DATA_SLOT && state.mark(slot) == 0 && moved(index, slot) {
+                state.free.push(slot);
+            }
         }
         state.pending = false;
     }
