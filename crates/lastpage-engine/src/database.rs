@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
-    CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, DELAYED_FLUSH_INTERVAL_MS,
-    ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES, MAX_TXN_ID,
-    MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_ROW_CHANGE_MAX_BYTES,
+    CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
+    DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES,
+    MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS,
+    WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -154,6 +155,9 @@ pub(crate) struct Durable {
     /// flusher before each flush. The wake-up alone can be lost: the flusher parks while it
     /// waits in the log's group commit, and that park uses up an unpark meant for its pause.
     flush_requested: AtomicBool,
+    /// The automatic checkpointer's failures in a row, and the error of the last one, cleared
+    /// by its next success (see [`Database::automatic_checkpoint_failure`]).
+    automatic_failure: Mutex<Option<(u32, String)>>,
 }
 
 struct Inner {
@@ -384,6 +388,7 @@ impl Database {
                     recovery: std::sync::OnceLock::new(),
                     flusher: std::sync::OnceLock::new(),
                     flush_requested: AtomicBool::new(false),
+                    automatic_failure: Mutex::new(None),
                 }),
                 ..inner
             }),
@@ -483,19 +488,42 @@ impl Database {
             let _ = durable.flusher.set(flusher.thread().clone());
         }
         let poll = Duration::from_millis(CHECKPOINT_POLL_INTERVAL_MS);
+        // After a failed attempt the next waits until this instant (see
+        // `CHECKPOINT_RETRY_MAX_MS`).
+        let retry_at = Mutex::new(None::<Instant>);
         let checkpointer =
-            self.spawn_background("lastpage-checkpointer", poll, &stop, |db, durable| {
+            self.spawn_background("lastpage-checkpointer", poll, &stop, move |db, durable| {
                 let since = durable
                     .wal
                     .end_lsn()
                     .0
                     .saturating_sub(*sync::lock(&durable.checkpoint));
-                if since >= db.inner.options.checkpoint_log_bytes && db.check_usable().is_ok() {
-                    // A failed automatic checkpoint leaves the previous image in force; the next
-                    // attempt (or an explicit CHECKPOINT) reports the error. One that failed the
-                    // data file stops the database (`Database::fail_checkpoint`), and every later
-                    // operation reports that instead.
-                    let _ = db.checkpoint();
+                let mut retry_at = sync::lock(&retry_at);
+                if since >= db.inner.options.checkpoint_log_bytes
+                    && db.check_usable().is_ok()
+                    && retry_at.is_none_or(|at| Instant::now() >= at)
+                {
+                    // A failed automatic checkpoint (a full disk, say) leaves the previous image
+                    // in force: it is kept for `automatic_checkpoint_failure`, and the next
+                    // attempt waits longer each time. One that failed the data file stops the
+                    // database (`Database::fail_checkpoint`), and every later operation reports
+                    // that instead.
+                    let result = db.checkpoint();
+                    let mut failure = sync::lock(&durable.automatic_failure);
+                    match result {
+                        Ok(_) => {
+                            *failure = None;
+                            *retry_at = None;
+                        }
+                        Err(error) => {
+                            let failures = failure.as_ref().map_or(0, |(n, _)| *n) + 1;
+                            let wait_ms = CHECKPOINT_POLL_INTERVAL_MS
+                                .saturating_mul(1 << failures.min(16))
+                                .min(CHECKPOINT_RETRY_MAX_MS);
+                            *retry_at = Some(Instant::now() + Duration::from_millis(wait_ms));
+                            *failure = Some((failures, error.to_string()));
+                        }
+                    }
                 }
                 true
             });
@@ -785,6 +813,16 @@ impl Database {
     /// The log writer's counters (commits per fdatasync and so on), for a durable database.
     pub fn wal_stats(&self) -> Option<WalStats> {
         self.wal().map(LogWriter::stats)
+    }
+
+    /// Whether the automatic checkpointer's last attempt failed: how many attempts in a row
+    /// failed, and the last one's error; `None` after a success (and for an in-memory
+    /// database). A failed automatic checkpoint leaves the database running on its log, which
+    /// cannot be truncated until a checkpoint succeeds: an application that must notice a full
+    /// disk before the log fills it too looks here.
+    pub fn automatic_checkpoint_failure(&self) -> Option<(u32, String)> {
+        self.durable()
+            .and_then(|durable| sync::lock(&durable.automatic_failure).clone())
     }
 
     /// What recovery did when the database was opened, for a durable database.

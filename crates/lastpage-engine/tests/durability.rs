@@ -3163,6 +3163,57 @@ fn dropping_the_last_handle_waits_for_an_automatic_checkpoint_and_frees_the_dire
     assert_eq!(orders_rows(&db).len(), 500);
 }
 
+/// A full disk under the data file fails the automatic checkpoints without stopping the
+/// database, and says so (`Database::automatic_checkpoint_failure`): commits go on in the log,
+/// which cannot be truncated meanwhile. Once there is room, a later attempt succeeds and the
+/// failure is cleared. Before, the checkpointer threw the error away and retried every 100 ms.
+#[test]
+fn automatic_checkpoints_on_a_full_disk_fail_visibly_and_succeed_once_there_is_room() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(41));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            checkpoint_log_bytes: 16 << 10,
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    db.create_table(orders()).unwrap();
+    let session = db.session();
+    fs.inject(FaultRule::disk_full_after(0).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
+    // More than 16 KiB of log, so that the checkpointer starts.
+    let mut acknowledged: Vec<i64> = (0..300)
+        .map(|_| insert_order(&db, &session).unwrap())
+        .collect();
+    // Bounded polls, not timings: each waits for the background thread's next attempt.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (failures, error) = loop {
+        if let Some(failure) = db.automatic_checkpoint_failure() {
+            break failure;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no automatic checkpoint failed in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        failures >= 1 && error.contains("no space"),
+        "{failures}: {error}"
+    );
+    acknowledged.push(insert_order(&db, &session).unwrap());
+    fs.clear_faults();
+    while db.automatic_checkpoint_failure().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no automatic checkpoint succeeded in 60 s once there was room"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
+    assert_orders_survived(&after, &acknowledged);
+}
+
 #[test]
 fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(13));

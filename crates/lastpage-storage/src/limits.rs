@@ -366,6 +366,12 @@ pub const OPEN_LOCK_WAIT_MS: u64 = 2000;
 /// How often the automatic checkpointer looks at how much log was written, in milliseconds.
 pub const CHECKPOINT_POLL_INTERVAL_MS: u64 = 100;
 
+/// The longest the automatic checkpointer waits before it tries again after failed checkpoints,
+/// in milliseconds. After each failure in a row it waits twice as long as after the one
+/// before, from `CHECKPOINT_POLL_INTERVAL_MS` on: every attempt pauses the writers for a
+/// capture, and a disk that stays full would otherwise be tried ten times a second.
+pub const CHECKPOINT_RETRY_MAX_MS: u64 = 10_000;
+
 /// How long a DELAYED-durability commit may wait in the log buffer before the background
 /// flusher writes it, in milliseconds: the window of commits a crash can lose.
 pub const DELAYED_FLUSH_INTERVAL_MS: u64 = 20;
