@@ -548,7 +548,15 @@ fn a_checkpoint_that_cannot_sync_the_data_file_stops_the_database_and_a_full_dis
             );
             assert!(db.clone().close().is_err(), "{what}: the close");
         } else {
-            assert!(matches!(error, EngineError::Storage(_)), "{what}: {error}");
+            let at = if what == "a full disk for the image" {
+                "page map"
+            } else {
+                "writing slot"
+            };
+            assert!(
+                matches!(error, EngineError::Storage(_)) && error.to_string().contains(at),
+                "{what}: {error}"
+            );
             acknowledged.push(insert_order(&db, &session).unwrap());
             fs.clear_faults();
             db.checkpoint().unwrap();
