@@ -42,15 +42,17 @@ pub enum EngineError {
         /// What is wrong with it.
         reason: String,
     },
-    /// NULL into a NOT NULL column.
+    /// NULL into a NOT NULL column (SQL Server's error 515, which names the statement).
     #[error(
-        "Cannot insert the value NULL into column '{column}', table '{table}'; column does not allow nulls. INSERT fails."
+        "Cannot insert the value NULL into column '{column}', table '{table}'; column does not allow nulls. {statement} fails."
     )]
     NullNotAllowed {
         /// The table.
         table: String,
         /// The column.
         column: String,
+        /// The statement that failed: "INSERT" or "UPDATE".
+        statement: &'static str,
     },
     /// A primary key or unique constraint is violated.
     #[error(

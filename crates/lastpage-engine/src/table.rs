@@ -1863,6 +1863,7 @@ impl Table {
             return Err(EngineError::NullNotAllowed {
                 table: self.name.clone(),
                 column: definition.name.clone(),
+                statement: "INSERT",
             });
         }
         Ok(())
@@ -2911,7 +2912,20 @@ impl Table {
             for (column, value) in changes {
                 new_row[*column] = value.clone();
             }
-            self.finish_row(&mut new_row, None)?;
+            // `finish_row` is shared with inserts and names the INSERT in its NULL error;
+            // SQL Server's message 515 names the statement that failed, so an update's says
+            // "UPDATE fails." instead.
+            self.finish_row(&mut new_row, None)
+                .map_err(|error| match error {
+                    EngineError::NullNotAllowed { table, column, .. } => {
+                        EngineError::NullNotAllowed {
+                            table,
+                            column,
+                            statement: "UPDATE",
+                        }
+                    }
+                    other => other,
+                })?;
             let mut new_key = Vec::with_capacity(record_key.len());
             self.clustered.encode_columns(&new_row, &mut new_key)?;
             let old_key_columns = &record_key[..record_key.len()

@@ -2329,3 +2329,40 @@ fn closing_an_in_memory_database_refuses_every_statement_through_its_clones() {
     ));
     assert!(other.session().begin().is_err());
 }
+
+/// An update that sets a NOT NULL column to NULL fails with SQL Server's message 515 for an
+/// UPDATE ("... UPDATE fails."), not the INSERT's wording it used to borrow.
+#[test]
+fn an_update_to_null_in_a_not_null_column_says_update_fails() {
+    let db = database();
+    let table = db
+        .create_table(
+            TableDef::new("Notes")
+                .column(ColumnDef::new("Id", DataType::Int))
+                .column(ColumnDef::new("V", DataType::Int).not_null())
+                .clustered(IndexDef::new("PK_Notes", &["Id"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let error = table
+        .insert(&session, InsertRow::new().set(0, 1))
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Cannot insert the value NULL into column 'V', table 'Notes'; column does not allow nulls. INSERT fails."
+    );
+    table
+        .insert(&session, InsertRow::new().set(0, 1).set(1, 5))
+        .unwrap();
+    let error = table
+        .update(&session, &[Value::Int(1)], &[(1, Value::Null)])
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Cannot insert the value NULL into column 'V', table 'Notes'; column does not allow nulls. UPDATE fails."
+    );
+    assert_eq!(
+        table.get(&session, &[Value::Int(1)]).unwrap().unwrap(),
+        vec![Value::Int(1), Value::Int(5)]
+    );
+}
