@@ -14,13 +14,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::Duration;
 
 use lastpage_storage::btree::{
-    BTree, BTreeError, Direction, GeneratedKeyError, InsertPath, TreeOptions, batch_item_range,
+    BTree, BTreeError, GeneratedKeyError, InsertPath, TreeOptions, batch_item_range,
 };
 use lastpage_storage::buffer::{BufferPool, past_page_limit};
 use rand::rngs::StdRng;
@@ -405,26 +404,7 @@ fn verify(tree: &BTree, outcomes: &[Outcome], context: &str) {
             );
         }
     }
-    let check = tree
-        .check_integrity()
-        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
-    assert_eq!(
-        check.rows,
-        oracle.len() as u64,
-        "{context}: rows the checker counted"
-    );
-    assert_eq!(
-        tree.row_count(),
-        oracle.len() as u64,
-        "{context}: the tree's row count"
-    );
-    for (key, value) in &oracle {
-        assert_eq!(
-            tree.get(key).unwrap().as_ref(),
-            Some(value),
-            "{context}: lookup of {key:?}"
-        );
-    }
+    common::assert_tree_holds(tree, &oracle, context);
     for outcome in outcomes {
         for key in &outcome.refused {
             if !oracle.contains_key(key) {
@@ -434,32 +414,6 @@ fn verify(tree: &BTree, outcomes: &[Outcome], context: &str) {
                     "{context}: refused {key:?} is there"
                 );
             }
-        }
-    }
-    for direction in [Direction::Forward, Direction::Backward] {
-        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
-        let rows: Vec<(Vec<u8>, Vec<u8>)> = scan.by_ref().collect();
-        assert!(
-            scan.error().is_none(),
-            "{context}: scan failed: {:?}",
-            scan.error()
-        );
-        let mut expected: Vec<(Vec<u8>, Vec<u8>)> = oracle.clone().into_iter().collect();
-        if direction == Direction::Backward {
-            expected.reverse();
-        }
-        if rows != expected {
-            let keys: Vec<&Vec<u8>> = rows.iter().map(|(key, _)| key).collect();
-            let missing: Vec<&Vec<u8>> = oracle
-                .keys()
-                .filter(|key| !keys.contains(key))
-                .take(5)
-                .collect();
-            panic!(
-                "{context}: {direction:?} scan has {} rows, the oracle {}; missing e.g. {missing:?}",
-                rows.len(),
-                oracle.len()
-            );
         }
     }
 }

@@ -8,12 +8,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::Arc;
 
-use lastpage_storage::btree::{
-    BTree, BTreeError, Direction, GeneratedKeyError, InsertPath, TreeOptions,
-};
+use lastpage_storage::btree::{BTree, BTreeError, GeneratedKeyError, InsertPath, TreeOptions};
 use lastpage_storage::buffer::BufferPool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,38 +27,9 @@ fn tree(max_pages: usize, insert_path: InsertPath) -> BTree {
     .unwrap()
 }
 
-/// Checks that the tree holds exactly `oracle`: the integrity checker, a lookup of every key,
-/// and scans both ways.
+/// Checks that the tree holds exactly `oracle` (see `common::assert_tree_holds`).
 fn verify(tree: &BTree, oracle: &BTreeMap<Vec<u8>, Vec<u8>>, context: &str) {
-    let check = tree
-        .check_integrity()
-        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
-    assert_eq!(
-        check.rows,
-        oracle.len() as u64,
-        "{context}: rows the checker counted"
-    );
-    for (key, value) in oracle {
-        assert_eq!(
-            tree.get(key).unwrap().as_ref(),
-            Some(value),
-            "{context}: lookup of {key:?}"
-        );
-    }
-    for direction in [Direction::Forward, Direction::Backward] {
-        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
-        let keys: Vec<Vec<u8>> = scan.by_ref().map(|(key, _)| key).collect();
-        assert!(
-            scan.error().is_none(),
-            "{context}: scan failed: {:?}",
-            scan.error()
-        );
-        let mut expected: Vec<Vec<u8>> = oracle.keys().cloned().collect();
-        if direction == Direction::Backward {
-            expected.reverse();
-        }
-        assert_eq!(keys, expected, "{context}: {direction:?} scan");
-    }
+    common::assert_tree_holds(tree, oracle, context);
 }
 
 /// A key of `len` bytes (at least 8) that sorts as `number` does. Long keys make inner pages

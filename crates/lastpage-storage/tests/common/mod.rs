@@ -10,3 +10,63 @@ pub fn seed() -> u64 {
     println!("seed = {seed} (rerun with LASTPAGE_SEED={seed})");
     seed
 }
+
+/// Asserts that `tree` holds exactly `oracle`: the integrity check passes and counts its rows,
+/// the tree's row counter agrees, every key is found by a lookup with its own value, and scans
+/// both ways return exactly the oracle's rows in order. Not every test binary that includes
+/// this module uses it, hence the `allow`.
+#[allow(dead_code)]
+pub fn assert_tree_holds(
+    tree: &lastpage_storage::btree::BTree,
+    oracle: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    context: &str,
+) {
+    use lastpage_storage::btree::Direction;
+    use std::ops::Bound;
+    let check = tree
+        .check_integrity()
+        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
+    assert_eq!(
+        check.rows,
+        oracle.len() as u64,
+        "{context}: rows the checker counted"
+    );
+    assert_eq!(
+        tree.row_count(),
+        oracle.len() as u64,
+        "{context}: the tree's row count"
+    );
+    for (key, value) in oracle {
+        assert_eq!(
+            tree.get(key).unwrap().as_ref(),
+            Some(value),
+            "{context}: lookup of {key:?}"
+        );
+    }
+    for direction in [Direction::Forward, Direction::Backward] {
+        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = scan.by_ref().collect();
+        assert!(
+            scan.error().is_none(),
+            "{context}: scan failed: {:?}",
+            scan.error()
+        );
+        let mut expected: Vec<(Vec<u8>, Vec<u8>)> = oracle.clone().into_iter().collect();
+        if direction == Direction::Backward {
+            expected.reverse();
+        }
+        if rows != expected {
+            let keys: Vec<&Vec<u8>> = rows.iter().map(|(key, _)| key).collect();
+            let missing: Vec<&Vec<u8>> = oracle
+                .keys()
+                .filter(|key| !keys.contains(key))
+                .take(5)
+                .collect();
+            panic!(
+                "{context}: {direction:?} scan has {} rows, the oracle {}; missing e.g. {missing:?}",
+                rows.len(),
+                oracle.len()
+            );
+        }
+    }
+}
