@@ -23,9 +23,7 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use lastpage_engine::{
-    Database, DatabaseOptions, Direction, InsertRow, KeyRange, Session, Table, Value,
-};
+use lastpage_engine::{Database, DatabaseOptions, InsertRow, Session, Table, Value};
 use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, PowerCut};
 use lastpage_storage::wal::WalConfig;
 
@@ -306,24 +304,13 @@ fn copy(template: &FaultyFileSystem) -> FaultyFileSystem {
     template.crash_with(CrashMode::KeepUnsynced)
 }
 
-fn scan(table: &Table, session: &Session) -> Result<Vec<Vec<Value>>, String> {
-    let mut rows = Vec::new();
-    for row in table
-        .scan(session, &KeyRange::all(), Direction::Forward)
-        .map_err(|e| format!("scan {}: {e}", table.name()))?
-    {
-        rows.push(row.map_err(|e| format!("scan {}: {e}", table.name()))?);
-    }
-    Ok(rows)
-}
-
 /// Checks that `db` holds exactly what `m` says; returns `m` with its maybe-order resolved.
 fn check(db: &Database, m: &Model) -> Result<Model, String> {
     let mut m = m.clone();
     let t = tables(db);
     let s = db.session();
     let mut accounts = BTreeMap::new();
-    for row in scan(&t.accounts, &s)? {
+    for row in common::try_rows(&t.accounts, &s)? {
         let (Value::Int(id), Value::Int(balance)) = (&row[0], &row[1]) else {
             return Err(format!("account row {row:?}"));
         };
@@ -365,7 +352,7 @@ fn check(db: &Database, m: &Model) -> Result<Model, String> {
         }
     }
     let mut notes = BTreeMap::new();
-    for row in scan(&t.notes, &s)? {
+    for row in common::try_rows(&t.notes, &s)? {
         let (Value::Int(id), Value::String(text)) = (&row[0], &row[1]) else {
             return Err(format!("note row {row:?}"));
         };
@@ -393,7 +380,7 @@ fn check(db: &Database, m: &Model) -> Result<Model, String> {
         ));
     }
     let mut orders = BTreeMap::new();
-    for row in scan(&t.orders, &s)? {
+    for row in common::try_rows(&t.orders, &s)? {
         let (Value::BigInt(id), Value::String(text)) = (&row[0], &row[1]) else {
             return Err(format!("order row {row:?}"));
         };

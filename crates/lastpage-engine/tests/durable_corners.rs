@@ -420,23 +420,12 @@ impl Model {
 // ---------------------------------------------------------------------------------------------
 // Reading a database.
 
-fn scan_all(table: &Table, session: &Session) -> Result<Vec<Vec<Value>>, String> {
-    let mut rows = Vec::new();
-    for row in table
-        .scan(session, &KeyRange::all(), Direction::Forward)
-        .map_err(|e| format!("scan {}: {e}", table.name()))?
-    {
-        rows.push(row.map_err(|e| format!("scan {}: {e}", table.name()))?);
-    }
-    Ok(rows)
-}
-
 fn snapshot(db: &Database) -> Result<State, String> {
     let session = db.session();
     let mut state = State::default();
     for table in db.tables() {
         let mut rows = Rows::new();
-        for row in scan_all(&table, &session)? {
+        for row in common::try_rows(&table, &session)? {
             rows.entry(row_key(&row)).or_insert_with(|| (row, 0)).1 += 1;
         }
         let count: usize = rows.values().map(|(_, n)| n).sum();
@@ -1616,7 +1605,7 @@ fn row_counts(db: &Database) -> BTreeMap<String, u64> {
     db.tables()
         .into_iter()
         .map(|table| {
-            let scanned = scan_all(&table, &session).unwrap().len() as u64;
+            let scanned = common::try_rows(&table, &session).unwrap().len() as u64;
             assert_eq!(scanned, table.row_count(), "{}", table.name());
             (table.name().to_string(), scanned)
         })

@@ -145,6 +145,19 @@ pub fn rows(table: &Table, session: &Session) -> Vec<Vec<Value>> {
     scan(table, session, &KeyRange::all(), Direction::Forward)
 }
 
+/// Every row of `table` as `session` reads it, in key order, or the first error as text (for
+/// tests that report a failed case instead of panicking).
+pub fn try_rows(table: &Table, session: &Session) -> Result<Vec<Vec<Value>>, String> {
+    let mut rows = Vec::new();
+    for row in table
+        .scan(session, &KeyRange::all(), Direction::Forward)
+        .map_err(|e| format!("scan {}: {e}", table.name()))?
+    {
+        rows.push(row.map_err(|e| format!("scan {}: {e}", table.name()))?);
+    }
+    Ok(rows)
+}
+
 /// A key range that holds exactly the rows whose key starts with `prefix`.
 pub fn prefix(prefix: Vec<Value>) -> KeyRange {
     KeyRange {
