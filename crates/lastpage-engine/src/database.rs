@@ -489,8 +489,8 @@ impl Database {
         }
         let poll = Duration::from_millis(CHECKPOINT_POLL_INTERVAL_MS);
         // After a failed attempt the next waits until this instant (see
-        // `CHECKPOINT_RETRY_MAX_MS`).
-        let retry_at = Mutex::new(None::<Instant>);
+        // `CHECKPOINT_RETRY_MAX_MS`). Only the checkpointer's thread reads and writes it.
+        let retry_at = std::cell::Cell::new(None::<Instant>);
         let checkpointer =
             self.spawn_background("lastpage-checkpointer", poll, &stop, move |db, durable| {
                 let since = durable
@@ -498,10 +498,9 @@ impl Database {
                     .end_lsn()
                     .0
                     .saturating_sub(*sync::lock(&durable.checkpoint));
-                let mut retry_at = sync::lock(&retry_at);
                 if since >= db.inner.options.checkpoint_log_bytes
                     && db.check_usable().is_ok()
-                    && retry_at.is_none_or(|at| Instant::now() >= at)
+                    && retry_at.get().is_none_or(|at| Instant::now() >= at)
                 {
                     // A failed automatic checkpoint (a full disk, say) leaves the previous image
                     // in force: it is kept for `automatic_checkpoint_failure`, and the next
@@ -513,14 +512,14 @@ impl Database {
                     match result {
                         Ok(_) => {
                             *failure = None;
-                            *retry_at = None;
+                            retry_at.set(None);
                         }
                         Err(error) => {
                             let failures = failure.as_ref().map_or(0, |(n, _)| *n) + 1;
                             let wait_ms = CHECKPOINT_POLL_INTERVAL_MS
                                 .saturating_mul(1 << failures.min(16))
                                 .min(CHECKPOINT_RETRY_MAX_MS);
-                            *retry_at = Some(Instant::now() + Duration::from_millis(wait_ms));
+                            retry_at.set(Some(Instant::now() + Duration::from_millis(wait_ms)));
                             *failure = Some((failures, error.to_string()));
                         }
                     }
