@@ -21,15 +21,12 @@ use lastpage_engine::{
     Uniqueness, Value,
 };
 use lastpage_io::{FaultyConfig, FaultyFileSystem};
-use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::seed;
-
-const DIR: &str = "/db";
+use common::{DIR, seed};
 
 /// Open-write-close (or crash) cycles per run.
 const CYCLES: usize = 10;
@@ -39,15 +36,9 @@ const SESSIONS: usize = 3;
 
 fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
     DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
         // A small budget, so that spare leaves are evicted and read back too.
         memory_budget_bytes: 1 << 20,
-        ..DatabaseOptions::default()
+        ..common::options(fs)
     }
 }
 
