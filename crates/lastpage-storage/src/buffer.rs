@@ -62,6 +62,10 @@ struct Frame {
     slot: PlainU32,
     /// CRC32C of the bytes in `slot`.
     crc: PlainU32,
+    /// The page was freed ([`BufferPool::free_pages`]) and is on the pool's free list: it has
+    /// no bytes and no slot, and a latch of it is refused until an allocation hands it out
+    /// again. Changed only under the exclusive latch, read only under the latch.
+    free: AtomicBool,
 }
 
 // SAFETY: the page bytes (and the pointer to them) are only reached through `SharedGuard`
@@ -85,7 +89,16 @@ impl Frame {
             referenced: AtomicBool::new(true),
             slot: PlainU32::new(slot),
             crc: PlainU32::new(crc),
+            free: AtomicBool::new(false),
         }
+    }
+
+    /// A frame for a page that is free in the data file's image (see
+    /// [`BufferPool::free_pages`]).
+    fn new_free(policy: LatchPolicy) -> Frame {
+        let frame = Frame::new(policy, None, 0, 0);
+        frame.free.store(true, Ordering::Relaxed);
+        frame
     }
 
     /// The bytes pointer. The caller must hold the latch in some mode.
@@ -126,6 +139,23 @@ impl Frame {
 }
 
 type Chunk = Box<[OnceLock<Box<Frame>>]>;
+
+/// The pool's free pages, one list per latch flavour: a frame's latch keeps the flavour it was
+/// made with, so a page is reused only by an index of that flavour.
+#[derive(Default)]
+struct FreePages {
+    fifo: Vec<PageId>,
+    adaptive: Vec<PageId>,
+}
+
+impl FreePages {
+    fn of(&mut self, policy: LatchPolicy) -> &mut Vec<PageId> {
+        match policy {
+            LatchPolicy::Fifo => &mut self.fifo,
+            LatchPolicy::Adaptive => &mut self.adaptive,
+        }
+    }
+}
 
 std::thread_local! {
     /// Whether this thread's allocations may go past the pool's configured page limit, up to
@@ -259,6 +289,11 @@ type SharedHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct BufferPool {
     chunks: Box<[OnceLock<Chunk>]>,
     next_page_id: AtomicU32,
+    /// Pages freed and not handed out again (see [`BufferPool::free_pages`]).
+    free_pages: Mutex<FreePages>,
+    /// How many pages `free_pages` holds: read without its lock, so that an allocation takes
+    /// the lock only when there may be a page to reuse.
+    free_page_count: AtomicUsize,
     /// The most pages (see [`PoolConfig::max_pages`]); at most [`MAX_POOL_PAGES`]. Not part of any
     /// protocol: an allocation racing a change of it may see either value.
     max_pages: AtomicUsize,
@@ -323,6 +358,8 @@ impl BufferPool {
                 .collect(),
             // Page 0 is `NO_PAGE`.
             next_page_id: AtomicU32::new(1),
+            free_pages: Mutex::new(FreePages::default()),
+            free_page_count: AtomicUsize::new(0),
             max_pages: AtomicUsize::new(max_pages.min(MAX_POOL_PAGES)),
             resident: AtomicUsize::new(0),
             budget_pages,
@@ -361,15 +398,26 @@ impl BufferPool {
             if let Some((data_file, image)) = DataFile::open(file)? {
                 let pool =
                     Self::with_parts(budget_pages, Some(Arc::new(data_file)), config.max_pages);
+                let mut free = Vec::new();
                 for (index, &(slot, crc)) in image.map.iter().enumerate() {
                     let page_id = index as PageId + 1;
                     // The latch flavour is a property of the index, not of the file; pages
                     // come back with the default one. (A later issue can persist it.)
-                    pool.install_frame(
-                        page_id,
-                        Frame::new(LatchPolicy::default(), None, slot, crc),
-                    )?;
+                    let policy = LatchPolicy::default();
+                    // Slot 0: the image holds no bytes for the page, which a capture records
+                    // only for a free page (every other page was written by then).
+                    let frame = if slot == 0 {
+                        free.push(page_id);
+                        Frame::new_free(policy)
+                    } else {
+                        Frame::new(policy, None, slot, crc)
+                    };
+                    pool.install_frame(page_id, frame)?;
                 }
+                // Reversed, so that allocations take the lowest free ids first.
+                free.reverse();
+                pool.free_page_count.store(free.len(), Ordering::Relaxed);
+                *lock(&pool.free_pages).of(LatchPolicy::default()) = free;
                 pool.next_page_id
                     .store(image.map.len() as PageId + 1, Ordering::Relaxed);
                 return Ok((pool, image.blob));
@@ -431,9 +479,15 @@ impl BufferPool {
         );
     }
 
-    /// Pages allocated so far.
+    /// Page ids handed out so far, free pages included: every page id lies in `1..=` this.
     pub fn page_count(&self) -> usize {
         self.next_page_id.load(Ordering::Relaxed).saturating_sub(1) as usize
+    }
+
+    /// Pages freed and not handed out again (see [`BufferPool::free_pages`]). The pages in use
+    /// are `page_count() - free_page_count()`.
+    pub fn free_page_count(&self) -> usize {
+        self.free_page_count.load(Ordering::Relaxed)
     }
 
     /// The pool's counters.
@@ -497,6 +551,11 @@ impl BufferPool {
         level: u8,
         index_id: u32,
     ) -> Result<ExclusiveGuard<'_>, PoolFull> {
+        if self.free_page_count.load(Ordering::Relaxed) > 0
+            && let Some(guard) = self.reuse_free_page(policy, kind, level, index_id)
+        {
+            return Ok(guard);
+        }
         let max_pages = if PAST_PAGE_LIMIT.get() {
             MAX_POOL_PAGES
         } else {
@@ -535,6 +594,97 @@ impl BufferPool {
         };
         guard.page_mut().format(page_id, kind, level, index_id);
         Ok(guard)
+    }
+
+    /// Hands out a free page whose latch has the flavour `policy` (a frame's latch keeps its
+    /// flavour for ever), formatted and latched exclusively, or `None` if there is none.
+    /// Reusing a page needs no room under the page limit: it is counted already.
+    #[cold]
+    #[inline(never)]
+    fn reuse_free_page(
+        &self,
+        policy: LatchPolicy,
+        kind: PageKind,
+        level: u8,
+        index_id: u32,
+    ) -> Option<ExclusiveGuard<'_>> {
+        let page_id = {
+            let mut free = lock(&self.free_pages);
+            let page_id = free.of(policy).pop()?;
+            self.free_page_count.fetch_sub(1, Ordering::Relaxed);
+            page_id
+        };
+        let frame = self
+            .try_frame(page_id)
+            .expect("a page on the free list was allocated once, so it has a frame");
+        // Nobody waits for anything while holding a free page's latch (a capture records it
+        // under a shared latch, a stale link is refused in `load`, eviction only tries), so
+        // this wait is short and cannot be part of a deadlock, whatever the caller holds.
+        frame.latch.acquire(LatchMode::Exclusive);
+        debug_assert!(frame.free.load(Ordering::Relaxed) && frame.bytes_ptr().is_null());
+        self.reserve_frame();
+        frame.install(self.memory.take());
+        frame.free.store(false, Ordering::Relaxed);
+        frame.dirty.store(true, Ordering::Relaxed);
+        frame.touch();
+        let mut guard = ExclusiveGuard {
+            frame,
+            page_id,
+            bytes: NonNull::new(frame.bytes_ptr()).expect("the bytes were just installed"),
+        };
+        guard.page_mut().format(page_id, kind, level, index_id);
+        Some(guard)
+    }
+
+    /// Frees pages for later allocations to reuse: a dropped table's, say. The caller
+    /// guarantees that nothing can reach them any more (no link from a page in use, no
+    /// handle that will latch them); a latch that still reaches one (a stale link) is refused
+    /// with [`PageError::Corrupt`]. A freed page's bytes go back to the page memory at once and
+    /// its data-file slot as soon as no image names it; the next checkpoint's image records
+    /// it as free, so it stays free across a restart.
+    ///
+    /// The list is checked before anything changes: a page id that was never allocated, one
+    /// that is free already, or one named twice fails the call and frees nothing.
+    pub fn free_pages(&self, page_ids: &[PageId]) -> Result<(), PageError> {
+        let mut named = std::collections::HashSet::with_capacity(page_ids.len());
+        for &page_id in page_ids {
+            let frame = self.frame(page_id)?;
+            let problem = if !named.insert(page_id) {
+                "it is named twice in the pages to free"
+            } else if frame.free.load(Ordering::Relaxed) {
+                "it is free already"
+            } else {
+                continue;
+            };
+            return Err(PageError::Corrupt {
+                page: page_id,
+                reason: format!("the page cannot be freed: {problem}"),
+            });
+        }
+        for &page_id in page_ids {
+            let frame = self.frame(page_id)?;
+            frame.latch.acquire(LatchMode::Exclusive);
+            if let Some(bytes) = frame.discard() {
+                // SAFETY: the buffer came from this pool's page memory (every installed buffer
+                // does), and the frame no longer points at it; the exclusive latch this thread
+                // holds means no guard can still be reading it.
+                unsafe { self.memory.give_back(bytes) };
+                self.resident.fetch_sub(1, Ordering::Relaxed);
+            }
+            frame.dirty.store(false, Ordering::Relaxed);
+            if let Some(file) = &self.file {
+                file.release_slot(frame.slot.load(Ordering::Relaxed));
+            }
+            frame.slot.store(0, Ordering::Relaxed);
+            frame.crc.store(0, Ordering::Relaxed);
+            frame.free.store(true, Ordering::Relaxed);
+            frame.latch.release(LatchMode::Exclusive);
+            lock(&self.free_pages)
+                .of(frame.latch.policy())
+                .push(page_id);
+            self.free_page_count.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Latches a page in shared mode, waiting if a writer holds it; reads it from the data file
@@ -626,6 +776,13 @@ impl BufferPool {
                 frame,
                 page_id,
                 bytes,
+            });
+        }
+        if frame.free.load(Ordering::Relaxed) {
+            frame.latch.release(LatchMode::Exclusive);
+            return Err(PageError::Corrupt {
+                page: page_id,
+                reason: "a link names a page that was freed".into(),
             });
         }
         let result = self.read_page(frame, page_id);
@@ -907,11 +1064,18 @@ impl BufferPool {
         let hook_ok = self.run_before_write_hook();
         for page_id in 1..=page_count as PageId {
             let Some(frame) = self.try_frame(page_id) else {
-                // Only an allocation in flight, which quiesced writers cannot have.
+                // Only an allocation in flight, which quiesced writers cannot have. (Slot 0
+                // reads as a free page at the next open: a page nothing links to yet.)
                 map.push((0, 0));
                 continue;
             };
             frame.latch.acquire(LatchMode::Shared);
+            if frame.free.load(Ordering::Relaxed) {
+                // Slot 0, which the next open reads as a free page.
+                frame.latch.release(LatchMode::Shared);
+                map.push((0, 0));
+                continue;
+            }
             let mut result = Ok(());
             if !frame.bytes_ptr().is_null() && frame.dirty.load(Ordering::Relaxed) {
                 result = if hook_ok {

@@ -481,6 +481,17 @@ impl DataFile {
         }
     }
 
+    /// Gives back the slot of a page that was freed (`slot` was its current slot, 0 for
+    /// none). A slot no image protects belonged to that page alone and is free at once; a
+    /// protected one (the durable image's, or a pending capture's) becomes free when an image
+    /// that does not name it is durable, as any slot a page moved away from.
+    pub(crate) fn release_slot(&self, slot: u32) {
+        let mut state = self.lock();
+        if slot >= FIRST_DATA_SLOT && state.mark(slot) == 0 {
+            state.free.push(slot);
+        }
+    }
+
     /// Makes the pages written so far durable. A failure fails the file (no more checkpoints):
     /// after a failed `fdatasync` nothing is known about the writes it covered, and a later one
     /// that succeeds would not mean they are on disk.

@@ -6,8 +6,9 @@
 //!   separate root pointer needs a latch.
 //! - Inner pages hold separators; a child to the right of separator `s` holds keys `>= s`.
 //! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.
-//! - Pages are never freed: a delete leaves a possibly empty leaf behind, as SQL Server does
-//!   until an index is rebuilt.
+//! - A delete leaves a possibly empty leaf behind, as SQL Server does until an index is
+//!   rebuilt. Pages are freed only with the whole tree (`BTree::free_all_pages`, for a dropped
+//!   table).
 //!
 //! The latch protocol (see `docs/latch-protocol.md`):
 //! - Latches are taken top-down, and at one level only left to right, so no two threads can
@@ -25,6 +26,7 @@ mod append;
 mod check;
 mod cursor;
 pub mod flow_control;
+mod free;
 mod lanes;
 mod write;
 
