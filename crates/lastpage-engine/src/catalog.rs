@@ -9,7 +9,7 @@
 //! ```text
 //! +---------------+---------------+-----------------+-----------+----------------+
 //! | magic (8 B)   | version (u32) | body length u32 | body      | CRC32C (u32)   |
-//! | "LPCATLG\0"   | = 2           |                 |           | of all before  |
+//! | "LPCATLG\0"   | = 3           |                 |           | of all before  |
 //! +---------------+---------------+-----------------+-----------+----------------+
 //! ```
 //!
@@ -37,14 +37,20 @@
 //!   see `BTree::restore_spare_leaves`);
 //! * the next identity value (a bool byte, then an i64 when set).
 //!
+//! After the tables, a u32 count of *dropped trees*, each: the index id u32, the root page id
+//! u32, and a u32 count of spare leaves followed by their page ids u32. These are the trees of
+//! tables dropped while a handle still used them, whose pages could not be freed yet: the next
+//! open frees them (see `Database::reclaim_dropped_tables`).
+//!
 //! Data type tags: 1 `tinyint`, 2 `smallint`, 3 `int`, 4 `bigint`, 5 `bit`, 6
 //! `decimal(p,s)` (p u8, s u8), 7 `money`, 8 `char(n)`, 9 `varchar(n)`, 10 `nchar(n)`, 11
 //! `nvarchar(n)` (n u16 each), 12 `datetime2(p)` (p u8), 13 `date`, 14 `uniqueidentifier`, 15
 //! `varbinary(n)` (n u16). Zero is never a valid tag, so a zeroed region does not decode.
 //!
-//! Version 1 is version 2 without the spare leaves; it is still read (its trees have none), so
-//! that a database written before version 2 opens. Its spare leaves were never recorded, so
-//! they stay allocated and unreachable.
+//! Version 2 is version 3 without the dropped trees, and version 1 is version 2 without the
+//! spare leaves; both are still read (with no dropped trees, and trees with no spare leaves),
+//! so that a database written by an earlier build opens. A version 1 database's spare leaves
+//! were never recorded, so they stay allocated and unreachable.
 //!
 //! Decoding checks the magic, the CRC, the version, every length against the bytes that are
 //! left (so a corrupt length cannot make it allocate more than the blob's size), every tag,
@@ -81,11 +87,15 @@ pub(crate) fn table_name_key(name: &str) -> String {
 /// The first eight bytes of every encoded catalog.
 pub const CATALOG_MAGIC: [u8; 8] = *b"LPCATLG\0";
 
-/// The format version this build writes. It also reads [`CATALOG_FORMAT_VERSION_1`].
-pub const CATALOG_FORMAT_VERSION: u32 = 2;
+/// The format version this build writes. It also reads [`CATALOG_FORMAT_VERSION_1`] and
+/// [`CATALOG_FORMAT_VERSION_2`].
+pub const CATALOG_FORMAT_VERSION: u32 = 3;
 
 /// The format before spare leaves were recorded, still read.
 pub const CATALOG_FORMAT_VERSION_1: u32 = 1;
+
+/// The format before dropped trees were recorded, still read.
+pub const CATALOG_FORMAT_VERSION_2: u32 = 2;
 
 /// Bytes before the body: magic, version and body length.
 const HEADER_LEN: usize = 8 + 4 + 4;
@@ -109,6 +119,18 @@ pub struct IndexTrees {
     /// The spare leaves of each partition's tree: allocated, formatted as empty leaves, not
     /// yet linked (see `BTree::spare_leaves`).
     pub spare_leaves_per_partition: Vec<Vec<u32>>,
+}
+
+/// A tree of a table dropped while a handle still used it: its pages are freed once nothing
+/// uses it, or at the next open if the catalog is written before then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DroppedTree {
+    /// The tree's index id, stamped on its pages.
+    pub index_id: u32,
+    /// The tree's root page id.
+    pub root: u32,
+    /// The tree's spare leaves (see [`IndexTrees::spare_leaves_per_partition`]).
+    pub spare_leaves: Vec<u32>,
 }
 
 /// One table in the catalog.
@@ -158,6 +180,8 @@ pub struct Catalog {
     pub clean_shutdown: bool,
     /// The tables.
     pub tables: Vec<CatalogEntry>,
+    /// The trees of dropped tables whose pages are not free yet.
+    pub dropped_trees: Vec<DroppedTree>,
 }
 
 impl Default for Catalog {
@@ -172,6 +196,7 @@ impl Default for Catalog {
             oldest_active_lsn: 0,
             clean_shutdown: false,
             tables: Vec::new(),
+            dropped_trees: Vec::new(),
         }
     }
 }
@@ -277,6 +302,15 @@ impl Catalog {
         for entry in &self.tables {
             encode_entry(entry, &mut out)?;
         }
+        put_count(&mut out, self.dropped_trees.len())?;
+        for tree in &self.dropped_trees {
+            out.extend_from_slice(&tree.index_id.to_le_bytes());
+            out.extend_from_slice(&tree.root.to_le_bytes());
+            put_count(&mut out, tree.spare_leaves.len())?;
+            for page in &tree.spare_leaves {
+                out.extend_from_slice(&page.to_le_bytes());
+            }
+        }
 
         let body_len = u32::try_from(out.len() - HEADER_LEN)
             .map_err(|_| invalid("the catalog is larger than 4 GiB".into()))?;
@@ -306,10 +340,10 @@ impl Catalog {
         }
         let mut header = Cursor::new(&covered[8..HEADER_LEN]);
         let format_version = header.u32()?;
-        if format_version != CATALOG_FORMAT_VERSION && format_version != CATALOG_FORMAT_VERSION_1 {
+        if !(CATALOG_FORMAT_VERSION_1..=CATALOG_FORMAT_VERSION).contains(&format_version) {
             return Err(corrupt(format!(
                 "format version {format_version} is not supported; this build reads versions \
-                 {CATALOG_FORMAT_VERSION_1} and {CATALOG_FORMAT_VERSION}"
+                 {CATALOG_FORMAT_VERSION_1} to {CATALOG_FORMAT_VERSION}"
             )));
         }
         let body_len = header.u32()?;
@@ -334,6 +368,23 @@ impl Catalog {
         for _ in 0..table_count {
             tables.push(decode_entry(&mut r, format_version)?);
         }
+        let mut dropped_trees = Vec::new();
+        if format_version >= CATALOG_FORMAT_VERSION {
+            // A dropped tree takes at least 12 bytes: index id, root and spare leaf count.
+            let count = r.count(12)?;
+            dropped_trees.reserve(count);
+            for _ in 0..count {
+                let index_id = r.u32()?;
+                let root = r.u32()?;
+                let spares = r.count(4)?;
+                let spare_leaves = (0..spares).map(|_| r.u32()).collect::<Result<_>>()?;
+                dropped_trees.push(DroppedTree {
+                    index_id,
+                    root,
+                    spare_leaves,
+                });
+            }
+        }
         if !r.is_empty() {
             return Err(corrupt(format!(
                 "{} bytes follow the last table",
@@ -349,6 +400,7 @@ impl Catalog {
             oldest_active_lsn,
             clean_shutdown,
             tables,
+            dropped_trees,
         };
         catalog.check_consistency().map_err(corrupt)?;
         Ok(catalog)
@@ -363,6 +415,33 @@ impl Catalog {
         let mut index_ids = HashSet::new();
         let mut roots = HashSet::new();
         let mut spare_leaves = HashSet::new();
+        // Every tree, a dropped one too, has an index id of its own and its own spare leaves;
+        // and a dropped tree's root is no other tree's: the open frees a dropped tree's pages,
+        // and would free a page another tree still used. (Tables' roots are not checked
+        // against each other, which catalogs written before dropped trees were recorded do
+        // not promise either.)
+        let mut claim_tree = |index_id: u32, root: u32, spares: &[u32], owner: &str| {
+            if index_id >= self.next_index_id {
+                return Err(format!(
+                    "{owner} has index id {index_id}, not below the next index id {}",
+                    self.next_index_id
+                ));
+            }
+            if !index_ids.insert(index_id) {
+                return Err(format!("index id {index_id} is used twice"));
+            }
+            if !roots.insert(root) && owner == DROPPED_TREE {
+                return Err(format!(
+                    "page {root} is the root of a dropped tree and another"
+                ));
+            }
+            for &page in spares {
+                if !spare_leaves.insert(page) {
+                    return Err(format!("page {page} is named twice as a spare leaf"));
+                }
+            }
+            Ok(())
+        };
         for entry in &self.tables {
             let def = &entry.definition;
             let name = &def.name;
@@ -432,24 +511,18 @@ impl Catalog {
                         lengths[0], lengths[1], lengths[2], lengths[3]
                     ));
                 }
-                roots.extend(trees.root_per_partition.iter().copied());
-                for &page in trees.spare_leaves_per_partition.iter().flatten() {
-                    if !spare_leaves.insert(page) {
-                        return Err(format!("page {page} is named twice as a spare leaf"));
-                    }
-                }
-                for &index_id in &trees.index_id_per_partition {
-                    if index_id >= self.next_index_id {
-                        return Err(format!(
-                            "table '{name}' has index id {index_id}, not below the next index id {}",
-                            self.next_index_id
-                        ));
-                    }
-                    if !index_ids.insert(index_id) {
-                        return Err(format!("index id {index_id} is used twice"));
-                    }
+                for ((&index_id, &root), spares) in trees
+                    .index_id_per_partition
+                    .iter()
+                    .zip(&trees.root_per_partition)
+                    .zip(&trees.spare_leaves_per_partition)
+                {
+                    claim_tree(index_id, root, spares, &format!("table '{name}'"))?;
                 }
             }
+        }
+        for tree in &self.dropped_trees {
+            claim_tree(tree.index_id, tree.root, &tree.spare_leaves, DROPPED_TREE)?;
         }
         // Checked once every root is known: a tree's root may come after the spare naming it.
         if let Some(page) = spare_leaves.intersection(&roots).next() {
@@ -460,6 +533,9 @@ impl Catalog {
         Ok(())
     }
 }
+
+/// How the consistency check names a dropped tree.
+const DROPPED_TREE: &str = "a dropped tree";
 
 fn corrupt(reason: String) -> EngineError {
     EngineError::CorruptCatalog(reason)

@@ -27,7 +27,7 @@ use lastpage_storage::wal::{
     ExpectedEnd, LogWriter, Lsn, Record, TxnId, WalConfig, WalError, WalStats,
 };
 
-use crate::catalog::{Catalog, table_name_key};
+use crate::catalog::{Catalog, DroppedTree, table_name_key};
 use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
@@ -191,6 +191,22 @@ struct Inner {
     /// logged would not be in the log either, so the next open would trust a clean image that
     /// lost it.
     closed: AtomicBool,
+    /// What dropped tables left whose pages are not free yet (see
+    /// [`Database::reclaim_dropped_tables`]).
+    dropped: Mutex<Dropped>,
+}
+
+/// The trees of dropped tables, waiting for their pages to be freed.
+#[derive(Default)]
+struct Dropped {
+    /// Dropped tables that something may still use: a statement that was past its check when
+    /// the drop came, a transaction that changed the table (its undo holds the table), or a
+    /// handle the application kept. Their trees are taken once nothing else holds them.
+    tables: Vec<Arc<Table>>,
+    /// Trees nothing uses, whose pages are still to be freed: those of dropped tables, and
+    /// those a checkpoint's catalog listed as dropped. A tree stays here while freeing it fails
+    /// (an inner page that cannot be read), and every checkpoint's catalog names it.
+    trees: Vec<lastpage_storage::btree::BTree>,
 }
 
 /// An embedded lastpage database. Cloning it is cheap and shares the database.
@@ -259,6 +275,7 @@ impl Database {
                 ended_writes: std::array::from_fn(|_| Default::default()),
                 failure: std::sync::OnceLock::new(),
                 closed: AtomicBool::new(false),
+                dropped: Mutex::new(Dropped::default()),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
                     // atomics cannot be: std's, like table.rs's uniquifier blocks.
@@ -357,6 +374,9 @@ impl Database {
             for entry in &catalog.tables {
                 db.attach_table(entry)?;
             }
+            db.attach_dropped_trees(&catalog.dropped_trees)?;
+            // Before the replay, which may need the pages.
+            db.reclaim_dropped_tables();
         }
         let wal_dir = dir.join(WAL_DIR_NAME);
         let mut recovery = replay_writing_back(&db, &pool, Arc::clone(&fs), &wal_dir, &catalog)?;
@@ -434,6 +454,9 @@ impl Database {
             for table in db.tables().iter().filter(|table| !table.is_logged()) {
                 db.recreate_table(&table.catalog_entry())?;
             }
+            // The emptied tables' old trees (a checkpoint below would free them too, but
+            // not every open takes one).
+            db.reclaim_dropped_tables();
         }
         // After a clean shutdown a checkpoint still clears the image's clean mark, so that a
         // crash from here on is told apart from a clean shutdown.
@@ -876,6 +899,13 @@ impl Database {
         // Again once the checkpoint is this one's: a checkpoint queued behind a close would
         // write an image after the close's clean one, not marked clean.
         self.check_usable()?;
+        // Dropped tables nothing uses any more give their pages back first, inside the gate
+        // (see `reclaim_dropped_tables`) but not while the writers are stopped: freeing a
+        // tree reads its inner pages.
+        {
+            let _gate = self.enter_gate();
+            self.reclaim_dropped_tables();
+        }
         // Most pages are written before the writers are stopped, so that the pause below only
         // writes those dirtied meanwhile.
         self.inner
@@ -967,7 +997,87 @@ impl Database {
                 .iter()
                 .map(|table| table.catalog_entry())
                 .collect(),
+            dropped_trees: self.dropped_trees(),
         }
+    }
+
+    /// The trees of dropped tables whose pages are not free yet, for a checkpoint's catalog:
+    /// the next open frees them if this process does not.
+    fn dropped_trees(&self) -> Vec<DroppedTree> {
+        let dropped = sync::lock(&self.inner.dropped);
+        let held = dropped
+            .tables
+            .iter()
+            .flat_map(|table| table.trees().flat_map(|(_, trees)| trees));
+        held.chain(&dropped.trees)
+            .map(|tree| DroppedTree {
+                index_id: tree.index_id(),
+                root: tree.root(),
+                spare_leaves: tree.spare_leaves(),
+            })
+            .collect()
+    }
+
+    /// Adds the trees a checkpoint's catalog listed as dropped, for
+    /// [`Database::reclaim_dropped_tables`] to free. Each spare leaf is checked as when a live
+    /// tree is attached.
+    fn attach_dropped_trees(&self, trees: &[DroppedTree]) -> Result<()> {
+        let mut dropped = sync::lock(&self.inner.dropped);
+        for tree in trees {
+            let opened = lastpage_storage::btree::BTree::open(
+                Arc::clone(&self.inner.pool),
+                tree.index_id,
+                tree.root,
+                lastpage_storage::btree::TreeOptions::default(),
+                0,
+            );
+            opened
+                .restore_spare_leaves(&tree.spare_leaves)
+                .map_err(|error| {
+                    EngineError::CorruptCatalog(format!("dropped tree {}: {error}", tree.index_id))
+                })?;
+            dropped.trees.push(opened);
+        }
+        Ok(())
+    }
+
+    /// Sets a dropped (or replaced) table aside until its pages can be freed, and frees what
+    /// can be freed.
+    fn retire_table(&self, table: Arc<Table>) {
+        sync::lock(&self.inner.dropped).tables.push(table);
+        self.reclaim_dropped_tables();
+    }
+
+    /// Frees the pages of every dropped table that nothing uses any more, and returns how many
+    /// pages it freed. A dropped table's pages cannot be freed while something still holds
+    /// the table (see [`Dropped::tables`]): they would be reused under it. So they wait, and
+    /// this runs at every DDL and checkpoint (and at the open), freeing the tables let go of
+    /// since.
+    ///
+    /// The caller is inside the checkpoint gate (or nothing else can reach the database yet,
+    /// as at the open): a checkpoint's capture must see each tree either listed in its catalog
+    /// (a table's, or a dropped one's) with all its pages in use, or with all of them free.
+    /// A tree that cannot be freed (an inner page that cannot be read) stays listed, to be
+    /// tried again: its pages are late, never lost, and the drop has succeeded regardless.
+    pub(crate) fn reclaim_dropped_tables(&self) -> usize {
+        let mut dropped = sync::lock(&self.inner.dropped);
+        let Dropped { tables, trees } = &mut *dropped;
+        tables.retain_mut(|table| match Arc::get_mut(table) {
+            Some(table) => {
+                trees.extend(table.take_trees());
+                false
+            }
+            None => true,
+        });
+        let mut freed = 0;
+        trees.retain_mut(|tree| match tree.free_all_pages() {
+            Ok(pages) => {
+                freed += pages;
+                false
+            }
+            Err(_) => true,
+        });
+        freed
     }
 
     /// The buffer pool.
@@ -996,30 +1106,44 @@ impl Database {
         if tables.contains_key(&key) {
             return Err(EngineError::TableExists(definition.name));
         }
+        // Tables dropped earlier and let go of since give their pages back first.
+        self.reclaim_dropped_tables();
         let id = self.inner.next_table_id.fetch_add(1, Ordering::Relaxed);
         let pool = &self.inner.pool;
-        let table = Arc::new(Table::create(
-            self.inner.instance,
-            id,
-            definition,
-            &mut |options| {
-                let index_id = self.inner.next_index_id.fetch_add(1, Ordering::Relaxed);
-                Ok(lastpage_storage::btree::BTree::create(
-                    Arc::clone(pool),
-                    index_id,
-                    options,
-                )?)
-            },
-        )?);
+        // The trees made so far, so that a creation that fails half way (a database at its
+        // page limit) frees their pages: each is a root and nothing else yet.
+        let mut made = Vec::new();
+        let created = Table::create(self.inner.instance, id, definition, &mut |options| {
+            let index_id = self.inner.next_index_id.fetch_add(1, Ordering::Relaxed);
+            let tree = lastpage_storage::btree::BTree::create(Arc::clone(pool), index_id, options)?;
+            made.push((index_id, tree.root(), options));
+            Ok(tree)
+        });
+        let table = match created {
+            Ok(table) => Arc::new(table),
+            Err(error) => {
+                let trees = made.into_iter().map(|(index_id, root, options)| {
+                    lastpage_storage::btree::BTree::open(
+                        Arc::clone(pool),
+                        index_id,
+                        root,
+                        options,
+                        0,
+                    )
+                });
+                sync::lock(&self.inner.dropped).trees.extend(trees);
+                self.reclaim_dropped_tables();
+                return Err(error);
+            }
+        };
         if let Some(wal) = self.wal() {
             let description = recovery::describe_create(&table.catalog_entry())?;
             let record = Record::Schema {
                 description: description.into(),
             };
             // Refused before it reaches the log, where a record too large fails the database.
-            // (The new table's first pages stay allocated: pages are never freed.)
             if record.total_len() > wal.max_record_bytes() {
-                return Err(EngineError::InvalidDefinition {
+                let error = EngineError::InvalidDefinition {
                     table: table.name().to_owned(),
                     reason: format!(
                         "its definition takes {} bytes of log, more than the {} a log record \
@@ -1027,7 +1151,11 @@ impl Database {
                         record.total_len(),
                         wal.max_record_bytes()
                     ),
-                });
+                };
+                // Its trees go: nothing else has seen the table.
+                table.mark_dropped();
+                self.retire_table(table);
+                return Err(error);
             }
             wal.append(&record).map_err(|error| self.fail(error))?;
             // The first identity reservation goes to the disk with the table, so that the
@@ -1133,16 +1261,24 @@ impl Database {
         Ok(())
     }
 
+    /// Adds a table to the catalog; one it replaces (an emptied table that is not logged) is
+    /// set aside for its pages to be freed.
     fn register_table(&self, table: Arc<Table>) {
-        self.inner
+        let replaced = self
+            .inner
             .tables
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(table_name_key(table.name()), table);
+        if let Some(replaced) = replaced {
+            replaced.mark_dropped();
+            self.retire_table(replaced);
+        }
     }
 
     /// Removes a table dropped by a logged schema change during recovery.
     pub(crate) fn forget_table(&self, table_id: u32) {
+        let mut forgotten = Vec::new();
         self.inner
             .tables
             .write()
@@ -1151,9 +1287,13 @@ impl Database {
                 let dropped = table.id() == table_id;
                 if dropped {
                     table.mark_dropped();
+                    forgotten.push(Arc::clone(table));
                 }
                 !dropped
             });
+        for table in forgotten {
+            self.retire_table(table);
+        }
     }
 
     /// Raises the next transaction id above one seen in the log.
@@ -1174,12 +1314,13 @@ impl Database {
             .ok_or_else(|| EngineError::UnknownTable(name.to_owned()))
     }
 
-    /// Removes a table from the catalog. Its pages are not reused yet (page reuse arrives with
-    /// a free-space map). In a durable database the drop is logged and flushed. A handle of
-    /// the table kept from before refuses reads and writes from then on (`UnknownTable`, SQL
-    /// Server's "Invalid object name"); a statement already past that check when the drop
-    /// happens completes, as if it had run just before the drop, and its rows go with the
-    /// table.
+    /// Removes a table from the catalog. In a durable database the drop is logged and flushed.
+    /// A handle of the table kept from before refuses reads and writes from then on
+    /// (`UnknownTable`, SQL Server's "Invalid object name"); a statement already past that
+    /// check when the drop happens completes, as if it had run just before the drop, and its
+    /// rows go with the table. The table's pages are freed for other tables to reuse at once
+    /// if nothing else holds the table, else at the first DDL or checkpoint after the last
+    /// handle of it goes (see [`Database::reclaim_dropped_tables`]).
     pub fn drop_table(&self, name: &str) -> Result<()> {
         let _gate = self.enter_gate();
         // Inside the gate, where a close cannot slip in between the check and the change.
@@ -1203,6 +1344,8 @@ impl Database {
         }
         table.mark_dropped();
         tables.remove(&key);
+        drop(tables);
+        self.retire_table(table);
         Ok(())
     }
 

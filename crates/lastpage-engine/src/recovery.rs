@@ -91,6 +91,7 @@ pub(crate) fn describe_create(entry: &CatalogEntry) -> Result<Vec<u8>> {
         oldest_active_lsn: 0,
         clean_shutdown: false,
         tables: vec![entry.clone()],
+        dropped_trees: Vec::new(),
     };
     let mut description = vec![SCHEMA_CREATE];
     description.extend_from_slice(&catalog.encode()?);

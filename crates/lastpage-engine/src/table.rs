@@ -2640,6 +2640,16 @@ impl Table {
         std::iter::once(&self.clustered).chain(&self.nonclustered)
     }
 
+    /// Takes every tree out of a dropped table that nothing else uses (`&mut` proves it), for
+    /// its pages to be freed (see `Database::reclaim_dropped_tables`). The table is left with
+    /// no trees and is not used again.
+    pub(crate) fn take_trees(&mut self) -> Vec<BTree> {
+        std::iter::once(&mut self.clustered)
+            .chain(&mut self.nonclustered)
+            .flat_map(|index| std::mem::take(&mut index.trees))
+            .collect()
+    }
+
     /// Looks rows up through the nonclustered index `index_name` by (a prefix of) its key. A
     /// row another transaction inserted, changed or deleted and has not committed is waited
     /// for, and a row is returned only if its committed values match.

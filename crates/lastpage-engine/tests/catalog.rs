@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use lastpage_engine::catalog::{
-    CATALOG_FORMAT_VERSION, CATALOG_MAGIC, Catalog, CatalogEntry, IndexTrees, check_persistable,
+    CATALOG_FORMAT_VERSION, CATALOG_MAGIC, Catalog, CatalogEntry, DroppedTree, IndexTrees,
+    check_persistable,
 };
 use lastpage_engine::types::{Date, DateTime2, Decimal, TICKS_PER_DAY, Uuid};
 use lastpage_engine::{
@@ -180,6 +181,17 @@ fn rich_catalog() -> Catalog {
         ))
         .partitioned("Part", 16);
     let partitioned_trees = trees(2, 16, &mut next_index_id);
+    // Trees of dropped tables still in use when the catalog was written.
+    let dropped_trees = (0..3)
+        .map(|index| {
+            next_index_id += 1;
+            DroppedTree {
+                index_id: next_index_id - 1,
+                root: 5_000 + index,
+                spare_leaves: (0..index).map(|spare| 6_000 + 10 * index + spare).collect(),
+            }
+        })
+        .collect();
 
     Catalog {
         format_version: CATALOG_FORMAT_VERSION,
@@ -209,6 +221,7 @@ fn rich_catalog() -> Catalog {
                 next_identity: Some(1_000_001),
             },
         ],
+        dropped_trees,
     }
 }
 
@@ -245,6 +258,29 @@ fn rich_catalog_round_trips() {
     assert_eq!(decoded.encode().unwrap(), bytes);
 }
 
+/// A catalog written by the build before dropped trees were recorded (format version 2):
+/// `rich_catalog()` as that build encoded it (without dropped trees), kept as a file. It must
+/// still decode, to the same catalog with no dropped trees, so that a database written then
+/// still opens.
+#[test]
+fn a_version_2_catalog_still_decodes_with_no_dropped_trees() {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/catalog-v2.bin"
+    ))
+    .unwrap();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes());
+    let mut decoded = Catalog::decode(&bytes).unwrap();
+    assert_eq!(decoded.format_version, 2);
+    assert!(decoded.dropped_trees.is_empty());
+    let mut expected = rich_catalog();
+    // Without the dropped trees, which took the last index ids.
+    expected.next_index_id -= expected.dropped_trees.len() as u32;
+    expected.dropped_trees.clear();
+    decoded.format_version = CATALOG_FORMAT_VERSION;
+    assert_eq!(decoded.encode().unwrap(), expected.encode().unwrap());
+}
+
 /// A catalog written by the build before spare leaves were recorded (format version 1):
 /// `rich_catalog()` as that build encoded it, kept as a file. It must still decode, to the same
 /// catalog with no spare leaves, so that a database written then still opens.
@@ -259,6 +295,8 @@ fn a_version_1_catalog_still_decodes_with_no_spare_leaves() {
     let mut decoded = Catalog::decode(&bytes).unwrap();
     assert_eq!(decoded.format_version, 1);
     let mut expected = rich_catalog();
+    expected.next_index_id -= expected.dropped_trees.len() as u32;
+    expected.dropped_trees.clear();
     for trees in expected.tables.iter_mut().flat_map(|t| &mut t.index_trees) {
         for spare_leaves in &mut trees.spare_leaves_per_partition {
             spare_leaves.clear();
@@ -433,8 +471,44 @@ fn inconsistent_catalogs_are_not_encoded() {
             "invalid type",
             Box::new(|c| c.tables[1].definition.columns[0].data_type = DataType::VarChar(0)),
         ),
-        ("version", Box::new(|c| c.format_version = 3)),
+        ("version", Box::new(|c| c.format_version = 4)),
         ("old version", Box::new(|c| c.format_version = 1)),
+        ("version 2", Box::new(|c| c.format_version = 2)),
+        (
+            "dropped tree's index id counter",
+            Box::new(|c| c.dropped_trees[0].index_id = c.next_index_id),
+        ),
+        (
+            "dropped tree's duplicate index id",
+            Box::new(|c| c.dropped_trees[1].index_id = 1),
+        ),
+        (
+            "dropped tree whose root is a table's",
+            Box::new(|c| {
+                c.dropped_trees[0].root = c.tables[0].index_trees[0].root_per_partition[0]
+            }),
+        ),
+        (
+            "two dropped trees with one root",
+            Box::new(|c| c.dropped_trees[2].root = c.dropped_trees[1].root),
+        ),
+        (
+            "dropped tree whose root is a spare leaf",
+            Box::new(|c| c.dropped_trees[0].root = c.dropped_trees[2].spare_leaves[0]),
+        ),
+        (
+            "dropped tree's spare leaf that is a table's",
+            Box::new(|c| {
+                let spare = c.tables[0]
+                    .index_trees
+                    .iter()
+                    .flat_map(|trees| trees.spare_leaves_per_partition.iter().flatten())
+                    .copied()
+                    .next()
+                    .unwrap();
+                c.dropped_trees[1].spare_leaves.push(spare);
+            }),
+        ),
         (
             "spare leaf lists",
             Box::new(|c| {
@@ -490,9 +564,9 @@ fn specific_corruptions_are_reported() {
     assert!(error.to_string().contains("checksum"), "{error}");
 
     let mut future = unsealed(&bytes);
-    future[8..12].copy_from_slice(&3u32.to_le_bytes());
+    future[8..12].copy_from_slice(&4u32.to_le_bytes());
     let error = Catalog::decode(&reseal(future)).unwrap_err();
-    assert!(error.to_string().contains("version 3"), "{error}");
+    assert!(error.to_string().contains("version 4"), "{error}");
 
     let mut trailing = unsealed(&bytes);
     trailing.push(0);
@@ -792,6 +866,18 @@ fn random_catalog(rng: &mut impl Rng) -> Catalog {
             &mut next_index_id,
         ));
     }
+    let dropped_trees = (0..rng.random_range(0..3))
+        .map(|index| {
+            next_index_id += 1;
+            DroppedTree {
+                index_id: next_index_id - 1,
+                root: 1_000_000 + index,
+                spare_leaves: (0..rng.random_range(0..3))
+                    .map(|spare| 2_000_000 + 10 * index + spare)
+                    .collect(),
+            }
+        })
+        .collect();
     Catalog {
         format_version: CATALOG_FORMAT_VERSION,
         next_table_id,
@@ -801,6 +887,7 @@ fn random_catalog(rng: &mut impl Rng) -> Catalog {
         oldest_active_lsn: rng.random(),
         clean_shutdown: rng.random(),
         tables,
+        dropped_trees,
     }
 }
 

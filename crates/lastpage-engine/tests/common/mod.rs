@@ -277,3 +277,27 @@ pub fn while_blocked<R: Send>(
         waiter.join().unwrap()
     })
 }
+
+/// Asserts that every page in use (allocated and not free) belongs to a tree of a table, as a
+/// linked page or a spare leaf, and returns the integrity check of every table (which has
+/// checked every tree). Exact only while no dropped table's pages wait for a handle to go.
+pub fn assert_every_page_owned(db: &Database, context: &str) -> Vec<lastpage_engine::TableCheck> {
+    let checks = db
+        .check_integrity()
+        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
+    let trees = || checks.iter().flat_map(|table| &table.indexes);
+    let owned: u64 = trees()
+        .map(|(_, tree)| tree.leaf_pages + tree.inner_pages + tree.spare_leaves)
+        .sum();
+    let spare: u64 = trees().map(|(_, tree)| tree.spare_leaves).sum();
+    let pool = db.pool();
+    let (ids, free) = (pool.page_count() as u64, pool.free_page_count() as u64);
+    let in_use = ids - free;
+    println!("{context}: {in_use} pages in use ({spare} spare leaves), {free} free");
+    assert_eq!(
+        in_use, owned,
+        "{context}: {in_use} pages are in use ({ids} allocated, {free} free) but the trees own \
+         {owned} ({spare} spare leaves): a page was lost"
+    );
+    checks
+}

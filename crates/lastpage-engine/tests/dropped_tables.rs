@@ -1,0 +1,326 @@
+//! A dropped table's pages go back to the database: the next tables reuse them, a database at
+//! its page limit takes rows again, and no page is lost whether the table was still in use
+//! when it was dropped, the drop is replayed after a crash, or a creation failed half way.
+//! Randomized tests print their seed; rerun one with `LASTPAGE_SEED=<seed>`.
+
+use std::sync::Arc;
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
+    Uniqueness,
+};
+use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
+use lastpage_storage::wal::WalConfig;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::{DIR, assert_every_page_owned, seed};
+
+/// `name(Id BIGINT IDENTITY PRIMARY KEY, Tag INT, Payload VARCHAR(2000))` with a nonclustered
+/// index on `Tag`: two trees.
+fn table(name: &str) -> TableDef {
+    TableDef::new(name)
+        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+        .column(ColumnDef::new("Tag", DataType::Int).not_null())
+        .column(ColumnDef::new("Payload", DataType::VarChar(2000)).not_null())
+        .clustered(IndexDef::new(
+            &format!("PK_{name}"),
+            &["Id"],
+            Uniqueness::PrimaryKey,
+        ))
+        .nonclustered(IndexDef::new(
+            &format!("IX_{name}"),
+            &["Tag"],
+            Uniqueness::NonUnique,
+        ))
+}
+
+fn row(i: u64) -> InsertRow {
+    InsertRow::new()
+        .set(1, (i % 97) as i32)
+        .set(2, "p".repeat(200 + (i % 7) as usize * 100))
+}
+
+/// Inserts `rows` rows into `name`, stopping at the first error, which it returns with the
+/// rows that went in.
+fn fill(db: &Database, name: &str, rows: u64) -> (u64, Option<EngineError>) {
+    let table = db.table(name).unwrap();
+    let session = db.session();
+    for i in 0..rows {
+        if let Err(error) = table.insert(&session, row(i)) {
+            return (i, Some(error));
+        }
+    }
+    (rows, None)
+}
+
+fn row_count(db: &Database, name: &str) -> u64 {
+    let table = db.table(name).unwrap();
+    common::rows(&table, &db.session()).len() as u64
+}
+
+fn durable_options(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
+        memory_budget_bytes: 1 << 20,
+        ..common::options(fs)
+    }
+}
+
+#[test]
+fn a_dropped_tables_pages_go_to_the_next_tables_in_memory_and_on_disk() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    for durable in [false, true] {
+        let context = if durable { "durable" } else { "in memory" };
+        let db = if durable {
+            Database::open(DIR, durable_options(&fs)).unwrap()
+        } else {
+            Database::create(DatabaseOptions::default()).unwrap()
+        };
+        db.create_table(table("Kept")).unwrap();
+        db.create_table(table("Dropped")).unwrap();
+        fill(&db, "Kept", 300);
+        fill(&db, "Dropped", 3_000);
+        let ids = db.pool().page_count();
+        db.drop_table("Dropped").unwrap();
+        let freed = db.pool().free_page_count();
+        assert!(freed > 100, "{context}: the drop freed {freed} pages");
+        assert_every_page_owned(&db, &format!("{context}, after the drop"));
+        db.create_table(table("Next")).unwrap();
+        fill(&db, "Next", 4_000);
+        let in_use = db.pool().page_count() - db.pool().free_page_count();
+        assert_eq!(
+            db.pool().page_count(),
+            ids.max(in_use),
+            "{context}: new page ids were handed out while freed pages waited"
+        );
+        assert_eq!(db.pool().free_page_count(), 0, "{context}");
+        assert_every_page_owned(&db, &format!("{context}, after the refill"));
+        assert_eq!(row_count(&db, "Next"), 4_000, "{context}");
+        if durable {
+            db.close().unwrap();
+            let db = Database::open(DIR, durable_options(&fs)).unwrap();
+            assert_every_page_owned(&db, "after the reopen");
+            assert_eq!(row_count(&db, "Kept"), 300);
+            assert_eq!(row_count(&db, "Next"), 4_000);
+        }
+    }
+}
+
+#[test]
+fn a_database_at_its_page_limit_takes_rows_again_after_a_drop_and_a_reopen() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+    let options = DatabaseOptions {
+        max_pages: 300,
+        ..durable_options(&fs)
+    };
+    let db = Database::open(DIR, options.clone()).unwrap();
+    db.create_table(table("Big")).unwrap();
+    db.create_table(table("Small")).unwrap();
+    let (big, error) = fill(&db, "Big", 1_000_000);
+    assert!(
+        matches!(error, Some(EngineError::PoolFull(_))),
+        "the database fills up: {error:?}"
+    );
+    let (_, error) = fill(&db, "Small", 1_000);
+    assert!(matches!(error, Some(EngineError::PoolFull(_))), "{error:?}");
+    db.drop_table("Big").unwrap();
+    // The freed pages are recorded in the image the close writes, so the reopened database
+    // has them too.
+    db.close().unwrap();
+    let db = Database::open(DIR, options).unwrap();
+    assert!(
+        db.pool().free_page_count() > 200,
+        "the reopened database has its free pages"
+    );
+    let (small, error) = fill(&db, "Small", big);
+    println!("{big} rows filled the database; {small} went in after the drop ({error:?})");
+    assert!(
+        small * 10 >= big * 9,
+        "only {small} of the {big} rows the dropped table held went in after it"
+    );
+    assert_every_page_owned(&db, "after the refill");
+}
+
+#[test]
+fn a_table_dropped_while_in_use_keeps_its_pages_until_let_go() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let dropped = db.create_table(table("Dropped")).unwrap();
+    fill(&db, "Dropped", 2_000);
+    // A transaction that changed the table holds it through its undo.
+    let writer = db.session();
+    writer.begin().unwrap();
+    for i in 0..500 {
+        dropped.insert(&writer, row(i)).unwrap();
+    }
+    drop(dropped);
+    db.drop_table("Dropped").unwrap();
+    assert_eq!(
+        db.pool().free_page_count(),
+        0,
+        "pages freed under a transaction"
+    );
+    // Other tables come and go meanwhile; a rollback of the dropped table's rows still finds
+    // its pages as they were.
+    db.create_table(table("Other")).unwrap();
+    fill(&db, "Other", 2_000);
+    writer.rollback().unwrap();
+    assert_eq!(db.pool().free_page_count(), 0);
+    // The next DDL frees them.
+    db.create_table(table("Third")).unwrap();
+    assert!(db.pool().free_page_count() > 50);
+    assert_every_page_owned(&db, "after the transaction ended");
+    assert_eq!(row_count(&db, "Other"), 2_000);
+}
+
+#[test]
+fn a_table_still_held_at_a_checkpoint_is_freed_by_the_next_open() {
+    let mut fs = FaultyFileSystem::new(FaultyConfig::new(7));
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    db.create_table(table("Kept")).unwrap();
+    let held = db.create_table(table("Dropped")).unwrap();
+    fill(&db, "Kept", 500);
+    fill(&db, "Dropped", 2_000);
+    db.drop_table("Dropped").unwrap();
+    db.checkpoint().unwrap();
+    assert_eq!(
+        db.pool().free_page_count(),
+        0,
+        "freed while a handle held the table"
+    );
+    fs = common::crash(&fs, CrashMode::LoseUnsynced, db, held, ());
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    assert!(
+        db.pool().free_page_count() > 50,
+        "the open freed the dropped trees"
+    );
+    assert_every_page_owned(&db, "after the open");
+    assert_eq!(row_count(&db, "Kept"), 500);
+}
+
+#[test]
+fn a_drop_replayed_after_a_crash_frees_the_pages() {
+    let mut fs = FaultyFileSystem::new(FaultyConfig::new(9));
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    db.create_table(table("Kept")).unwrap();
+    db.create_table(table("Dropped")).unwrap();
+    fill(&db, "Dropped", 2_000);
+    db.checkpoint().unwrap();
+    db.drop_table("Dropped").unwrap();
+    db.create_table(table("Dropped")).unwrap();
+    fill(&db, "Dropped", 100);
+    fill(&db, "Kept", 700);
+    fs = common::crash(&fs, CrashMode::LoseUnsynced, db, (), ());
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    assert!(db.recovery_stats().unwrap().records > 0);
+    assert_every_page_owned(&db, "after the replay");
+    assert_eq!(row_count(&db, "Dropped"), 100);
+    assert_eq!(row_count(&db, "Kept"), 700);
+}
+
+#[test]
+fn a_creation_that_fails_leaves_no_page_behind() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(13));
+    // At the page limit: room for the first tree of three.
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    db.create_table(table("Kept")).unwrap();
+    fill(&db, "Kept", 200);
+    db.pool().set_max_pages(db.pool().page_count() + 1);
+    let three_trees = table("Failed").nonclustered(IndexDef::new(
+        "IX_Failed_Payload",
+        &["Tag", "Id"],
+        Uniqueness::UniqueIndex,
+    ));
+    let error = db.create_table(three_trees).unwrap_err();
+    assert!(matches!(error, EngineError::PoolFull(_)), "{error}");
+    assert_eq!(db.pool().free_page_count(), 1, "the first tree's root");
+    assert_every_page_owned(&db, "after the failed creation");
+    // A definition too large for a log record is refused after its trees were made.
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            wal: WalConfig {
+                buffer_bytes: lastpage_storage::limits::WAL_ROW_CHANGE_MAX_BYTES,
+                ..common::options(&fs).wal
+            },
+            ..common::options(&fs)
+        },
+    )
+    .unwrap();
+    let mut wide = TableDef::new("Wide");
+    for column in 0..400 {
+        wide = wide.column(ColumnDef::new(&format!("{column:0>100}"), DataType::Int));
+    }
+    let error = db.create_table(wide).unwrap_err();
+    assert!(error.to_string().contains("log record"), "{error}");
+    assert_eq!(db.pool().free_page_count(), 1, "the heap's tree");
+    assert_every_page_owned(&db, "after the refused definition");
+}
+
+/// Sessions insert into their own tables while another creates, fills and drops a scratch
+/// table, and a third inserts into the scratch table as it comes and goes (racing the drops:
+/// its inserts either go in before a drop or fail with `UnknownTable`). Nothing may be lost,
+/// and once everything is let go every page is owned or free, before and after a crash.
+#[test]
+fn drops_racing_inserts_lose_no_row_and_no_page() {
+    let seed = seed();
+    let mut fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    for name in ["A", "B"] {
+        db.create_table(table(name)).unwrap();
+    }
+    db.create_table(table("Scratch")).unwrap();
+    let rounds = common::cases(30);
+    std::thread::scope(|scope| {
+        for name in ["A", "B"] {
+            let db = db.clone();
+            scope.spawn(move || assert_eq!(fill(&db, name, 3_000), (3_000, None)));
+        }
+        let racer = db.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_racer = Arc::clone(&stop);
+        let racing = scope.spawn(move || {
+            let session = racer.session();
+            let mut inserted = 0u64;
+            while !stop_racer.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(scratch) = racer.table("Scratch") else {
+                    continue;
+                };
+                for i in 0..50 {
+                    match scratch.insert(&session, row(i)) {
+                        Ok(_) => inserted += 1,
+                        Err(EngineError::UnknownTable(_)) => break,
+                        Err(other) => panic!("an insert racing a drop: {other}"),
+                    }
+                }
+            }
+            inserted
+        });
+        let mut rng = StdRng::seed_from_u64(seed);
+        for round in 0..rounds {
+            db.drop_table("Scratch").unwrap();
+            db.create_table(table("Scratch")).unwrap();
+            fill(&db, "Scratch", rng.random_range(0..400));
+            if round % 7 == 3 {
+                db.checkpoint().unwrap();
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        println!("the racer inserted {} rows", racing.join().unwrap());
+    });
+    // Everything is let go; the next DDL frees what waited.
+    db.create_table(table("Last")).unwrap();
+    assert_every_page_owned(&db, "after the race");
+    let scratch_rows = row_count(&db, "Scratch");
+    for name in ["A", "B"] {
+        assert_eq!(row_count(&db, name), 3_000, "{name}");
+    }
+    fs = common::crash(&fs, CrashMode::LoseUnsynced, db, (), ());
+    let db = Database::open(DIR, durable_options(&fs)).unwrap();
+    assert_every_page_owned(&db, "after the crash");
+    for name in ["A", "B"] {
+        assert_eq!(row_count(&db, name), 3_000, "{name} after the crash");
+    }
+    assert_eq!(row_count(&db, "Scratch"), scratch_rows);
+}
