@@ -26,12 +26,12 @@ fn table(name: &str) -> TableDef {
         .column(ColumnDef::new("Tag", DataType::Int).not_null())
         .column(ColumnDef::new("Payload", DataType::VarChar(2000)).not_null())
         .clustered(IndexDef::new(
-            &format!("PK_{name}"),
+            format!("PK_{name}"),
             &["Id"],
             Uniqueness::PrimaryKey,
         ))
         .nonclustered(IndexDef::new(
-            &format!("IX_{name}"),
+            format!("IX_{name}"),
             &["Tag"],
             Uniqueness::NonUnique,
         ))
@@ -250,7 +250,7 @@ fn a_creation_that_fails_leaves_no_page_behind() {
     .unwrap();
     let mut wide = TableDef::new("Wide");
     for column in 0..400 {
-        wide = wide.column(ColumnDef::new(&format!("{column:0>100}"), DataType::Int));
+        wide = wide.column(ColumnDef::new(format!("{column:0>100}"), DataType::Int));
     }
     let error = db.create_table(wide).unwrap_err();
     assert!(error.to_string().contains("log record"), "{error}");
