@@ -717,8 +717,8 @@ impl Table {
         let clustered_def = def.clustered.clone().unwrap_or_else(|| {
             IndexDef::new(format!("heap_{}", def.name), &[], Uniqueness::NonUnique)
         });
-        // The partitioning is checked before any tree is made: pages are never freed, so a
-        // definition refused afterwards would leave a tree per partition and index behind.
+        // The partitioning is checked before any tree is made: a definition refused afterwards
+        // would make and free a tree per partition and index for nothing.
         let partition_column = match &def.partition {
             None => None,
             Some(partition) => {

@@ -12,7 +12,9 @@
 //! acquire loads and never take a lock; page allocation is one atomic increment plus one
 //! initialisation of a `OnceLock`.
 //!
-//! A frame stays allocated for ever; its 8 KiB of bytes come and go. The bytes pointer is only
+//! A frame stays allocated for ever; its 8 KiB of bytes come and go. A freed page
+//! ([`BufferPool::free_pages`]) keeps its frame, marked free, and its id, which a later
+//! allocation hands out again. The bytes pointer is only
 //! changed by a thread that holds the frame's latch exclusively (loading a page on a miss, or
 //! evicting it), and only read by a thread that holds the latch in some mode, so the latch alone
 //! orders every access to it: the latch doubles as the pin, and a latched page cannot be evicted.
