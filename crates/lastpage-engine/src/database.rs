@@ -1320,7 +1320,7 @@ impl Database {
     /// check when the drop happens completes, as if it had run just before the drop, and its
     /// rows go with the table. The table's pages are freed for other tables to reuse at once
     /// if nothing else holds the table, else at the first DDL or checkpoint after the last
-    /// handle of it goes (see [`Database::reclaim_dropped_tables`]).
+    /// handle of it goes (see `docs/recovery.md`, Dropped tables and freed pages).
     pub fn drop_table(&self, name: &str) -> Result<()> {
         let _gate = self.enter_gate();
         // Inside the gate, where a close cannot slip in between the check and the change.
