@@ -1097,6 +1097,9 @@ impl Database {
         // change: a table created after the close's clean image would be logged after it, and
         // the next open would take the close for a crash.
         self.check_usable()?;
+        // Tables dropped earlier and let go of since give their pages back first (before the
+        // catalog's lock, which lookups take: freeing a tree reads its inner pages).
+        self.reclaim_dropped_tables();
         let key = table_name_key(&definition.name);
         let mut tables = self
             .inner
@@ -1106,8 +1109,6 @@ impl Database {
         if tables.contains_key(&key) {
             return Err(EngineError::TableExists(definition.name));
         }
-        // Tables dropped earlier and let go of since give their pages back first.
-        self.reclaim_dropped_tables();
         let id = self.inner.next_table_id.fetch_add(1, Ordering::Relaxed);
         let pool = &self.inner.pool;
         // The trees made so far, so that a creation that fails half way (a database at its
