@@ -35,7 +35,9 @@
 //!   u32, the root page id u32, the row count u64, and a u32 count of spare leaves followed by
 //!   their page ids u32 (pages the tree allocated for its next splits and has not linked yet;
 //!   see `BTree::restore_spare_leaves`);
-//! * the next identity value (a bool byte, then an i64 when set).
+//! * the next identity value (a bool byte, then an i64 when set);
+//! * the uniquifier blocks handed out (a bool byte, then a u64 when set), set exactly when the
+//!   table's clustered index is not unique or it is a heap.
 //!
 //! After the tables, a u32 count of *dropped trees*, each: the index id u32, the root page id
 //! u32, and a u32 count of spare leaves followed by their page ids u32. These are the trees of
@@ -47,8 +49,8 @@
 //! `nvarchar(n)` (n u16 each), 12 `datetime2(p)` (p u8), 13 `date`, 14 `uniqueidentifier`, 15
 //! `varbinary(n)` (n u16). Zero is never a valid tag, so a zeroed region does not decode.
 //!
-//! Version 2 is version 3 without the dropped trees, and version 1 is version 2 without the
-//! spare leaves; both are still read (with no dropped trees, and trees with no spare leaves),
+//! Version 2 is version 3 without the dropped trees and the uniquifier blocks, and version 1 is
+//! version 2 without the spare leaves; both are still read (with no dropped trees, and trees with no spare leaves),
 //! so that a database written by an earlier build opens. A version 1 database's spare leaves
 //! were never recorded, so they stay allocated and unreachable.
 //!
@@ -145,6 +147,11 @@ pub struct CatalogEntry {
     pub index_trees: Vec<IndexTrees>,
     /// The next identity value to hand out; set exactly when the table has an identity column.
     pub next_identity: Option<i64>,
+    /// The uniquifier blocks handed out (see `Uniquifiers::blocks_taken`), for a table whose
+    /// clustered index is not unique (a heap's too): the open continues past them without
+    /// reading the rows. `None` for every other table, and in catalogs written before it was
+    /// recorded (versions 1 and 2), whose open reads the rows instead.
+    pub uniquifier_blocks: Option<u64>,
 }
 
 impl CatalogEntry {
@@ -483,6 +490,23 @@ impl Catalog {
                     },
                 ));
             }
+            // Recorded from version 3 on, for exactly the tables that number uniquifiers.
+            let has_uniquifiers = def
+                .clustered
+                .as_ref()
+                .is_none_or(|index| !index.uniqueness.is_unique());
+            let recorded = has_uniquifiers && self.format_version >= CATALOG_FORMAT_VERSION;
+            if entry.uniquifier_blocks.is_some() != recorded {
+                return Err(format!(
+                    "table '{name}' {} uniquifiers but {} a count of uniquifier blocks",
+                    if has_uniquifiers { "has" } else { "has no" },
+                    if entry.uniquifier_blocks.is_some() {
+                        "has"
+                    } else {
+                        "has no"
+                    },
+                ));
+            }
             let partitions = match &def.partition {
                 Some(partition) if partition.partitions == 0 => {
                     return Err(format!("table '{name}' has zero partitions"));
@@ -607,6 +631,10 @@ fn encode_entry(entry: &CatalogEntry, out: &mut Vec<u8>) -> Result<()> {
     put_bool(out, entry.next_identity.is_some());
     if let Some(next) = entry.next_identity {
         out.extend_from_slice(&next.to_le_bytes());
+    }
+    put_bool(out, entry.uniquifier_blocks.is_some());
+    if let Some(blocks) = entry.uniquifier_blocks {
+        out.extend_from_slice(&blocks.to_le_bytes());
     }
     Ok(())
 }
@@ -803,6 +831,11 @@ fn decode_entry(r: &mut Cursor<'_>, format_version: u32) -> Result<CatalogEntry>
         index_trees.push(trees);
     }
     let next_identity = if r.bool()? { Some(r.i64()?) } else { None };
+    let uniquifier_blocks = if format_version >= CATALOG_FORMAT_VERSION && r.bool()? {
+        Some(r.u64()?)
+    } else {
+        None
+    };
     Ok(CatalogEntry {
         table_id,
         definition: TableDef {
@@ -815,6 +848,7 @@ fn decode_entry(r: &mut Cursor<'_>, format_version: u32) -> Result<CatalogEntry>
         },
         index_trees,
         next_identity,
+        uniquifier_blocks,
     })
 }
 

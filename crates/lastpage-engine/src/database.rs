@@ -466,11 +466,6 @@ impl Database {
             None
         };
         recovery.checkpoint_us = checkpoint.map_or(0, |stats| stats.duration_us);
-        // Each table numbers its uniquifiers, and its rows may hold any an earlier process
-        // handed out: new ones must come from later blocks.
-        for table in db.tables().iter() {
-            table.raise_uniquifiers_past_rows()?;
-        }
         // From here on new pages count against the configured limit; a database that
         // recovery took past it keeps its pages, and only writes that need more fail.
         pool.set_max_pages(db.inner.options.max_pages);
@@ -1217,6 +1212,12 @@ impl Database {
         )?;
         if let Some(next) = entry.next_identity {
             table.raise_identity(next);
+        }
+        // Rows replayed later raise the numbering past their own uniquifiers (see
+        // `recovery::replay`); the image's rows are covered by the count, or read.
+        match entry.uniquifier_blocks {
+            Some(blocks) => table.raise_uniquifier_blocks(blocks),
+            None => table.raise_uniquifiers_past_rows()?,
         }
         self.register_table(Arc::new(table));
         Ok(())

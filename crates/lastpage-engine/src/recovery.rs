@@ -190,6 +190,7 @@ pub(crate) fn replay(
                 };
                 let changes = RowChange::from_record(partition, record, &payload)?;
                 table.note_recovered_identities(&changes)?;
+                table.note_recovered_uniquifiers(&changes);
                 held.push((table, changes));
             }
             Record::Commit { txn } | Record::Abort { txn } => {

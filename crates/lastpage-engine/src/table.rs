@@ -3333,6 +3333,11 @@ impl Table {
                 })
                 .collect(),
             next_identity: self.identity.as_ref().map(IdentityState::restart_value),
+            uniquifier_blocks: self
+                .clustered
+                .uniquifiers
+                .as_ref()
+                .map(Uniquifiers::blocks_taken),
         }
     }
 
@@ -3343,9 +3348,10 @@ impl Table {
         }
     }
 
-    /// Makes the table's new uniquifiers lie past every one its rows hold: the open of a
-    /// database calls it, since an earlier process handed those out. Before, a heap reopened
-    /// by a new process refused every insert as a duplicate key.
+    /// Makes the table's new uniquifiers lie past every one its rows hold, which an earlier
+    /// process handed out (before, a heap reopened by a new process refused every insert as a
+    /// duplicate key). The open calls it for a table of a catalog written before the uniquifier
+    /// blocks were recorded (versions 1 and 2); a later catalog's count spares it the reading.
     pub(crate) fn raise_uniquifiers_past_rows(&self) -> Result<()> {
         if let (Some(uniquifiers), Some(highest)) =
             (&self.clustered.uniquifiers, self.highest_uniquifier()?)
@@ -3355,10 +3361,37 @@ impl Table {
         Ok(())
     }
 
+    /// Makes the table's new uniquifiers come from blocks past the first `blocks` (the blocks an
+    /// earlier process had handed out by its last checkpoint, see `Uniquifiers::blocks_taken`).
+    pub(crate) fn raise_uniquifier_blocks(&self, blocks: u64) {
+        if let Some(uniquifiers) = &self.clustered.uniquifiers {
+            uniquifiers.raise_to_block(blocks);
+        }
+    }
+
+    /// Makes the table's new uniquifiers lie past those of the rows `changes` insert (the
+    /// changes of one log record, which recovery replays): rows an earlier process inserted
+    /// after its last checkpoint, whose blocks the checkpoint's count does not cover.
+    pub(crate) fn note_recovered_uniquifiers(&self, changes: &[RowChange]) {
+        let Some(uniquifiers) = &self.clustered.uniquifiers else {
+            return;
+        };
+        let highest = changes
+            .iter()
+            .filter_map(|change| match change {
+                RowChange::Insert { key, .. } => key.last_chunk::<UNIQUIFIER_BYTES>(),
+                _ => None,
+            })
+            .map(|suffix| u64::from_be_bytes(*suffix))
+            .max();
+        if let Some(highest) = highest {
+            uniquifiers.raise_past(highest);
+        }
+    }
+
     /// The highest uniquifier the clustered index holds, if it is not unique and has rows. A
     /// heap's keys are their uniquifiers, so its last key is read; any other non-unique
-    /// index ends every key in one, so its keys are all read (a cost the open of a database
-    /// pays once per such index; storing the highest block in the catalog would remove it).
+    /// index ends every key in one, so its keys are all read.
     fn highest_uniquifier(&self) -> Result<Option<u64>> {
         if self.clustered.uniquifiers.is_none() {
             return Ok(None);

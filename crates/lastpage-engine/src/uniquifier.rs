@@ -143,6 +143,25 @@ impl Uniquifiers {
         let floor = (highest >> self.block_bits)
             .saturating_add(1)
             .min(self.blocks);
+        self.raise_to_block(floor);
+    }
+
+    /// The blocks handed out so far: every value taken lies in a block below this. A checkpoint
+    /// stores it, so that the next open continues past it without reading the rows
+    /// ([`Uniquifiers::raise_to_block`]).
+    pub fn blocks_taken(&self) -> u64 {
+        self.next_block.load(Ordering::Relaxed)
+    }
+
+    /// Makes every value taken after this returns lie in block `floor` or a later one (at most
+    /// every block: then every later take fails). Recovery calls it for every row it replays,
+    /// so a raise that changes nothing is one load: the floor only grows, and the block
+    /// numbering is raised before it, so a floor already this high means both are.
+    pub fn raise_to_block(&self, floor: u64) {
+        let floor = floor.min(self.blocks);
+        if self.floor.load(Ordering::Acquire) >= floor {
+            return;
+        }
         // The blocks first, so that a take that reads the new floor and takes a block gets one
         // at or past it. A take that took a block before the raise drops it at its next take.
         self.next_block.fetch_max(floor, Ordering::Relaxed);
