@@ -97,3 +97,38 @@ fn a_raise_racing_takes_leaves_later_takes_past_the_raised_block() {
         assert_distinct(&values);
     });
 }
+
+/// Two raises race (recovery's per-row raise returns at once when the floor is already high
+/// enough, which only a raise that finished can have made it): whichever returns early, every
+/// take after a raise lies past the block it raised to, and values stay distinct.
+#[test]
+fn a_raise_that_finds_the_floor_already_raised_still_leaves_later_takes_past_it() {
+    model(|| {
+        let uniquifiers = Arc::new(Uniquifiers::with_geometry(BLOCK_BITS, 16, 2));
+        let (high, low) = (3u64, 1u64);
+        let other = {
+            let uniquifiers = Arc::clone(&uniquifiers);
+            thread::spawn(move || {
+                uniquifiers.raise_past(high << BLOCK_BITS);
+                uniquifiers.take_from(0)
+            })
+        };
+        uniquifiers.raise_past(low << BLOCK_BITS);
+        let mine = uniquifiers.take_from(1).expect("blocks ran out");
+        let theirs = other.join().unwrap().expect("blocks ran out");
+        assert!(
+            mine >> BLOCK_BITS > low,
+            "{mine} was taken after the raise past block {low}"
+        );
+        assert!(
+            theirs >> BLOCK_BITS > high,
+            "{theirs} was taken after the raise past block {high}"
+        );
+        let after = uniquifiers.take_from(1).expect("blocks ran out");
+        assert!(
+            after >> BLOCK_BITS > high,
+            "{after} was taken after both raises"
+        );
+        assert_distinct(&[mine, theirs, after]);
+    });
+}
