@@ -3,7 +3,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use lastpage_storage::btree::flow_control::FlowControl;
+use lastpage_storage::btree::{BTree, InsertPath, TreeOptions};
+use lastpage_storage::buffer::BufferPool;
 use lastpage_storage::stats::{self, WaitType};
 
 #[test]
@@ -123,4 +128,49 @@ fn a_slow_worker_gets_in_while_fast_ones_keep_coming() {
         fast_entries_while_slow_waited <= bound,
         "{fast_entries_while_slow_waited} fast workers got in while the slow one waited"
     );
+}
+
+/// A batch passes flow control like a single insert: with every place taken it queues, and it
+/// goes in once a place is free. Before, a batch whose rows fit on the leaf never asked.
+#[test]
+fn a_batch_waits_for_a_place_like_a_single_insert() {
+    let tree = BTree::create(
+        Arc::new(BufferPool::new()),
+        1,
+        TreeOptions {
+            insert_path: InsertPath::Classic,
+            optimize_for_sequential_key: true,
+            ..TreeOptions::default()
+        },
+    )
+    .unwrap();
+    let flow = tree.flow_control();
+    let places: Vec<_> = (0..flow.capacity())
+        .map(|_| flow.enter(true).expect("flow control is on"))
+        .collect();
+    let keys: Vec<[u8; 8]> = (0..3u64).map(u64::to_be_bytes).collect();
+    let entries: Vec<(&[u8], &[u8])> = keys.iter().map(|key| (&key[..], &b"v"[..])).collect();
+    std::thread::scope(|scope| {
+        let batch = scope.spawn(|| tree.insert_batch(&entries));
+        // A bounded poll, not a timing assertion: the batch must queue, however long it takes.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while flow.waiters() == 0 && !batch.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the batch neither queued nor finished"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            !batch.is_finished() && flow.waiters() == 1,
+            "a batch went past flow control while every place was taken"
+        );
+        drop(places);
+        let results = batch.join().unwrap();
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    });
+    for key in &keys {
+        assert_eq!(tree.get(key).unwrap().as_deref(), Some(&b"v"[..]));
+    }
+    assert_eq!(flow.admitted(), 0);
 }

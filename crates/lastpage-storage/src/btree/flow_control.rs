@@ -17,6 +17,9 @@
 //! in while more fast workers kept arriving than there were places: a test with one place and
 //! four fast workers admitted 12,000 of them in 1.5 s and the slow one not once.)
 //!
+//! Every way into an index's insert path passes it: a single insert, a sequence lane's row, a
+//! default-path batch (once per batch) and a classic batch (once per run of rows on one leaf).
+//!
 //! It can be switched on and off at run time (`ALTER INDEX … SET (OPTIMIZE_FOR_SEQUENTIAL_KEY =
 //! ON)`); workers already queued when it is switched off are still let in by the workers inside
 //! as they leave.
@@ -162,9 +165,20 @@ impl FlowControl {
         }
     }
 
+    /// How many workers may be inside at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Workers inside the insert path now (for tests and diagnostics).
     pub fn admitted(&self) -> usize {
         self.admitted.load(Ordering::Relaxed)
+    }
+
+    /// Workers queued now, in either queue (for tests and diagnostics).
+    pub fn waiters(&self) -> usize {
+        let queues = sync::lock(&self.queues);
+        queues.fast.len() + queues.slow.len()
     }
 
     /// Workers queued in the slow queue now (for tests and diagnostics).

@@ -285,6 +285,11 @@ impl BTree {
         }
     }
 
+    /// The tree's OPTIMIZE_FOR_SEQUENTIAL_KEY flow control (for tests and diagnostics).
+    pub fn flow_control(&self) -> &FlowControl {
+        &self.flow_control
+    }
+
     /// The root page's id.
     pub fn root(&self) -> PageId {
         self.root

@@ -165,13 +165,16 @@ impl BTree {
     /// Inserts many entries, latching each leaf once for the whole run of entries that belong
     /// on it instead of once per entry (the batching remedy: the seeds' best results come from
     /// multi-row inserts). Returns one result per entry, in the order given; a duplicate or an
-    /// oversized entry fails alone and the others still go in.
+    /// oversized entry fails alone and the others still go in. Each run passes flow control
+    /// (OPTIMIZE_FOR_SEQUENTIAL_KEY) as one insert does: a batch whose rows fit on the leaf
+    /// went past it before, so batches and single rows mixed on one index were not bounded.
     pub fn insert_batch(&self, entries: &[(&[u8], &[u8])]) -> Vec<Result<(), BTreeError>> {
         let mut results: Vec<Result<(), BTreeError>> = vec![Ok(()); entries.len()];
         let mut order: Vec<usize> = (0..entries.len()).collect();
         order.sort_by(|&a, &b| entries[a].0.cmp(entries[b].0));
         let mut next = 0;
         while next < order.len() {
+            let admission = self.enter_insert_path();
             let (first_key, _) = entries[order[next]];
             let (mut leaf, high_fence) = match self.leaf_exclusive_with_high_fence(first_key) {
                 Ok(found) => found,
@@ -204,6 +207,9 @@ impl BTree {
                 next += 1;
             }
             drop(leaf);
+            // Left before the split path enters again: a worker waiting for a place while it
+            // holds one could wait for ever once every place is held that way.
+            drop(admission);
             if leaf_full {
                 // The split path takes this one entry; the run continues on the new leaves.
                 let (key, value) = entries[order[next]];
