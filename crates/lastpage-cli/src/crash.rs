@@ -26,8 +26,8 @@
 //!
 //! Each row carries its own provenance (run, cycle, thread, sequence number) and a payload
 //! derived from it, because the identity value is assigned inside the insert (the child cannot
-//! derive the payload from it beforehand, and a durable catalog cannot store a computed
-//! column yet). The parent checks acknowledged rows against their acknowledgement and every
+//! derive the payload from it beforehand, and a computed column a durable catalog stores is
+//! integer arithmetic only). The parent checks acknowledged rows against their acknowledgement and every
 //! row against its own provenance.
 
 use std::collections::{HashMap, HashSet};

@@ -23,7 +23,11 @@
 //!   then the type's parameters), nullable (a bool byte, 0 or 1), default (a tag byte: 0 none,
 //!   1 constant followed by a u32 length and the value in the row encoding of
 //!   [`crate::encoding`] as a one-column row of the column's type, 2 `SYSUTCDATETIME()`, 3
-//!   `NEWID()`), identity (a bool byte, then seed i64 and increment i64 when set);
+//!   `NEWID()`), identity (a bool byte, then seed i64 and increment i64 when set), and a
+//!   computed column's expression (a bool byte, then the expression when set: a tag byte per
+//!   node in prefix order, 1 a column followed by its name, 2 an integer i64, 3 `%` followed
+//!   by its two operands, 4 `ABS` followed by its operand; at most
+//!   `limits::COMPUTED_EXPRESSION_MAX_DEPTH` levels deep);
 //! * the clustered index (a bool byte, then the index when set), a u32 count of nonclustered
 //!   indexes and each index: name, a u32 count of key column names, the names, uniqueness (a
 //!   tag byte), latch policy (a tag byte), insert path (a tag byte), optimize-for-sequential-key
@@ -49,7 +53,8 @@
 //! `nvarchar(n)` (n u16 each), 12 `datetime2(p)` (p u8), 13 `date`, 14 `uniqueidentifier`, 15
 //! `varbinary(n)` (n u16). Zero is never a valid tag, so a zeroed region does not decode.
 //!
-//! Version 2 is version 3 without the dropped trees and the uniquifier blocks, and version 1 is
+//! Version 2 is version 3 without the dropped trees, the uniquifier blocks and the computed
+//! expressions (it could hold no computed column), and version 1 is
 //! version 2 without the spare leaves; both are still read (with no dropped trees, and trees with no spare leaves),
 //! so that a database written by an earlier build opens. A version 1 database's spare leaves
 //! were never recorded, so they stay allocated and unreachable.
@@ -61,7 +66,8 @@
 //! below the catalog's counters, spare leaves that are nobody's root and named once). Anything wrong is an [`EngineError::CorruptCatalog`]; it
 //! never panics.
 //!
-//! Closures cannot be stored: a computed column or a [`DefaultValue::Function`] default makes
+//! Closures cannot be stored: a column computed by a function or a [`DefaultValue::Function`]
+//! default makes
 //! [`Catalog::encode`] fail with [`EngineError::NotPersistable`], and [`check_persistable`]
 //! lets `CREATE TABLE` in a durable database refuse such a table before it exists.
 
@@ -73,9 +79,11 @@ use lastpage_storage::latch::LatchPolicy;
 use crate::encoding::{decode_row, encode_row};
 use crate::error::{EngineError, Result};
 use crate::schema::{
-    ColumnDef, DefaultValue, Identity, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
+    ColumnDef, Computed, DefaultValue, Expr, Identity, IndexDef, IndexOptions, PartitionDef,
+    TableDef, Uniqueness,
 };
 use crate::types::{DataType, Value};
+use lastpage_storage::limits::COMPUTED_EXPRESSION_MAX_DEPTH;
 
 /// The form of a table name two names are the same table by: ASCII letters folded to lower
 /// case, as everywhere the engine compares names (columns and indexes too). The catalog's
@@ -105,8 +113,8 @@ const HEADER_LEN: usize = 8 + 4 + 4;
 const TRAILER_LEN: usize = 4;
 
 /// Why closure-backed columns are refused, shared by every message so they read alike.
-const CLOSURE_REASON: &str =
-    "computed columns and function defaults are stored once the SQL layer can persist their text";
+const CLOSURE_REASON: &str = "a function cannot be stored (a computed column can be, as an \
+     expression: ColumnDef::computed_expression; a default, once the SQL layer can store its text)";
 
 /// The B-trees of one index: one tree per partition (one for an unpartitioned table). The
 /// four vectors are indexed by partition and have the same length.
@@ -228,9 +236,9 @@ fn persistable_default(def: &TableDef, column: &ColumnDef) -> Result<Option<Stor
         column: column.name.clone(),
         reason,
     };
-    if column.computed.is_some() {
+    if matches!(column.computed, Some(Computed::Function(_))) {
         return Err(refuse(format!(
-            "has a computed expression; {CLOSURE_REASON}"
+            "is computed by a function; {CLOSURE_REASON}"
         )));
     }
     Ok(match &column.default {
@@ -277,6 +285,36 @@ const DEFAULT_NONE: u8 = 0;
 const DEFAULT_CONSTANT: u8 = 1;
 const DEFAULT_UTC_NOW: u8 = 2;
 const DEFAULT_NEW_ID: u8 = 3;
+
+/// The tags of a stored computed expression's nodes (see the module documentation).
+const EXPR_COLUMN: u8 = 1;
+const EXPR_INTEGER: u8 = 2;
+const EXPR_MODULO: u8 = 3;
+const EXPR_ABS: u8 = 4;
+
+/// Appends `expr` in its stored form: a tag byte per node, in prefix order.
+fn put_expr(out: &mut Vec<u8>, expr: &Expr) -> Result<()> {
+    match expr {
+        Expr::Column(name) => {
+            out.push(EXPR_COLUMN);
+            put_str(out, name)?;
+        }
+        Expr::Integer(value) => {
+            out.push(EXPR_INTEGER);
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        Expr::Modulo(left, right) => {
+            out.push(EXPR_MODULO);
+            put_expr(out, left)?;
+            put_expr(out, right)?;
+        }
+        Expr::Abs(operand) => {
+            out.push(EXPR_ABS);
+            put_expr(out, operand)?;
+        }
+    }
+    Ok(())
+}
 
 impl Catalog {
     /// Encodes the catalog. Fails with [`EngineError::NotPersistable`] for a table with a
@@ -468,6 +506,16 @@ impl Catalog {
                 column.data_type.validate().map_err(|error| {
                     format!("column '{}' of table '{name}': {error}", column.name)
                 })?;
+                // A stored expression must be one `Table::create` accepts: not too deep, and
+                // reading integer columns of the table.
+                if let Some(computed @ Computed::Expression(_)) = &column.computed {
+                    crate::computed::Evaluator::new(computed, &def.columns).map_err(|reason| {
+                        format!(
+                            "computed column '{}' of table '{name}': {reason}",
+                            column.name
+                        )
+                    })?;
+                }
                 if column
                     .identity
                     .is_some_and(|identity| identity.increment == 0)
@@ -592,6 +640,15 @@ fn encode_entry(entry: &CatalogEntry, out: &mut Vec<u8>) -> Result<()> {
         if let Some(identity) = column.identity {
             out.extend_from_slice(&identity.seed.to_le_bytes());
             out.extend_from_slice(&identity.increment.to_le_bytes());
+        }
+        // `persistable_default` has refused a computed column's function.
+        let expression = match &column.computed {
+            Some(Computed::Expression(expr)) => Some(expr),
+            _ => None,
+        };
+        put_bool(out, expression.is_some());
+        if let Some(expr) = expression {
+            put_expr(out, expr)?;
         }
     }
     put_bool(out, def.clustered.is_some());
@@ -775,13 +832,18 @@ fn decode_entry(r: &mut Cursor<'_>, format_version: u32) -> Result<CatalogEntry>
         } else {
             None
         };
+        let computed = if format_version >= CATALOG_FORMAT_VERSION && r.bool()? {
+            Some(Computed::Expression(r.expr(COMPUTED_EXPRESSION_MAX_DEPTH)?))
+        } else {
+            None
+        };
         columns.push(ColumnDef {
             name: column_name,
             data_type,
             nullable,
             default,
             identity,
-            computed: None,
+            computed,
         });
     }
     let clustered = if r.bool()? { Some(r.index()?) } else { None };
@@ -935,6 +997,26 @@ impl<'a> Cursor<'a> {
     fn bytes(&mut self) -> Result<&'a [u8]> {
         let len = self.count(1)?;
         self.take(len)
+    }
+
+    /// A stored computed expression nesting at most `depth` levels (each level is a call, so a
+    /// corrupt catalog cannot exhaust the stack).
+    fn expr(&mut self, depth: usize) -> Result<Expr> {
+        if depth == 0 {
+            return Err(corrupt(format!(
+                "a computed expression nests more than {COMPUTED_EXPRESSION_MAX_DEPTH} levels"
+            )));
+        }
+        Ok(match self.u8()? {
+            EXPR_COLUMN => Expr::Column(self.string()?),
+            EXPR_INTEGER => Expr::Integer(self.i64()?),
+            EXPR_MODULO => Expr::Modulo(
+                Box::new(self.expr(depth - 1)?),
+                Box::new(self.expr(depth - 1)?),
+            ),
+            EXPR_ABS => Expr::Abs(Box::new(self.expr(depth - 1)?)),
+            tag => return Err(corrupt(format!("unknown computed expression tag {tag}"))),
+        })
     }
 
     fn string(&mut self) -> Result<String> {

@@ -149,6 +149,15 @@ pub enum EngineError {
         /// The values the row has.
         got: usize,
     },
+    /// A computed column's expression divided by zero (SQL Server's error 8134).
+    #[error("Divide by zero error encountered.")]
+    DivideByZero,
+    /// A computed column's expression overflowed (SQL Server's error 8115).
+    #[error("Arithmetic overflow error converting expression to data type {data_type}.")]
+    ArithmeticOverflow {
+        /// The type the result did not fit.
+        data_type: String,
+    },
     /// The identity column ran out of values.
     #[error("Arithmetic overflow error converting IDENTITY to data type {data_type}.")]
     IdentityOverflow {

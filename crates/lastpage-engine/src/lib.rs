@@ -22,6 +22,7 @@
 //! Nothing in this crate knows SQL: the SQL layer above translates statements into these calls.
 
 pub mod catalog;
+mod computed;
 pub mod database;
 pub mod encoding;
 pub mod error;
@@ -46,7 +47,8 @@ pub use lastpage_storage::latch::LatchPolicy;
 pub use lastpage_storage::stats::{LatchClass, WaitSnapshot, WaitStat, WaitType};
 pub use recovery::RecoveryStats;
 pub use schema::{
-    ColumnDef, DefaultValue, IndexDef, IndexOptions, PartitionDef, TableDef, Uniqueness,
+    ColumnDef, Computed, DefaultValue, Expr, IndexDef, IndexOptions, PartitionDef, TableDef,
+    Uniqueness,
 };
 pub use table::{InsertRow, KeyRange, PreparedInsert, Row, Table, TableCheck};
 pub use txn::{CommitTicket, Durability};

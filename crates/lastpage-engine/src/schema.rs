@@ -48,6 +48,96 @@ pub struct Identity {
 /// The SQL layer supplies it; the engine evaluates it on every insert and update.
 pub type ComputeFn = Arc<dyn Fn(&[Value]) -> Result<Value> + Send + Sync>;
 
+/// A computed column's expression in a form a durable database's catalog stores: the integer
+/// arithmetic of the seeds' hash keys, `ABS(InsertID % 16)`. Operands are integers (an
+/// integer column's value, or a constant); a NULL operand makes the result NULL, and the
+/// result (a `bigint`) is converted to the column's type when the row is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expr {
+    /// The value of an integer column of the same row, by name. A computed column that comes
+    /// later in the table is still NULL when this one is evaluated.
+    Column(String),
+    /// An integer constant.
+    Integer(i64),
+    /// `left % right`, as T-SQL computes it: the result has the sign of `left`; a zero `right`
+    /// fails the statement ("Divide by zero error encountered.").
+    Modulo(Box<Expr>, Box<Expr>),
+    /// `ABS(operand)`; the absolute value of the smallest `bigint` fails the statement with an
+    /// arithmetic overflow.
+    Abs(Box<Expr>),
+}
+
+impl Expr {
+    /// The value of column `name`.
+    pub fn column(name: impl Into<String>) -> Expr {
+        Expr::Column(name.into())
+    }
+
+    /// `self % divisor`.
+    pub fn modulo(self, divisor: i64) -> Expr {
+        Expr::Modulo(Box::new(self), Box::new(Expr::Integer(divisor)))
+    }
+
+    /// `ABS(self)`.
+    pub fn abs(self) -> Expr {
+        Expr::Abs(Box::new(self))
+    }
+
+    /// How deeply the expression nests (a column or a constant is 1).
+    pub fn depth(&self) -> usize {
+        match self {
+            Expr::Column(_) | Expr::Integer(_) => 1,
+            Expr::Modulo(left, right) => 1 + left.depth().max(right.depth()),
+            Expr::Abs(operand) => 1 + operand.depth(),
+        }
+    }
+
+    /// Every column the expression reads.
+    pub fn columns(&self) -> Vec<&str> {
+        match self {
+            Expr::Column(name) => vec![name.as_str()],
+            Expr::Integer(_) => Vec::new(),
+            Expr::Modulo(left, right) => {
+                let mut columns = left.columns();
+                columns.extend(right.columns());
+                columns
+            }
+            Expr::Abs(operand) => operand.columns(),
+        }
+    }
+}
+
+impl fmt::Display for Expr {
+    /// The expression as T-SQL writes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expr::Column(name) => write!(f, "[{name}]"),
+            Expr::Integer(value) => write!(f, "{value}"),
+            Expr::Modulo(left, right) => write!(f, "({left} % {right})"),
+            Expr::Abs(operand) => write!(f, "ABS({operand})"),
+        }
+    }
+}
+
+/// How a computed column gets its value.
+#[derive(Clone)]
+pub enum Computed {
+    /// An expression the catalog stores, so a durable database accepts the column.
+    Expression(Expr),
+    /// A function the caller supplies: it cannot be stored, so only an in-memory database
+    /// accepts the column.
+    Function(ComputeFn),
+}
+
+impl fmt::Debug for Computed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Computed::Expression(expr) => write!(f, "Expression({expr})"),
+            Computed::Function(_) => f.write_str("Function"),
+        }
+    }
+}
+
 /// One column.
 #[derive(Clone)]
 pub struct ColumnDef {
@@ -61,8 +151,8 @@ pub struct ColumnDef {
     pub default: Option<DefaultValue>,
     /// IDENTITY, if this is the identity column.
     pub identity: Option<Identity>,
-    /// The expression, if this is a persisted computed column.
-    pub computed: Option<ComputeFn>,
+    /// How the value is computed, if this is a persisted computed column.
+    pub computed: Option<Computed>,
 }
 
 impl fmt::Debug for ColumnDef {
@@ -73,7 +163,7 @@ impl fmt::Debug for ColumnDef {
             .field("nullable", &self.nullable)
             .field("default", &self.default)
             .field("identity", &self.identity)
-            .field("computed", &self.computed.is_some())
+            .field("computed", &self.computed)
             .finish()
     }
 }
@@ -110,9 +200,17 @@ impl ColumnDef {
         self
     }
 
-    /// Makes this a persisted computed column.
+    /// Makes this a persisted computed column whose value a function computes (an in-memory
+    /// database only: a function cannot be stored).
     pub fn computed(mut self, expression: ComputeFn) -> Self {
-        self.computed = Some(expression);
+        self.computed = Some(Computed::Function(expression));
+        self
+    }
+
+    /// Makes this a persisted computed column whose value `expression` computes, which a
+    /// durable database stores in its catalog (`ModValue AS ABS(InsertID % 16) PERSISTED`).
+    pub fn computed_expression(mut self, expression: Expr) -> Self {
+        self.computed = Some(Computed::Expression(expression));
         self
     }
 }

@@ -29,6 +29,7 @@ use lastpage_storage::wal::{Record, TxnId, record};
 use std::borrow::{Borrow, Cow};
 
 use crate::catalog::{CatalogEntry, IndexTrees};
+use crate::computed::Evaluator;
 use crate::database::Session;
 use crate::encoding::{
     decode_key, decode_key_column, decode_row, encode_key_value, encode_row,
@@ -558,7 +559,8 @@ pub struct Table {
     value_types: Vec<DataType>,
     /// `value_columns` as a range, when they are consecutive (so no copy is needed to encode).
     value_columns_range: Option<std::ops::Range<usize>>,
-    computed_columns: Vec<usize>,
+    /// The computed columns, in column order, each with how it is evaluated.
+    computed_columns: Vec<(usize, Evaluator)>,
     /// Whether the clustered key is the identity column alone, ascending, with no computed
     /// column (which could depend on the identity value): then the clustered tree makes the
     /// identity key itself, under the latch of the leaf the row goes on (a sequence lane's, or
@@ -697,6 +699,16 @@ impl Table {
                         column.name
                     )));
                 }
+            }
+        }
+        // Checked and resolved before any tree is made, like the rest of the definition.
+        let mut computed_columns = Vec::new();
+        for (position, column) in def.columns.iter().enumerate() {
+            if let Some(computed) = &column.computed {
+                let evaluator = Evaluator::new(computed, &def.columns).map_err(|reason| {
+                    invalid(format!("computed column '{}': {reason}", column.name))
+                })?;
+                computed_columns.push((position, evaluator));
             }
         }
         let identities: Vec<usize> = (0..def.columns.len())
@@ -879,9 +891,7 @@ impl Table {
                 .map(|&column| def.columns[column].data_type)
                 .collect(),
             value_columns,
-            computed_columns: (0..def.columns.len())
-                .filter(|&column| def.columns[column].computed.is_some())
-                .collect(),
+            computed_columns,
             identity,
             clustered,
             nonclustered,
@@ -1903,16 +1913,17 @@ impl Table {
     /// Evaluates computed columns, converts values to their column types and checks NULLs
     /// (except in `deferred_identity`, which is filled in later).
     fn finish_row(&self, values: &mut [Value], deferred_identity: Option<usize>) -> Result<()> {
-        for &column in &self.computed_columns {
+        for &(column, _) in &self.computed_columns {
             values[column] = Value::Null;
         }
-        for &column in &self.computed_columns {
-            let expression = self.columns[column]
-                .computed
-                .as_ref()
-                .expect("computed column");
-            let name = &self.columns[column].name;
-            values[column] = self.call_supplied(name, || expression(values))?;
+        for (column, evaluator) in &self.computed_columns {
+            values[*column] = match evaluator {
+                Evaluator::Expression(expression) => expression.evaluate(values)?,
+                Evaluator::Function(function) => {
+                    let name = &self.columns[*column].name;
+                    self.call_supplied(name, || function(values))?
+                }
+            };
         }
         // Owned values go straight through `coerce`: through `coerce_column`'s `Cow` the
         // single-row insert cost 4% more instructions.

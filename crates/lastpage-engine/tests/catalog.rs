@@ -376,8 +376,9 @@ fn closures_are_refused_with_a_clear_message() {
     let error = check_persistable(&computed).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "table 't' cannot be stored in a durable database: column 'c' has a computed expression; \
-         computed columns and function defaults are stored once the SQL layer can persist their text"
+        "table 't' cannot be stored in a durable database: column 'c' is computed by a function; \
+         a function cannot be stored (a computed column can be, as an expression: \
+         ColumnDef::computed_expression; a default, once the SQL layer can store its text)"
     );
     assert!(matches!(
         &error,
@@ -391,7 +392,8 @@ fn closures_are_refused_with_a_clear_message() {
     assert_eq!(
         check_persistable(&function).unwrap_err().to_string(),
         "table 'u' cannot be stored in a durable database: column 'd' has a function default; \
-         computed columns and function defaults are stored once the SQL layer can persist their text"
+         a function cannot be stored (a computed column can be, as an expression: \
+         ColumnDef::computed_expression; a default, once the SQL layer can store its text)"
     );
 
     // Encoding a catalog holding such a table fails with the same error.
@@ -938,4 +940,70 @@ fn random_catalogs_round_trip() {
             );
         }
     }
+}
+
+/// A computed column's expression is stored and read back; one nested too deeply or reading a
+/// column that is not there or not an integer is refused by the encoder, and a blob whose
+/// expression nests too deeply is refused by the decoder without recursing through it.
+#[test]
+fn computed_expressions_round_trip_and_bad_ones_are_refused() {
+    use lastpage_engine::Expr;
+    let with = |expr: Expr| {
+        let mut catalog = Catalog::default();
+        let mut next_index_id = 1;
+        catalog.tables.push(CatalogEntry {
+            table_id: 1,
+            definition: TableDef::new("t")
+                .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+                .column(ColumnDef::new("Note", DataType::VarChar(10)))
+                .column(
+                    ColumnDef::new("ModValue", DataType::TinyInt)
+                        .not_null()
+                        .computed_expression(expr),
+                ),
+            index_trees: trees(1, 1, &mut next_index_id),
+            next_identity: Some(1),
+            uniquifier_blocks: Some(0),
+        });
+        catalog.next_table_id = 2;
+        catalog.next_index_id = next_index_id;
+        catalog
+    };
+    let expr = Expr::column("id").modulo(16).abs();
+    let catalog = with(Expr::Modulo(
+        Box::new(expr.clone()),
+        Box::new(Expr::Integer(i64::MIN)),
+    ));
+    let decoded = Catalog::decode(&catalog.encode().unwrap()).unwrap();
+    assert_eq!(repr(&decoded), repr(&catalog));
+    assert!(
+        repr(&decoded).contains("ABS(([id] % 16))"),
+        "{}",
+        repr(&decoded)
+    );
+
+    let deep = (0..40).fold(Expr::column("Id"), |expr, _| expr.abs());
+    for (what, expr) in [
+        ("too deep", deep.clone()),
+        ("unknown column", Expr::column("Missing").modulo(2)),
+        ("not an integer", Expr::column("Note").modulo(2)),
+    ] {
+        match with(expr).encode() {
+            Err(EngineError::InvalidCatalog(reason)) => println!("{what}: {reason}"),
+            other => panic!("{what}: expected InvalidCatalog, got {other:?}"),
+        }
+    }
+    // The decoder meets a deep one in bytes: the same catalog with a shallow expression,
+    // whose stored form is then replaced by a deep one's (`ABS` is tag 4, a column tag 1).
+    let shallow = with(Expr::column("Id").abs()).encode().unwrap();
+    let stored_shallow = [&[4u8, 1][..], &2u32.to_le_bytes(), b"Id"].concat();
+    let at = unsealed(&shallow)
+        .windows(stored_shallow.len())
+        .position(|window| window == stored_shallow.as_slice())
+        .expect("the stored expression");
+    let mut blob = unsealed(&shallow);
+    let stored_deep = [vec![4u8; 40], stored_shallow[1..].to_vec()].concat();
+    blob.splice(at..at + stored_shallow.len(), stored_deep);
+    let error = Catalog::decode(&reseal(blob)).unwrap_err();
+    assert!(error.to_string().contains("nests more than"), "{error}");
 }

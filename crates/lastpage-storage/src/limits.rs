@@ -375,3 +375,8 @@ pub const CHECKPOINT_RETRY_MAX_MS: u64 = 10_000;
 /// How long a DELAYED-durability commit may wait in the log buffer before the background
 /// flusher writes it, in milliseconds: the window of commits a crash can lose.
 pub const DELAYED_FLUSH_INTERVAL_MS: u64 = 20;
+
+/// How deeply a computed column's stored expression may nest (`schema::Expr::depth`): a table
+/// definition with a deeper one is refused, and so is a catalog naming one, whose decoding
+/// recurses once per level.
+pub const COMPUTED_EXPRESSION_MAX_DEPTH: usize = 32;

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, IndexDef, IndexOptions,
+    ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, Expr, IndexDef, IndexOptions,
     InsertPath, LatchPolicy, PreparedInsert, Table, TableDef, Uniqueness, Value, WaitSnapshot,
     WaitStat, WaitType,
 };
@@ -375,16 +375,12 @@ impl Workload {
         table = table.column(ColumnDef::new(payload_name, payload_type).not_null());
         let mut clustered_columns = vec![key_column];
         if with_mod {
-            // ModValue AS CONVERT(TINYINT, ABS(InsertID % 16)) PERSISTED NOT NULL
+            // ModValue AS CONVERT(TINYINT, ABS(InsertID % 16)) PERSISTED NOT NULL: a stored
+            // expression, so that a durable database (--db) accepts the table too.
             table = table.column(
                 ColumnDef::new("ModValue", DataType::TinyInt)
                     .not_null()
-                    .computed(Arc::new(|row: &[Value]| {
-                        Ok(match row.first().and_then(Value::as_i64) {
-                            Some(id) => Value::TinyInt((id % 16).unsigned_abs() as u8),
-                            None => Value::Null,
-                        })
-                    })),
+                    .computed_expression(Expr::column("InsertID").modulo(16).abs()),
             );
             clustered_columns.insert(0, "ModValue");
         }

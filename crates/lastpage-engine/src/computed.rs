@@ -1,0 +1,119 @@
+//! Computed columns: the value a table stores for a persisted computed column, from a stored
+//! expression ([`Expr`]) or a function the caller supplied.
+//!
+//! An expression is checked and its column names resolved to positions once, when the table
+//! is made ([`Evaluator::new`]); evaluating it per row is then a walk over a few nodes with no
+//! lookup and no allocation.
+
+use lastpage_storage::limits::COMPUTED_EXPRESSION_MAX_DEPTH;
+
+use crate::error::{EngineError, Result};
+use crate::schema::{ColumnDef, ComputeFn, Computed, Expr};
+use crate::types::{DataType, Value};
+
+/// How one computed column is evaluated.
+#[derive(Clone)]
+pub(crate) enum Evaluator {
+    /// A stored expression, its columns resolved to positions.
+    Expression(Resolved),
+    /// A function the caller supplied.
+    Function(ComputeFn),
+}
+
+/// An [`Expr`] whose columns are positions in the row.
+#[derive(Clone, Debug)]
+pub(crate) enum Resolved {
+    Column(usize),
+    Integer(i64),
+    Modulo(Box<Resolved>, Box<Resolved>),
+    Abs(Box<Resolved>),
+}
+
+impl Evaluator {
+    /// The evaluator of `computed`, the computation of a column of a table whose columns are
+    /// `columns`; an expression that nests too deeply or reads a column that is missing or not
+    /// an integer is refused, with the reason.
+    pub(crate) fn new(
+        computed: &Computed,
+        columns: &[ColumnDef],
+    ) -> std::result::Result<Evaluator, String> {
+        match computed {
+            Computed::Function(function) => Ok(Evaluator::Function(function.clone())),
+            Computed::Expression(expr) => {
+                if expr.depth() > COMPUTED_EXPRESSION_MAX_DEPTH {
+                    return Err(format!(
+                        "its expression nests {} levels deep, more than the \
+                         {COMPUTED_EXPRESSION_MAX_DEPTH} allowed",
+                        expr.depth()
+                    ));
+                }
+                resolve(expr, columns).map(Evaluator::Expression)
+            }
+        }
+    }
+}
+
+fn resolve(expr: &Expr, columns: &[ColumnDef]) -> std::result::Result<Resolved, String> {
+    Ok(match expr {
+        Expr::Column(name) => {
+            let Some(position) = columns
+                .iter()
+                .position(|column| column.name.eq_ignore_ascii_case(name))
+            else {
+                return Err(format!(
+                    "its expression reads column '{name}', which does not exist"
+                ));
+            };
+            let data_type = columns[position].data_type;
+            if !matches!(
+                data_type,
+                DataType::TinyInt | DataType::SmallInt | DataType::Int | DataType::BigInt
+            ) {
+                return Err(format!(
+                    "its expression reads column '{name}' of type {}, not an integer",
+                    data_type.name()
+                ));
+            }
+            Resolved::Column(position)
+        }
+        Expr::Integer(value) => Resolved::Integer(*value),
+        Expr::Modulo(left, right) => Resolved::Modulo(
+            Box::new(resolve(left, columns)?),
+            Box::new(resolve(right, columns)?),
+        ),
+        Expr::Abs(operand) => Resolved::Abs(Box::new(resolve(operand, columns)?)),
+    })
+}
+
+impl Resolved {
+    /// The expression's value for the row `values` (a `bigint`, or NULL if an operand is).
+    pub(crate) fn evaluate(&self, values: &[Value]) -> Result<Value> {
+        Ok(self.integer(values)?.map_or(Value::Null, Value::BigInt))
+    }
+
+    fn integer(&self, values: &[Value]) -> Result<Option<i64>> {
+        Ok(match self {
+            Resolved::Column(position) => values[*position].as_i64(),
+            Resolved::Integer(value) => Some(*value),
+            Resolved::Modulo(left, right) => {
+                let (Some(left), Some(right)) = (left.integer(values)?, right.integer(values)?)
+                else {
+                    return Ok(None);
+                };
+                if right == 0 {
+                    return Err(EngineError::DivideByZero);
+                }
+                // `i64::MIN % -1` is 0, as in T-SQL; `%` itself would overflow.
+                Some(left.wrapping_rem(right))
+            }
+            Resolved::Abs(operand) => match operand.integer(values)? {
+                None => None,
+                Some(value) => {
+                    Some(value.checked_abs().ok_or(EngineError::ArithmeticOverflow {
+                        data_type: "bigint".into(),
+                    })?)
+                }
+            },
+        })
+    }
+}
