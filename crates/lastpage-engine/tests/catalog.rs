@@ -261,6 +261,20 @@ fn rich_catalog_round_trips() {
     assert_eq!(decoded.encode().unwrap(), bytes);
 }
 
+/// Decodes `tests/fixtures/catalog-v<version>.bin`, `rich_catalog()` as the build that wrote
+/// that format version encoded it, checking that it is of that version.
+fn decode_fixture(version: u32) -> Catalog {
+    let path = format!(
+        "{}/tests/fixtures/catalog-v{version}.bin",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(&path).unwrap_or_else(|error| panic!("{path}: {error}"));
+    assert_eq!(bytes[8..12], version.to_le_bytes(), "{path}");
+    let decoded = Catalog::decode(&bytes).unwrap_or_else(|error| panic!("{path}: {error}"));
+    assert_eq!(decoded.format_version, version, "{path}");
+    decoded
+}
+
 /// `catalog` as a version 2 catalog decodes: without dropped trees (which took the last index
 /// ids) and uniquifier blocks.
 fn as_version_2(mut catalog: Catalog) -> Catalog {
@@ -279,14 +293,7 @@ fn as_version_2(mut catalog: Catalog) -> Catalog {
 /// still opens.
 #[test]
 fn a_version_2_catalog_still_decodes_with_no_dropped_trees() {
-    let bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/catalog-v2.bin"
-    ))
-    .unwrap();
-    assert_eq!(bytes[8..12], 2u32.to_le_bytes());
-    let decoded = Catalog::decode(&bytes).unwrap();
-    assert_eq!(decoded.format_version, 2);
+    let decoded = decode_fixture(2);
     assert!(decoded.dropped_trees.is_empty());
     assert_eq!(repr(&decoded), repr(&as_version_2(rich_catalog())));
 }
@@ -296,14 +303,7 @@ fn a_version_2_catalog_still_decodes_with_no_dropped_trees() {
 /// catalog with no spare leaves, so that a database written then still opens.
 #[test]
 fn a_version_1_catalog_still_decodes_with_no_spare_leaves() {
-    let bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/catalog-v1.bin"
-    ))
-    .unwrap();
-    assert_eq!(bytes[8..12], 1u32.to_le_bytes());
-    let decoded = Catalog::decode(&bytes).unwrap();
-    assert_eq!(decoded.format_version, 1);
+    let decoded = decode_fixture(1);
     let mut expected = as_version_2(rich_catalog());
     expected.format_version = 1;
     for trees in expected.tables.iter_mut().flat_map(|t| &mut t.index_trees) {

@@ -589,13 +589,25 @@ impl BufferPool {
         let frame = self
             .try_frame(page_id)
             .expect("the frame was installed just above");
+        Ok(Self::formatted(frame, page_id, kind, level, index_id))
+    }
+
+    /// The guard of a page just allocated (its frame latched exclusively and resident),
+    /// formatted as an empty page of `kind`.
+    fn formatted(
+        frame: &Frame,
+        page_id: PageId,
+        kind: PageKind,
+        level: u8,
+        index_id: u32,
+    ) -> ExclusiveGuard<'_> {
         let mut guard = ExclusiveGuard {
             frame,
             page_id,
-            bytes: NonNull::new(frame.bytes_ptr()).expect("a new frame is resident"),
+            bytes: NonNull::new(frame.bytes_ptr()).expect("a new page is resident"),
         };
         guard.page_mut().format(page_id, kind, level, index_id);
-        Ok(guard)
+        guard
     }
 
     /// Hands out a free page whose latch has the flavour `policy` (a frame's latch keeps its
@@ -629,13 +641,7 @@ impl BufferPool {
         frame.free.store(false, Ordering::Relaxed);
         frame.dirty.store(true, Ordering::Relaxed);
         frame.touch();
-        let mut guard = ExclusiveGuard {
-            frame,
-            page_id,
-            bytes: NonNull::new(frame.bytes_ptr()).expect("the bytes were just installed"),
-        };
-        guard.page_mut().format(page_id, kind, level, index_id);
-        Some(guard)
+        Some(Self::formatted(frame, page_id, kind, level, index_id))
     }
 
     /// Frees pages for later allocations to reuse: a dropped table's, say. The caller

@@ -6,40 +6,18 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
-use lastpage_io::{FaultyConfig, FaultyFileSystem, FileSystem};
 use lastpage_storage::btree::{BTree, BTreeError, InsertPath, TreeOptions};
-use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
+use lastpage_storage::buffer::{BufferPool, PageError};
 use lastpage_storage::latch::LatchPolicy;
-use lastpage_storage::limits::PAGE_SIZE_BYTES;
 use lastpage_storage::page::PageId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const PATH: &str = "db/data.lp";
+use common::{faulty, open_pool as open};
 
 type Oracle = BTreeMap<Vec<u8>, Vec<u8>>;
-
-fn faulty(seed: u64) -> FaultyFileSystem {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    fs.create_dir_all(Path::new("db")).unwrap();
-    fs
-}
-
-fn open(fs: &FaultyFileSystem, budget_pages: usize) -> (Arc<BufferPool>, Option<Vec<u8>>) {
-    let (pool, blob) = BufferPool::open_file(
-        Arc::new(fs.clone()),
-        Path::new(PATH),
-        PoolConfig {
-            memory_budget_bytes: budget_pages * PAGE_SIZE_BYTES,
-            ..PoolConfig::default()
-        },
-    )
-    .unwrap();
-    (Arc::new(pool), blob)
-}
 
 fn options(policy: LatchPolicy) -> TreeOptions {
     TreeOptions {

@@ -9,34 +9,15 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use lastpage_io::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions};
+use lastpage_io::{CrashMode, FaultRule, FileSystem, OpenOptions};
 use lastpage_storage::btree::{BTree, BTreeError, Direction, InsertPath, TreeOptions};
 use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::PAGE_SIZE_BYTES;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const PATH: &str = "db/data.lp";
+use common::{DATA_FILE as PATH, faulty, open_pool as open};
 const INDEX: u32 = 7;
-
-fn faulty(seed: u64) -> FaultyFileSystem {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    fs.create_dir_all(Path::new("db")).unwrap();
-    fs
-}
-
-fn open(fs: &FaultyFileSystem, budget_pages: usize) -> (Arc<BufferPool>, Option<Vec<u8>>) {
-    let (pool, blob) = BufferPool::open_file(
-        Arc::new(fs.clone()),
-        Path::new(PATH),
-        PoolConfig {
-            memory_budget_bytes: budget_pages * PAGE_SIZE_BYTES,
-            ..PoolConfig::default()
-        },
-    )
-    .unwrap();
-    (Arc::new(pool), blob)
-}
 
 fn options(path: InsertPath) -> TreeOptions {
     TreeOptions {

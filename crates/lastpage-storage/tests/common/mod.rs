@@ -70,3 +70,38 @@ pub fn assert_tree_holds(
         }
     }
 }
+
+/// Where the file-backed pool tests keep their data file, on a fault-injecting file system.
+#[allow(dead_code)]
+pub const DATA_FILE: &str = "db/data.lp";
+
+/// A fault-injecting file system seeded with `seed`, with the data file's directory made.
+#[allow(dead_code)]
+pub fn faulty(seed: u64) -> lastpage_io::FaultyFileSystem {
+    use lastpage_io::FileSystem;
+    let fs = lastpage_io::FaultyFileSystem::new(lastpage_io::FaultyConfig::new(seed));
+    fs.create_dir_all(std::path::Path::new("db")).unwrap();
+    fs
+}
+
+/// Opens (or creates) the pool over [`DATA_FILE`] on `fs` with a budget of `budget_pages`
+/// pages, and the user blob of its last image.
+#[allow(dead_code)]
+pub fn open_pool(
+    fs: &lastpage_io::FaultyFileSystem,
+    budget_pages: usize,
+) -> (
+    std::sync::Arc<lastpage_storage::buffer::BufferPool>,
+    Option<Vec<u8>>,
+) {
+    let (pool, blob) = lastpage_storage::buffer::BufferPool::open_file(
+        std::sync::Arc::new(fs.clone()),
+        std::path::Path::new(DATA_FILE),
+        lastpage_storage::buffer::PoolConfig {
+            memory_budget_bytes: budget_pages * lastpage_storage::limits::PAGE_SIZE_BYTES,
+            ..lastpage_storage::buffer::PoolConfig::default()
+        },
+    )
+    .unwrap();
+    (std::sync::Arc::new(pool), blob)
+}
