@@ -275,6 +275,17 @@ fn decode_fixture(version: u32) -> Catalog {
     decoded
 }
 
+/// The first spare leaf of the first table of `catalog`.
+fn first_spare_leaf(catalog: &Catalog) -> u32 {
+    catalog.tables[0]
+        .index_trees
+        .iter()
+        .flat_map(|trees| trees.spare_leaves_per_partition.iter().flatten())
+        .copied()
+        .next()
+        .expect("the first table has a spare leaf")
+}
+
 /// `catalog` as a version 2 catalog decodes: without dropped trees (which took the last index
 /// ids) and uniquifier blocks.
 fn as_version_2(mut catalog: Catalog) -> Catalog {
@@ -519,13 +530,7 @@ fn inconsistent_catalogs_are_not_encoded() {
         (
             "dropped tree's spare leaf that is a table's",
             Box::new(|c| {
-                let spare = c.tables[0]
-                    .index_trees
-                    .iter()
-                    .flat_map(|trees| trees.spare_leaves_per_partition.iter().flatten())
-                    .copied()
-                    .next()
-                    .unwrap();
+                let spare = first_spare_leaf(c);
                 c.dropped_trees[1].spare_leaves.push(spare);
             }),
         ),
@@ -540,13 +545,7 @@ fn inconsistent_catalogs_are_not_encoded() {
         (
             "duplicate spare leaf",
             Box::new(|c| {
-                let spare = c.tables[0]
-                    .index_trees
-                    .iter()
-                    .flat_map(|trees| trees.spare_leaves_per_partition.iter().flatten())
-                    .copied()
-                    .next()
-                    .unwrap();
+                let spare = first_spare_leaf(c);
                 c.tables[1].index_trees[0].spare_leaves_per_partition[0].push(spare);
             }),
         ),
