@@ -33,9 +33,10 @@ pub enum Command {
     /// Benchmarks over the embedded engine.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Kills a process that inserts durably with SIGKILL at a random moment, reopens the
-    /// database and checks that no acknowledged row was lost or duplicated, no identity value
-    /// was handed out twice, and the integrity check passes; repeats --cycles times on the same
+    /// Kills a process that inserts durably (and creates, fills and drops a scratch table over
+    /// and over) with SIGKILL at a random moment, reopens the database and checks that no
+    /// acknowledged row was lost or duplicated, no identity value was handed out twice, the
+    /// integrity check passes and every page in use belongs to a tree; repeats --cycles times on the same
     /// database. Prints one line per cycle (rows acknowledged in the cycle; the table's rows and
     /// its rows never acknowledged, which are fine: committed, then killed before the
     /// acknowledgement was written; recovery time) and a summary

@@ -50,6 +50,13 @@ use crate::durable::{self, Durability};
 /// The table the crash test inserts into.
 const TABLE: &str = "CrashTest";
 
+/// The table the child's churning thread creates, fills and drops over and over, so that the
+/// kill also comes while pages are freed and reused (see [`churn`]).
+const SCRATCH: &str = "CrashScratch";
+
+/// Rows the churning thread inserts into each scratch table, at most.
+const SCRATCH_ROWS_MAX: u64 = 400;
+
 /// Column positions in [`TABLE`].
 const ID: usize = 0;
 const RUN: usize = 1;
@@ -256,6 +263,14 @@ pub fn run_child(args: &CrashChildArgs) -> ExitCode {
     }
     let failure: Mutex<Option<String>> = Mutex::new(None);
     std::thread::scope(|scope| {
+        let (churn_db, churn_seed) = (&db, mix(args.seed ^ 0x5eed_c4a5));
+        scope.spawn(move || {
+            // Reported at once, as an inserting thread's error (see below).
+            if let Err(error) = churn(churn_db, churn_seed) {
+                eprintln!("lastpage crash-child: the churning thread: {error}");
+                std::process::exit(1);
+            }
+        });
         for thread in 0..args.threads {
             let (db, table, out, failure) = (&db, &table, &out, &failure);
             let seed = mix(args.seed ^ u64::from(thread).wrapping_mul(0x9e37_79b9));
@@ -295,6 +310,48 @@ pub fn run_child(args: &CrashChildArgs) -> ExitCode {
 }
 
 const PIPE_CLOSED: &str = "the parent closed the pipe";
+
+/// The child's churning thread, until the kill: creates [`SCRATCH`] (with a nonclustered
+/// index: two trees), fills it with up to [`SCRATCH_ROWS_MAX`] rows and drops it, over and over.
+/// Every other round a handle of the table outlives its drop by a round, so its pages wait for
+/// it (and a checkpoint in between lists its trees for the next open). The parent checks after
+/// every reopen that every page in use belongs to a tree; the rows are not checked.
+fn churn(db: &Database, seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let mut held = None;
+    // DROP TABLE IF EXISTS: the previous child may have been killed between its CREATE and its
+    // DROP (recovery then replays the CREATE, and the table is there).
+    if db.table(SCRATCH).is_ok() {
+        db.drop_table(SCRATCH)
+            .map_err(|error| format!("cannot drop {SCRATCH}: {error}"))?;
+    }
+    loop {
+        let table = db
+            .create_table(
+                TableDef::new(SCRATCH)
+                    .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+                    .column(ColumnDef::new("Tag", DataType::Int).not_null())
+                    .column(ColumnDef::new("Payload", DataType::VarChar(2000)).not_null())
+                    .clustered(IndexDef::new("PK_Scratch", &["Id"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new("IX_Scratch", &["Tag"], Uniqueness::NonUnique)),
+            )
+            .map_err(|error| format!("cannot create {SCRATCH}: {error}"))?;
+        let session = db.session();
+        for _ in 0..rng.below(SCRATCH_ROWS_MAX) {
+            let row = InsertRow::new()
+                .set(1, rng.below(50) as i32)
+                .set(2, "s".repeat(1 + rng.below(1_500) as usize));
+            table
+                .insert(&session, row)
+                .map_err(|error| format!("cannot insert into {SCRATCH}: {error}"))?;
+        }
+        db.drop_table(SCRATCH)
+            .map_err(|error| format!("cannot drop {SCRATCH}: {error}"))?;
+        // The handle kept from the round before goes now, after this round's DDL.
+        drop(held.take());
+        held = (rng.below(2) == 0).then_some(table);
+    }
+}
 
 /// The environment variable that makes a crash test's child misbehave, so that the crash
 /// test's own tests can show that the parent catches it: `error` makes thread 0 fail as an
@@ -506,6 +563,10 @@ struct CycleReport {
     /// Explicit transactions whose rows are in the table although their COMMIT was never
     /// asked for (recovery kept a transaction that never committed).
     uncommitted_present: u64,
+    /// Pages allocated and not free after the reopen, and pages free.
+    pages_in_use: usize,
+    free_pages: usize,
+    /// "ok" if the integrity check passed and every page in use belongs to a tree.
     integrity: String,
 }
 
@@ -605,7 +666,8 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
         };
         println!(
             "cycle {cycle}/{}: killed after {delay:.2} s, acked={} rows={} unacked_present={} \
-             recovery_ms={:.1}{} lost={} duplicates={} reused={}{}{} integrity={}",
+             recovery_ms={:.1}{} lost={} duplicates={} reused={}{}{} pages={} free={} \
+             integrity={}",
             args.cycles,
             report.acked,
             report.rows,
@@ -632,6 +694,8 @@ pub fn run_crash_test(args: &CrashTestArgs) -> ExitCode {
             .filter(|(_, count)| *count > 0)
             .map(|(name, count)| format!(" {name}={count}"))
             .collect::<String>(),
+            report.pages_in_use,
+            report.free_pages,
             report.integrity
         );
         any_failed |= report.failed();
@@ -1076,8 +1140,26 @@ fn verify(dir: &Path, log: CrashLogArgs, ledger: &mut Ledger) -> Result<CycleRep
             report.uncommitted_present += 1;
         }
     }
+    // Every page in use must belong to a tree: a page the crash (or the churning thread's
+    // drops, see `churn`) left owned by nobody and not free would stay in the file for ever.
+    let (ids, free) = (db.pool().page_count(), db.pool().free_page_count());
+    (report.pages_in_use, report.free_pages) = (ids - free, free);
     report.integrity = match db.check_integrity() {
-        Ok(_) => "ok".to_owned(),
+        Ok(checks) => {
+            let owned: u64 = checks
+                .iter()
+                .flat_map(|table| &table.indexes)
+                .map(|(_, tree)| tree.leaf_pages + tree.inner_pages + tree.spare_leaves)
+                .sum();
+            if owned == report.pages_in_use as u64 {
+                "ok".to_owned()
+            } else {
+                format!(
+                    "failed: {} pages are in use but the trees own {owned}",
+                    report.pages_in_use
+                )
+            }
+        }
         Err(error) => format!("failed: {error}"),
     };
     // Acknowledged values count toward the mark even if (wrongly) missing from the table.
