@@ -2135,22 +2135,37 @@ impl Table {
                 let lanes = matches!(data_type, DataType::Int | DataType::BigInt)
                     && identity.increment <= LANE_IDENTITY_MAX_INCREMENT;
                 let step = if lanes { identity.increment } else { 0 };
-                let id = self
-                    .clustered
-                    .tree(0)
-                    .insert_with_sequence_key(
+                let mut make_key = make_key;
+                let mut insert = |step: i64, key: &mut Vec<u8>| {
+                    self.clustered.tree(0).insert_with_sequence_key(
                         value,
                         step,
                         |rows| identity.take(rows, reservation_log),
-                        make_key,
+                        &mut make_key,
                         key,
                     )
-                    .map_err(|error| match error {
-                        GeneratedKeyError::Key(error) => error,
-                        GeneratedKeyError::Tree(error) => {
-                            self.storage_error(&self.clustered, error, &values.owned_copy())
-                        }
-                    })?;
+                };
+                let mut inserted = insert(step, key);
+                // A lane reserves a whole block of values (up to a page's worth of rows) at
+                // once, which fails with an overflow within a block's width of the end of
+                // BIGINT's range although values are left: every single-row insert there
+                // failed. The failed reservation took no value and inserted nothing (the lane
+                // is left without a block), so the row takes one value the way narrower types
+                // do; should that overflow too, the range is used up.
+                if step > 0
+                    && matches!(
+                        inserted,
+                        Err(GeneratedKeyError::Key(EngineError::IdentityOverflow { .. }))
+                    )
+                {
+                    inserted = insert(0, key);
+                }
+                let id = inserted.map_err(|error| match error {
+                    GeneratedKeyError::Key(error) => error,
+                    GeneratedKeyError::Tree(error) => {
+                        self.storage_error(&self.clustered, error, &values.owned_copy())
+                    }
+                })?;
                 // The record is in: anything that fails from here takes it back.
                 let take_back =
                     |error| self.take_back_keys(self.clustered.tree(0), [&key[..]], error);
