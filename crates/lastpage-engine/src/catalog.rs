@@ -460,11 +460,14 @@ impl Catalog {
         let mut index_ids = HashSet::new();
         let mut roots = HashSet::new();
         let mut spare_leaves = HashSet::new();
-        // Every tree, a dropped one too, has an index id of its own and its own spare leaves;
-        // and a dropped tree's root is no other tree's: the open frees a dropped tree's pages,
-        // and would free a page another tree still used. (Tables' roots are not checked
-        // against each other, which catalogs written before dropped trees were recorded do
-        // not promise either.)
+        // Every table's tree has an index id of its own (log records name trees by it), every
+        // tree its own spare leaves, and a dropped tree's root is no other tree's: the open
+        // frees a dropped tree's pages, and would free a page another tree still used. A
+        // dropped tree may share its index id with a table's: a table that is not logged,
+        // emptied after a crash, keeps its index ids for its new trees, and its old ones are
+        // listed here until their pages are free. (Tables' roots are not checked against each
+        // other, which catalogs written before dropped trees were recorded do not promise
+        // either.)
         let mut claim_tree = |index_id: u32, root: u32, spares: &[u32], owner: &str| {
             if index_id >= self.next_index_id {
                 return Err(format!(
@@ -472,7 +475,7 @@ impl Catalog {
                     self.next_index_id
                 ));
             }
-            if !index_ids.insert(index_id) {
+            if owner != DROPPED_TREE && !index_ids.insert(index_id) {
                 return Err(format!("index id {index_id} is used twice"));
             }
             if !roots.insert(root) && owner == DROPPED_TREE {

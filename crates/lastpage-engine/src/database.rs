@@ -1043,8 +1043,7 @@ impl Database {
         self.reclaim_dropped_tables();
     }
 
-    /// Frees the pages of every dropped table that nothing uses any more, and returns how many
-    /// pages it freed. A dropped table's pages cannot be freed while something still holds
+    /// Frees the pages of every dropped table that nothing uses any more. A dropped table's pages cannot be freed while something still holds
     /// the table (see [`Dropped::tables`]): they would be reused under it. So they wait, and
     /// this runs at every DDL and checkpoint (and at the open), freeing the tables let go of
     /// since.
@@ -1054,7 +1053,7 @@ impl Database {
     /// (a table's, or a dropped one's) with all its pages in use, or with all of them free.
     /// A tree that cannot be freed (an inner page that cannot be read) stays listed, to be
     /// tried again: its pages are late, never lost, and the drop has succeeded regardless.
-    pub(crate) fn reclaim_dropped_tables(&self) -> usize {
+    pub(crate) fn reclaim_dropped_tables(&self) {
         let mut dropped = sync::lock(&self.inner.dropped);
         let Dropped { tables, trees } = &mut *dropped;
         tables.retain_mut(|table| match Arc::get_mut(table) {
@@ -1064,15 +1063,7 @@ impl Database {
             }
             None => true,
         });
-        let mut freed = 0;
-        trees.retain_mut(|tree| match tree.free_all_pages() {
-            Ok(pages) => {
-                freed += pages;
-                false
-            }
-            Err(_) => true,
-        });
-        freed
+        trees.retain_mut(|tree| tree.free_all_pages().is_err());
     }
 
     /// The buffer pool.
