@@ -376,3 +376,48 @@ fn a_power_cut_anywhere_in_an_open_that_frees_pages_loses_nothing() {
         check(&db, &format!("after a cut at operation {n}"));
     }
 }
+
+/// A dropped table whose pages cannot be freed (its inner pages are not in memory and every
+/// read fails) stays set aside: the drop succeeds, a checkpoint lists its trees, and its pages
+/// are freed later, by the next DDL once reads work, or by the next open after a crash.
+#[test]
+fn a_drop_whose_pages_cannot_be_read_frees_them_later() {
+    use lastpage_io::FaultRule;
+    for crash in [false, true] {
+        let mut fs = FaultyFileSystem::new(FaultyConfig::new(23));
+        let db = Database::open(
+            DIR,
+            DatabaseOptions {
+                memory_budget_bytes: 16 * 8192,
+                ..durable_options(&fs)
+            },
+        )
+        .unwrap();
+        db.create_table(table("Kept")).unwrap();
+        db.create_table(table("Dropped")).unwrap();
+        fill(&db, "Dropped", 2_000);
+        db.checkpoint().unwrap();
+        // Another table's rows push the dropped table's pages out of memory.
+        fill(&db, "Kept", 1_500);
+        fs.inject(FaultRule::reads_fail_from(1).on_path("/db/data.lp"));
+        db.drop_table("Dropped").unwrap();
+        assert_eq!(
+            db.pool().free_page_count(),
+            0,
+            "crash {crash}: pages freed unread"
+        );
+        db.checkpoint().unwrap();
+        fs.clear_faults();
+        if crash {
+            fs = common::crash(&fs, CrashMode::LoseUnsynced, db, (), ());
+            let db = Database::open(DIR, durable_options(&fs)).unwrap();
+            assert!(db.pool().free_page_count() > 100, "the open freed them");
+            assert_every_page_owned(&db, "after the open");
+        } else {
+            db.create_table(table("Next")).unwrap();
+            assert!(db.pool().free_page_count() > 100, "the next DDL freed them");
+            assert_every_page_owned(&db, "after the next DDL");
+            drop(db);
+        }
+    }
+}
