@@ -500,3 +500,24 @@ fn an_unlogged_table_whose_old_tree_cannot_be_freed_does_not_stop_the_open() {
         .unwrap_or_else(|error| panic!("the open after the close: {error}"));
     assert_eq!(row_count(&db, "Kept"), 10);
 }
+
+/// `drop_table` promises that a table dropped while held gives its pages back at the first DDL
+/// or checkpoint after its last handle goes. An in-memory database's checkpoint returned before
+/// it looked at the dropped tables, so without another DDL the pages never came back.
+#[test]
+fn an_in_memory_checkpoint_frees_a_dropped_table_let_go_of() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    db.create_table(table("Kept")).unwrap();
+    let held = db.create_table(table("Dropped")).unwrap();
+    fill(&db, "Dropped", 2_000);
+    db.drop_table("Dropped").unwrap();
+    assert_eq!(db.pool().free_page_count(), 0, "freed while held");
+    drop(held);
+    db.checkpoint().unwrap();
+    assert!(
+        db.pool().free_page_count() > 50,
+        "the checkpoint after the last handle went freed {} pages",
+        db.pool().free_page_count()
+    );
+    assert_every_page_owned(&db, "after the checkpoint");
+}
