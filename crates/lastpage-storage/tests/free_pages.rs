@@ -360,3 +360,28 @@ fn trees_freed_while_others_grow_on_other_threads_lose_no_row_and_no_page() {
         "every page in use belongs to a tree"
     );
 }
+
+/// `free_all_pages` promises that a later use of the freed handle fails instead of reaching a
+/// page another tree reuses. It set the root to no page, but the tail hint (and the lanes' and
+/// the tail parent's hints) still named the freed pages, and an append goes to the hinted last
+/// leaf first, checking only that it is a last leaf of the same index id. A new tree under the
+/// same index id (the engine makes one for a table that is not logged, emptied after a crash)
+/// that reused the page then took the stale handle's row.
+#[test]
+fn a_freed_handle_cannot_reach_its_old_last_leaf_through_its_hints() {
+    let pool = Arc::new(BufferPool::new());
+    let mut freed = BTree::create(Arc::clone(&pool), 7, options(LatchPolicy::Fifo)).unwrap();
+    freed.insert(b"a", b"old").unwrap();
+    assert_eq!(freed.free_all_pages().unwrap(), 1);
+    // The one free page becomes the new tree's root, a last leaf of index 7.
+    let reused = BTree::create(Arc::clone(&pool), 7, options(LatchPolicy::Fifo)).unwrap();
+    assert_eq!(pool.free_page_count(), 0);
+    reused.insert(b"b", b"new").unwrap();
+    let stale = freed.insert(b"c", b"stale");
+    assert!(
+        stale.is_err(),
+        "an insert through the freed handle went into the tree that reused its page"
+    );
+    assert_eq!(reused.get(b"c").unwrap(), None);
+    assert_eq!(reused.get(b"b").unwrap(), Some(b"new".to_vec()));
+}

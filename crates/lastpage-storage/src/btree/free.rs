@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use super::BTree;
 use crate::buffer::PageError;
 use crate::page::{NO_PAGE, PageId};
-use crate::sync;
+use crate::sync::{self, Ordering};
 
 impl BTree {
     /// Frees every page the tree owns, its nodes and its spare leaves, for the pool to hand
@@ -73,6 +73,14 @@ impl BTree {
         self.pool.free_pages(&pages)?;
         self.root = NO_PAGE;
         sync::lock(&self.spare_leaves).clear();
+        // The hints go too. An append latches the hinted last leaf before it looks at the
+        // root, and trusts it if it is a last leaf of this index id; a tree made later under
+        // the same index id (the engine makes one for a table that is not logged, emptied
+        // after a crash) may reuse that very page, and the freed handle's row would go into
+        // it. With every hint at no page, any use of the handle fails on the missing page.
+        self.tail_hint.store(NO_PAGE, Ordering::Relaxed);
+        self.tail_parent_hint.store(NO_PAGE, Ordering::Relaxed);
+        self.lanes = super::lanes::Lanes::default();
         Ok(pages.len())
     }
 }
