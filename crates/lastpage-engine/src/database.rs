@@ -889,7 +889,7 @@ impl Database {
         self.check_usable()?;
         let Some(durable) = self.durable() else {
             // No image to write, but `drop_table` promises that a dropped table's pages are
-            // freed at the first DDL or checkpoint after its last handle goes: an in-memory
+            // freed at the first table creation, drop or checkpoint after its last handle goes: an in-memory
             // database that creates and drops no more tables would otherwise never get them
             // back. It has no capture for the free to race, so no gate is needed.
             self.reclaim_dropped_tables();
@@ -1051,7 +1051,7 @@ impl Database {
 
     /// Frees the pages of every dropped table that nothing uses any more. A dropped table's pages cannot be freed while something still holds
     /// the table (see [`Dropped::tables`]): they would be reused under it. So they wait, and
-    /// this runs at every DDL and checkpoint (and at the open), freeing the tables let go of
+    /// this runs at every table creation and drop and every checkpoint (and at the open), freeing the tables let go of
     /// since.
     ///
     /// The caller is inside the checkpoint gate (or nothing else can reach the database yet,
@@ -1318,7 +1318,7 @@ impl Database {
     /// (`UnknownTable`, SQL Server's "Invalid object name"); a statement already past that
     /// check when the drop happens completes, as if it had run just before the drop, and its
     /// rows go with the table. The table's pages are freed for other tables to reuse at once
-    /// if nothing else holds the table, else at the first DDL or checkpoint after the last
+    /// if nothing else holds the table, else at the first table creation, drop or checkpoint after the last
     /// handle of it goes (see `docs/recovery.md`, Dropped tables and freed pages).
     pub fn drop_table(&self, name: &str) -> Result<()> {
         let _gate = self.enter_gate();
