@@ -143,7 +143,8 @@ impl Frame {
 type Chunk = Box<[OnceLock<Box<Frame>>]>;
 
 /// The pool's free pages, one list per latch flavour: a frame's latch keeps the flavour it was
-/// made with, so a page is reused only by an index of that flavour.
+/// made with, so a page is reused by an index of that flavour (by one of the other flavour
+/// only at the page limit, see `BufferPool::allocate`).
 #[derive(Default)]
 struct FreePages {
     fifo: Vec<PageId>,
@@ -568,12 +569,33 @@ impl BufferPool {
         // back with a `fetch_sub` after a past-the-limit one had taken the next id moved the
         // counter back onto that id, which was then handed out twice (a panic) while the id
         // below it was never allocated.
-        let page_id = self
-            .next_page_id
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |page_id| {
-                ((page_id as usize) <= max_pages).then_some(page_id + 1)
-            })
-            .map_err(|_| PoolFull { max_pages })?;
+        let page_id =
+            match self
+                .next_page_id
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |page_id| {
+                    ((page_id as usize) <= max_pages).then_some(page_id + 1)
+                }) {
+                Ok(page_id) => page_id,
+                Err(_) => {
+                    // At the page limit, a free page of the other latch flavour rather than none.
+                    // Flavours are not persisted: every page reopened from the data file has the
+                    // default flavour, free ones included, so after a reopen an index of the other
+                    // flavour found no free page of its own, and a full database of such indexes
+                    // stayed full after a drop with all the dropped table's pages free. Its pages
+                    // in use already have the default flavour for the same reason, so one more
+                    // changes nothing but the latch's fairness on that page.
+                    let other = match policy {
+                        LatchPolicy::Fifo => LatchPolicy::Adaptive,
+                        LatchPolicy::Adaptive => LatchPolicy::Fifo,
+                    };
+                    if self.free_page_count.load(Ordering::Relaxed) > 0
+                        && let Some(guard) = self.reuse_free_page(other, kind, level, index_id)
+                    {
+                        return Ok(guard);
+                    }
+                    return Err(PoolFull { max_pages });
+                }
+            };
         self.reserve_frame();
         let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);
         frame.dirty.store(true, Ordering::Relaxed);
@@ -611,7 +633,8 @@ impl BufferPool {
     }
 
     /// Hands out a free page whose latch has the flavour `policy` (a frame's latch keeps its
-    /// flavour for ever), formatted and latched exclusively, or `None` if there is none.
+    /// flavour for ever), formatted and latched exclusively, or `None` if there is none. (The
+    /// caller's index normally has that flavour too; see `allocate` for when it has not.)
     /// Reusing a page needs no room under the page limit: it is counted already.
     #[cold]
     #[inline(never)]
