@@ -710,9 +710,11 @@ impl BufferPool {
             frame.crc.store(0, Ordering::Relaxed);
             frame.free.store(true, Ordering::Relaxed);
             frame.latch.release(LatchMode::Exclusive);
-            lock(&self.free_pages)
-                .of(frame.latch.policy())
-                .push(page_id);
+            // Counted under the list's lock, as a reuse uncounts under it: counted after the
+            // lock, a reuse could take the page and uncount it first, and the count (which
+            // `page_count() - free_page_count()` reads) wrapped below zero for a moment.
+            let mut free = lock(&self.free_pages);
+            free.of(frame.latch.policy()).push(page_id);
             self.free_page_count.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
