@@ -23,6 +23,7 @@
 //! `LASTPAGE_TEST_CASES=<n>` for n times the cases).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,6 +128,22 @@ impl Oracle {
                             || self.visible(other, table, key).is_some())
                 })
         })
+    }
+
+    /// A key at or above every key any transaction locked or any row holds in `table`.
+    fn max_key(&self, table: usize) -> i64 {
+        let locked = self
+            .txns
+            .iter()
+            .flatten()
+            .flat_map(|txn| txn.locks[table].iter());
+        let committed = self.committed.0[table].keys();
+        locked
+            .chain(committed)
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(KEYS)
     }
 
     /// Whether a scan of `table` by `session` must wait for another transaction.
@@ -340,8 +357,21 @@ impl Run {
                 }
             }
             10..=27 if on_orders => {
-                self.log.push(format!("s{s} insert order {value}"));
-                let result = table.insert(session, order_row(value));
+                // The three single-row paths: an `InsertRow`, a prepared insert of values the
+                // caller keeps, and a one-row batch of such values.
+                let how = self.rng.random_range(0..3);
+                self.log
+                    .push(format!("s{s} insert order {value} (path {how})"));
+                let payload = [value_of(ORDERS, value)];
+                let result = match how {
+                    0 => table.insert(session, order_row(value)),
+                    1 => table
+                        .prepare_insert(&[1])
+                        .and_then(|prepared| prepared.insert(session, &payload)),
+                    _ => table
+                        .insert_batch_values(session, &[1], [&payload[..]])
+                        .map(|ids| ids[0]),
+                };
                 if is_pool_full(&result) {
                     // At the page limit: the statement changed nothing.
                     self.pool_full += 1;
@@ -471,8 +501,14 @@ impl Run {
                 let count = self.rng.random_range(1..=12);
                 self.log
                     .push(format!("s{s} batch of {count} orders {value}"));
-                let rows = (0..count).map(|_| order_row(value)).collect();
-                let result = table.insert_batch(session, rows);
+                let result = if self.rng.random_bool(0.5) {
+                    let rows = (0..count).map(|_| order_row(value)).collect();
+                    table.insert_batch(session, rows)
+                } else {
+                    let payload = [value_of(ORDERS, value)];
+                    let rows: Vec<&[Value]> = (0..count).map(|_| &payload[..]).collect();
+                    table.insert_batch_values(session, &[1], rows)
+                };
                 if is_pool_full(&result) {
                     self.pool_full += 1;
                     return;
@@ -546,23 +582,67 @@ impl Run {
                 }
             }
             85..=92 => {
-                self.log.push(format!("s{s} scan {t}"));
-                let result = try_rows(table, session);
-                if self.oracle.scan_blocked(s, t) {
+                // A scan of the whole table or of a range from `key` (either end, included
+                // or not), in either direction.
+                let direction = if self.rng.random_bool(0.5) {
+                    Direction::Forward
+                } else {
+                    Direction::Backward
+                };
+                let whole = self.rng.random_bool(0.4);
+                let included = self.rng.random_bool(0.5);
+                let from_below = self.rng.random_bool(0.5);
+                let bound = |key: i64| {
+                    if included {
+                        Bound::Included(vec![key_of(t, key)])
+                    } else {
+                        Bound::Excluded(vec![key_of(t, key)])
+                    }
+                };
+                let (range, in_range): (KeyRange, Box<dyn Fn(i64) -> bool>) = if whole {
+                    (KeyRange::all(), Box::new(|_| true))
+                } else if from_below {
+                    let range = KeyRange {
+                        lower: bound(key),
+                        upper: Bound::Unbounded,
+                    };
+                    (range, Box::new(move |k| k > key || (included && k == key)))
+                } else {
+                    let range = KeyRange {
+                        lower: Bound::Unbounded,
+                        upper: bound(key),
+                    };
+                    (range, Box::new(move |k| k < key || (included && k == key)))
+                };
+                self.log
+                    .push(format!("s{s} scan {t} {range:?} {direction:?}"));
+                let result: Result<Vec<(i64, i64)>, String> = table
+                    .scan(session, &range, direction)
+                    .map_err(|error| error.to_string())
+                    .and_then(|rows| {
+                        rows.map(|row| row.map(|row| row_of(&row)).map_err(|e| e.to_string()))
+                            .collect()
+                    });
+                let blocked = (0..=self.oracle.max_key(t))
+                    .any(|key| in_range(key) && self.oracle.read_blocked(s, t, key));
+                if blocked {
                     check!(
                         matches!(&result, Err(error) if error.contains("time out")),
                         "scan past a locked row: {result:?}"
                     );
                 } else {
-                    let got = result.map(|rows| {
-                        rows.iter()
-                            .map(|row| row_of(row))
-                            .collect::<BTreeMap<_, _>>()
-                    });
-                    let expected = self.oracle.visible_rows(s, t);
+                    let mut expected: Vec<(i64, i64)> = self
+                        .oracle
+                        .visible_rows(s, t)
+                        .into_iter()
+                        .filter(|&(key, _)| in_range(key))
+                        .collect();
+                    if direction == Direction::Backward {
+                        expected.reverse();
+                    }
                     check!(
-                        matches!(got, Ok(ref got) if *got == expected),
-                        "scan: {got:?}, expected {expected:?}"
+                        matches!(result, Ok(ref got) if *got == expected),
+                        "scan: {result:?}, expected {expected:?}"
                     );
                 }
             }
@@ -1194,6 +1274,11 @@ fn transfers_through_a_crash(seed: u64) {
         accounts_table.insert(&setup, insert_row(key, 100)).unwrap();
     }
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Every fourth case closes the database cleanly instead of cutting the power, under the
+    // writers' feet: every commit acknowledged before the close began must be kept (DELAYED
+    // ones too: the close flushes), and the transactions it refuses undone.
+    let closing = seed % 4 == 3;
+    let closing_started = std::sync::atomic::AtomicBool::new(false);
     let mut rng = StdRng::seed_from_u64(seed);
     let crash_after = Duration::from_millis(rng.random_range(5..60));
     let mode = [
@@ -1201,14 +1286,16 @@ fn transfers_through_a_crash(seed: u64) {
         CrashMode::LoseUnsynced,
         CrashMode::KeepUnsynced,
     ][rng.random_range(0..3)];
-    let (after, acknowledged) = std::thread::scope(|scope| {
+    let (after, acknowledged, refused) = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..WRITERS)
             .map(|thread| {
                 let (db, accounts_table, ledger, stop) = (&db, &accounts_table, &ledger, &stop);
+                let closing_started = &closing_started;
                 scope.spawn(move || {
                     let mut rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
                     let session = db.session();
                     let mut acknowledged = Vec::new();
+                    let mut refused = Vec::new();
                     for n in 0.. {
                         if stop.load(std::sync::atomic::Ordering::SeqCst) {
                             break;
@@ -1240,10 +1327,24 @@ fn transfers_through_a_crash(seed: u64) {
                                     .set(0, id)
                                     .set(1, format!("{from},{to},{amount}")),
                             )?;
-                            session.commit()
+                            session.commit().inspect_err(|error| {
+                                // A commit the close refused must not commit: its caller
+                                // would run it again.
+                                if matches!(error, EngineError::DatabaseClosed) {
+                                    refused.push(id);
+                                }
+                            })
                         })();
                         match result {
                             Ok(()) if !delayed => acknowledged.push(id),
+                            // Returned before the close began: the close's flush covers it.
+                            Ok(())
+                                if closing
+                                    && !closing_started
+                                        .load(std::sync::atomic::Ordering::SeqCst) =>
+                            {
+                                acknowledged.push(id)
+                            }
                             Ok(()) => {}
                             Err(EngineError::Lock(LockError::Deadlock { .. })) => {
                                 let _ = session.rollback();
@@ -1255,7 +1356,7 @@ fn transfers_through_a_crash(seed: u64) {
                             }
                         }
                     }
-                    acknowledged
+                    (acknowledged, refused)
                 })
             })
             .collect();
@@ -1268,14 +1369,25 @@ fn transfers_through_a_crash(seed: u64) {
             }
         });
         std::thread::sleep(crash_after);
-        let after = fs.crash_with(mode);
+        // Every fourth case closes the database cleanly instead, under the writers' feet: every
+        // commit acknowledged before (DELAYED ones too: the close flushes) must be kept, and
+        // the transactions it refuses undone.
+        let after = if closing {
+            closing_started.store(true, std::sync::atomic::Ordering::SeqCst);
+            db.clone().close().unwrap();
+            fs.crash_with(CrashMode::LoseUnsynced)
+        } else {
+            fs.crash_with(mode)
+        };
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let acknowledged: Vec<i32> = writers
-            .into_iter()
-            .flat_map(|writer| writer.join().unwrap())
-            .collect();
+        let (mut acknowledged, mut refused) = (Vec::new(), Vec::new());
+        for writer in writers {
+            let (acked, refusals) = writer.join().unwrap();
+            acknowledged.extend(acked);
+            refused.extend(refusals);
+        }
         checkpointer.join().unwrap();
-        (after, acknowledged)
+        (after, acknowledged, refused)
     });
     drop((setup, accounts_table, ledger));
     drop(db);
@@ -1309,9 +1421,11 @@ fn transfers_through_a_crash(seed: u64) {
         ledger.len()
     );
     println!(
-        "{mode:?} after {crash_after:?}: {} transfers recovered, {} acknowledged",
+        "{mode:?} (closing: {closing}) after {crash_after:?}: {} transfers recovered, {} \
+         acknowledged, {} refused",
         ledger.len(),
-        acknowledged.len()
+        acknowledged.len(),
+        refused.len()
     );
     for id in &acknowledged {
         assert!(
@@ -1319,6 +1433,12 @@ fn transfers_through_a_crash(seed: u64) {
             "{mode:?}: acknowledged transfer {id} lost ({} acknowledged, {} in the ledger)",
             acknowledged.len(),
             ledger.len()
+        );
+    }
+    for id in &refused {
+        assert!(
+            !ledger.contains_key(id),
+            "transfer {id} committed though its commit was refused"
         );
     }
     db.check_integrity().unwrap();
