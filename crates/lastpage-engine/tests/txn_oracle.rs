@@ -911,12 +911,18 @@ fn interleaved_transactions_match_the_oracle_through_crashes() {
 /// detector needs (a timeout here would be a deadlock it missed), a victim rolls back and
 /// reruns. Scans must always find every account exactly once, and at the end the balances
 /// must add up to what they started at and nothing may be left locked.
-fn transfers(seed: u64, durable: bool) {
+fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
     const ACCOUNTS: i64 = 8;
     const WRITERS: u64 = 5;
     const TRANSACTIONS: usize = 60;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    let lock_timeout = Some(Duration::from_secs(30));
+    // Either long enough that a timeout means a deadlock went undetected, or so short that
+    // timeouts are common: then they must leave nothing behind either.
+    let lock_timeout = Some(if short_timeouts {
+        Duration::from_millis(2)
+    } else {
+        Duration::from_secs(30)
+    });
     let db = if durable {
         Database::open(
             DIR,
@@ -945,6 +951,9 @@ fn transfers(seed: u64, durable: bool) {
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
                 let session = db.session();
+                // Counts this writer done however it ends, so that the readers stop even
+                // when it panics.
+                let _done = Done(done);
                 let balance_of = |key: i64| match table.get(&session, &[key_of(0, key)]) {
                     Ok(Some(row)) => Ok(row_of(&row).1),
                     Ok(None) => panic!("account {key} is missing for its own locker"),
@@ -973,6 +982,10 @@ fn transfers(seed: u64, durable: bool) {
                                         table.get(&session, &[key_of(0, (key + 1) % ACCOUNTS)])?;
                                 }
                                 assert!(table.update(&session, &[key_of(0, key)], &[])?);
+                                if short_timeouts && rng_bool(thread + attempts, position) {
+                                    // Hold the row longer than others wait for it.
+                                    std::thread::sleep(Duration::from_millis(3));
+                                }
                                 let balance = balance_of(key)?;
                                 let delta = if position == 0 {
                                     -amount * (count as i64 - 1)
@@ -1008,29 +1021,36 @@ fn transfers(seed: u64, durable: bool) {
                                     rng.random_range(0..200 * attempts.min(10)),
                                 ));
                             }
+                            Err(EngineError::Lock(LockError::Timeout { .. })) if short_timeouts => {
+                                session.rollback().unwrap();
+                                std::thread::sleep(Duration::from_micros(
+                                    rng.random_range(0..200 * attempts.min(10)),
+                                ));
+                            }
                             Err(error) => panic!("transfer failed: {error}"),
                         }
                     }
                 }
-                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
         for _ in 0..2 {
             let (db, table, done) = (&db, &table, &done);
             scope.spawn(move || {
                 let session = db.session();
+                let timed_out = |error: &str| short_timeouts && error.contains("time out");
                 while done.load(std::sync::atomic::Ordering::SeqCst) < WRITERS {
-                    let keys: Vec<i64> = try_rows(table, &session)
-                        .unwrap()
-                        .iter()
-                        .map(|row| row_of(row).0)
-                        .collect();
-                    assert_eq!(keys, (0..ACCOUNTS).collect::<Vec<_>>(), "a scan");
+                    match try_rows(table, &session) {
+                        Ok(rows) => {
+                            let keys: Vec<i64> = rows.iter().map(|row| row_of(row).0).collect();
+                            assert_eq!(keys, (0..ACCOUNTS).collect::<Vec<_>>(), "a scan");
+                        }
+                        Err(error) => assert!(timed_out(&error), "a scan: {error}"),
+                    }
                     for key in 0..ACCOUNTS {
-                        assert!(
-                            table.get(&session, &[key_of(0, key)]).unwrap().is_some(),
-                            "account {key} missing"
-                        );
+                        match table.get(&session, &[key_of(0, key)]) {
+                            Ok(row) => assert!(row.is_some(), "account {key} missing"),
+                            Err(error) => assert!(timed_out(&error.to_string()), "{error}"),
+                        }
                     }
                 }
             });
@@ -1049,13 +1069,25 @@ fn transfers(seed: u64, durable: bool) {
     );
     let stats = db.lock_stats();
     println!("{stats:?}");
-    assert_eq!(stats.timeouts, 0, "a deadlock went undetected: {stats:?}");
+    if !short_timeouts {
+        assert_eq!(stats.timeouts, 0, "a deadlock went undetected: {stats:?}");
+    }
     db.check_integrity().unwrap();
+    // Nothing is left locked: every row can be locked (within the timeout) by a newcomer.
     for key in 0..ACCOUNTS {
         let fresh = db.session();
         fresh.begin().unwrap();
         assert!(table.update(&fresh, &[key_of(0, key)], &[]).unwrap());
         fresh.commit().unwrap();
+    }
+}
+
+/// Counts a writer thread done when it ends, panicking or not.
+struct Done<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -1067,8 +1099,15 @@ fn rng_bool(thread: u64, position: usize) -> bool {
 #[test]
 fn concurrent_transfers_keep_the_total_and_every_deadlock_is_detected() {
     let seed = seed();
-    transfers(seed, false);
-    transfers(seed.wrapping_add(1), true);
+    transfers(seed, false, false);
+    transfers(seed.wrapping_add(1), true, false);
+}
+
+#[test]
+fn transfers_with_lock_timeouts_leave_nothing_behind() {
+    let seed = seed();
+    transfers(seed, false, true);
+    transfers(seed.wrapping_add(1), true, true);
 }
 
 /// Writers put a mark (-1) on rows in explicit transactions (an update, or a delete and an
@@ -1112,6 +1151,9 @@ fn marks(seed: u64, durable: bool) {
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
                 let session = db.session();
+                // Counts this writer done however it ends, so that the readers stop even
+                // when it panics.
+                let _done = Done(done);
                 for _ in 0..ROUNDS {
                     // Each writer owns the rows whose key is its number modulo WRITERS, so
                     // writers never wait for each other; readers wait for them.
@@ -1169,7 +1211,6 @@ fn marks(seed: u64, durable: bool) {
                         session.commit().unwrap();
                     }
                 }
-                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
         for reader in 0..2u64 {
