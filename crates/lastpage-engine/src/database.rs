@@ -1338,7 +1338,7 @@ impl Database {
             wal.append(&Record::Schema {
                 description: recovery::describe_drop(table.id()).into(),
             })
-            .and_then(|end| wal.wait_durable(end))
+            .and_then(|end| wal.wait_until_durable(end))
             .map_err(|error| self.fail(error))?;
         }
         table.mark_dropped();
@@ -1380,7 +1380,7 @@ impl Database {
                 description: recovery::describe_index_options(table.id(), position, &options)
                     .into(),
             })
-            .and_then(|end| wal.wait_durable(end))
+            .and_then(|end| wal.wait_until_durable(end))
             .map_err(|error| self.fail(error))?;
         }
         table.apply_index_options(

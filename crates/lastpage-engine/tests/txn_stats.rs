@@ -55,3 +55,20 @@ fn rollbacks_are_not_counted_as_commits_but_still_wait_for_the_log() {
     );
     assert_eq!(common::rows(&table, &session).len(), 3);
 }
+
+/// Schema changes wait for their record too, but are no commits: dropping a table and
+/// changing an index's options leave `WalStats::commits` alone (before, each counted one).
+#[test]
+fn schema_changes_are_not_counted_as_commits() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(9));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db.create_table(accounts()).unwrap();
+    let session = db.session();
+    let commits_before = db.wal_stats().unwrap().commits;
+    table
+        .set_optimize_for_sequential_key(&session, "PK_Accounts", true)
+        .unwrap();
+    drop(table);
+    db.drop_table("Accounts").unwrap();
+    assert_eq!(db.wal_stats().unwrap().commits, commits_before);
+}
