@@ -584,6 +584,27 @@ impl std::fmt::Debug for LockManager {
     }
 }
 
+/// How long one lock request may still wait: its timeout (which its error names) and the
+/// instant that runs out, fixed when the request starts. Every wait of the request shares it:
+/// one for a range lock covering its row, then one for the row. Each wait had the whole
+/// timeout before, so a request could wait twice its timeout or more (one wait per range
+/// lock in its way).
+#[derive(Clone, Copy)]
+struct Patience {
+    timeout: Option<Duration>,
+    /// `None`: no timeout, or one too large for the clock, which waits as long as it takes.
+    deadline: Option<Instant>,
+}
+
+impl Patience {
+    fn from_now(timeout: Option<Duration>) -> Patience {
+        Patience {
+            timeout,
+            deadline: timeout.and_then(|timeout| Instant::now().checked_add(timeout)),
+        }
+    }
+}
+
 impl LockManager {
     /// A lock manager with `shards` shards, clamped to between 1 and
     /// [`LOCK_MANAGER_MAX_SHARDS`] (`LOCK_MANAGER_DEFAULT_SHARDS` is a good default).
@@ -708,7 +729,7 @@ impl LockManager {
         txn: Option<TxnId>,
         key: &LockKey,
         wait_type: WaitType,
-        timeout: Option<Duration>,
+        patience: Patience,
     ) -> Result<(), LockError> {
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
@@ -719,9 +740,9 @@ impl LockManager {
         else {
             return Ok(());
         };
-        let slot = Self::enqueue(entry, stats, txn, Request::ReadThrough, timeout)?;
+        let slot = Self::enqueue(entry, stats, txn, Request::ReadThrough, patience.timeout)?;
         drop(shard);
-        self.park(shard_mutex, txn, key, wait_type, timeout, slot)
+        self.park(shard_mutex, txn, key, wait_type, patience, slot)
     }
 
     fn shard(&self, key: &LockKey) -> &Mutex<Shard> {
@@ -753,10 +774,11 @@ impl LockManager {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<Granted, LockError> {
+        let patience = Patience::from_now(timeout);
         // A row in another transaction's range is waited for first; one in the requester's own
         // range is held already.
         while let Some(range) = self.range_of_other(Some(txn), key) {
-            self.wait_out_exclusive(Some(txn), &range, mode.wait_type(), timeout)?;
+            self.wait_out_exclusive(Some(txn), &range, mode.wait_type(), patience)?;
         }
         if self.in_own_range(txn, key) {
             return Ok(Granted::AlreadyHeld);
@@ -811,7 +833,7 @@ impl LockManager {
             Some(txn),
             key,
             request.mode().wait_type(),
-            timeout,
+            patience,
             slot,
         )?;
         Ok(match request {
@@ -833,10 +855,11 @@ impl LockManager {
         key: &LockKey,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
+        let patience = Patience::from_now(timeout);
         while let Some(range) = self.range_of_other(reader, key) {
-            self.wait_out_exclusive(reader, &range, WaitType::LckMS, timeout)?;
+            self.wait_out_exclusive(reader, &range, WaitType::LckMS, patience)?;
         }
-        self.wait_out_exclusive(reader, key, WaitType::LckMS, timeout)
+        self.wait_out_exclusive(reader, key, WaitType::LckMS, patience)
     }
 
     /// Whether a transaction other than `txn` holds X on `key`: what a READ COMMITTED reader
@@ -955,12 +978,11 @@ impl LockManager {
         txn: Option<TxnId>,
         key: &LockKey,
         wait_type: WaitType,
-        timeout: Option<Duration>,
+        patience: Patience,
         slot: Arc<WaitSlot>,
     ) -> Result<(), LockError> {
         let wait = stats::begin_wait(wait_type, None);
-        // A timeout too large for the clock has no deadline: it waits as long as it takes.
-        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let Patience { timeout, deadline } = patience;
 
         if let Some(txn) = txn {
             let mut waiting = sync::lock(&self.waiting);

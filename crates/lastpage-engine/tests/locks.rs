@@ -810,3 +810,39 @@ fn a_reader_goes_when_the_x_lock_it_waits_for_goes_even_with_a_writer_queued_ahe
     // Only a reader let through at T1's release returns while the writer holds X.
     assert!(read.is_ok(), "{read:?}");
 }
+
+/// A request's timeout covers all of its waits: one for a range lock over its row, then one
+/// for the row. Each wait had the whole timeout before, so a request could wait about twice
+/// its timeout (here it got the row at 600 ms with a 400 ms timeout). The sleeps only make the
+/// request's waits long; whether it times out does not depend on how long they overrun.
+#[test]
+fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
+    let manager = Arc::new(LockManager::new(4));
+    // Transaction 2 holds the row, then transaction 1 a range over it (a range does not wait
+    // for the rows inside it).
+    manager.acquire(TxnId(2), &key(5), Exclusive, None).unwrap();
+    let range = manager
+        .lock_range(TxnId(1), &key(1), &key(9), None)
+        .unwrap();
+    let started = Instant::now();
+    let requester = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || {
+            manager.acquire(
+                TxnId(3),
+                &key(5),
+                Exclusive,
+                Some(Duration::from_millis(400)),
+            )
+        })
+    };
+    thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+    manager.release_all(TxnId(1), &[range]);
+    thread::sleep(Duration::from_millis(600).saturating_sub(started.elapsed()));
+    manager.release_all(TxnId(2), &[key(5)]);
+    assert_eq!(
+        requester.join().unwrap(),
+        Err(LockError::Timeout { ms: 400 }),
+        "the request outwaited its timeout"
+    );
+}
