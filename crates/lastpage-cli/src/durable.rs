@@ -45,8 +45,9 @@ pub struct WalCounters {
     pub fsyncs: u64,
     /// Bytes the log writer wrote.
     pub flushed_bytes: u64,
-    /// Commits that waited for a flush by yielding the processor instead of parking (many
-    /// committers waiting at once; see `WalConfig::yield_wait_committers`).
+    /// Waits for durability (commits, and also rollbacks and identity reservations) that
+    /// yielded the processor instead of parking (many waiting at once; see
+    /// `WalConfig::yield_wait_committers`).
     pub yielding_waits: u64,
 }
 

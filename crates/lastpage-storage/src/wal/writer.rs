@@ -110,8 +110,10 @@ pub struct WalStats {
     pub flushed_bytes: u64,
     /// `wait_durable` calls that returned `Ok`: commits made durable.
     pub commits: u64,
-    /// Of the commits that had to wait for a flush, those that waited by yielding the
-    /// processor rather than parking (see [`WalConfig::yield_wait_committers`]).
+    /// Waits for a durable log end (commits, and the other waits for durability: rollbacks,
+    /// schema changes, identity reservations, forced flushes) that yielded the processor
+    /// rather than parking (see [`WalConfig::yield_wait_committers`]). Not a subset of
+    /// `commits`.
     pub yielding_waits: u64,
     /// Segments that began as a file prepared in the background (no zero-fill on any flush),
     /// recycled ones included.
