@@ -569,33 +569,27 @@ impl BufferPool {
         // back with a `fetch_sub` after a past-the-limit one had taken the next id moved the
         // counter back onto that id, which was then handed out twice (a panic) while the id
         // below it was never allocated.
-        let page_id =
-            match self
-                .next_page_id
+        let taken =
+            self.next_page_id
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |page_id| {
                     ((page_id as usize) <= max_pages).then_some(page_id + 1)
-                }) {
-                Ok(page_id) => page_id,
-                Err(_) => {
-                    // At the page limit, a free page of the other latch flavour rather than none.
-                    // Flavours are not persisted: every page reopened from the data file has the
-                    // default flavour, free ones included, so after a reopen an index of the other
-                    // flavour found no free page of its own, and a full database of such indexes
-                    // stayed full after a drop with all the dropped table's pages free. Its pages
-                    // in use already have the default flavour for the same reason, so one more
-                    // changes nothing but the latch's fairness on that page.
-                    let other = match policy {
-                        LatchPolicy::Fifo => LatchPolicy::Adaptive,
-                        LatchPolicy::Adaptive => LatchPolicy::Fifo,
-                    };
-                    if self.free_page_count.load(Ordering::Relaxed) > 0
-                        && let Some(guard) = self.reuse_free_page(other, kind, level, index_id)
-                    {
-                        return Ok(guard);
-                    }
-                    return Err(PoolFull { max_pages });
-                }
+                });
+        let Ok(page_id) = taken else {
+            // At the page limit, a free page of the other latch flavour rather than none.
+            // Flavours are not persisted: every page reopened from the data file has the
+            // default flavour, free ones included, so after a reopen an index of the other
+            // flavour found no free page of its own, and a full database of such indexes stayed
+            // full after a drop with all the dropped table's pages free. Its pages in use
+            // already have the default flavour for the same reason, so one more changes
+            // nothing but the latch's fairness on that page.
+            let other = match policy {
+                LatchPolicy::Fifo => LatchPolicy::Adaptive,
+                LatchPolicy::Adaptive => LatchPolicy::Fifo,
             };
+            return self
+                .reuse_free_page(other, kind, level, index_id)
+                .ok_or(PoolFull { max_pages });
+        };
         self.reserve_frame();
         let frame = Frame::new(policy, Some(self.memory.take()), 0, 0);
         frame.dirty.store(true, Ordering::Relaxed);
