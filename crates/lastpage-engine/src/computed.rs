@@ -23,7 +23,13 @@ pub(crate) enum Evaluator {
 /// An [`Expr`] whose columns are positions in the row.
 #[derive(Clone, Debug)]
 pub(crate) enum Resolved {
-    Column(usize),
+    /// A column's position, with its type and name (to convert its value, and to name it in
+    /// the conversion's error).
+    Column {
+        position: usize,
+        data_type: DataType,
+        name: String,
+    },
     Integer(i64),
     Modulo(Box<Resolved>, Box<Resolved>),
     Abs(Box<Resolved>),
@@ -74,7 +80,11 @@ fn resolve(expr: &Expr, columns: &[ColumnDef]) -> std::result::Result<Resolved, 
                     data_type.name()
                 ));
             }
-            Resolved::Column(position)
+            Resolved::Column {
+                position,
+                data_type,
+                name: columns[position].name.clone(),
+            }
         }
         Expr::Integer(value) => Resolved::Integer(*value),
         Expr::Modulo(left, right) => Resolved::Modulo(
@@ -93,7 +103,27 @@ impl Resolved {
 
     fn integer(&self, values: &[Value]) -> Result<Option<i64>> {
         Ok(match self {
-            Resolved::Column(position) => values[*position].as_i64(),
+            Resolved::Column {
+                position,
+                data_type,
+                name,
+            } => {
+                // The value the row stores, converted to its column's type, as T-SQL computes
+                // a persisted column from the row it stores. The row's values are converted
+                // only after the computed columns are evaluated, and text, a decimal or money
+                // given for an integer column has no integer as supplied: read as it was, it
+                // made the result NULL beside a row that holds the integer. A value of the
+                // column's own type (the usual case) is read as it is, with no conversion.
+                let value = &values[*position];
+                if data_type.holds_as_is(value) {
+                    value.as_i64()
+                } else {
+                    data_type
+                        .coerce(value.clone())
+                        .map_err(|error| error.with_column(name))?
+                        .as_i64()
+                }
+            }
             Resolved::Integer(value) => Some(*value),
             Resolved::Modulo(left, right) => {
                 let (Some(left), Some(right)) = (left.integer(values)?, right.integer(values)?)

@@ -54,8 +54,9 @@ pub type ComputeFn = Arc<dyn Fn(&[Value]) -> Result<Value> + Send + Sync>;
 /// result (a `bigint`) is converted to the column's type when the row is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Expr {
-    /// The value of an integer column of the same row, by name. A computed column that comes
-    /// later in the table is still NULL when this one is evaluated.
+    /// The value of an integer column of the same row, by name, converted to the column's type
+    /// (text, a decimal or money given for it counts as the integer the row stores). A computed
+    /// column that comes later in the table is still NULL when this one is evaluated.
     Column(String),
     /// An integer constant.
     Integer(i64),

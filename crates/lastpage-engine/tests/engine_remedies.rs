@@ -435,3 +435,55 @@ fn a_stored_expression_fails_a_statement_like_t_sql() {
         ]
     );
 }
+
+/// A stored expression reads its columns' values as the row stores them, converted to the
+/// columns' types, as T-SQL computes a persisted column from the row it stores: text, a
+/// decimal or money value given for an integer column counts as the integer the column keeps,
+/// on an insert and on an update. Before, the expression read the value as supplied, found no
+/// integer in it and stored NULL beside a row whose `Id` was -7.
+#[test]
+fn a_stored_expression_reads_its_columns_converted_to_their_types() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("T")
+                .column(ColumnDef::new("Key", DataType::Int).not_null())
+                .column(ColumnDef::new("Id", DataType::Int))
+                .column(
+                    ColumnDef::new("ModValue", DataType::Int)
+                        .computed_expression(Expr::column("Id").modulo(4).abs()),
+                )
+                .clustered(IndexDef::new("PK_T", &["Key"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let supplied = [
+        Value::String(" -7 ".into()),
+        Value::Decimal(lastpage_engine::types::Decimal::new(-75, 1).unwrap()),
+        Value::Money(-70_000),
+    ];
+    for (key, value) in supplied.iter().enumerate() {
+        table
+            .insert(
+                &session,
+                InsertRow::new().set(0, key as i32).set(1, value.clone()),
+            )
+            .unwrap();
+    }
+    for row in common::rows(&table, &session) {
+        assert_eq!(row[1], Value::Int(-7), "row {row:?}");
+        assert_eq!(row[2], Value::Int(3), "row {row:?}: the computed column");
+    }
+    // An update of the column the expression reads recomputes it from the converted value.
+    assert!(
+        table
+            .update(
+                &session,
+                &[Value::Int(0)],
+                &[(1, Value::String("10".into()))]
+            )
+            .unwrap()
+    );
+    let row = common::rows(&table, &session).remove(0);
+    assert_eq!(row[1..], [Value::Int(10), Value::Int(2)], "row {row:?}");
+}
