@@ -32,7 +32,9 @@ pub(crate) enum Resolved {
     },
     Integer(i64),
     Modulo(Box<Resolved>, Box<Resolved>),
-    Abs(Box<Resolved>),
+    /// `ABS(operand)`, and whether the operand is a `bigint` (else an `int`: see
+    /// [`Resolved::is_bigint`]), the type its result must fit.
+    Abs(Box<Resolved>, bool),
 }
 
 impl Evaluator {
@@ -91,11 +93,29 @@ fn resolve(expr: &Expr, columns: &[ColumnDef]) -> std::result::Result<Resolved, 
             Box::new(resolve(left, columns)?),
             Box::new(resolve(right, columns)?),
         ),
-        Expr::Abs(operand) => Resolved::Abs(Box::new(resolve(operand, columns)?)),
+        Expr::Abs(operand) => {
+            let operand = resolve(operand, columns)?;
+            let bigint = operand.is_bigint();
+            Resolved::Abs(Box::new(operand), bigint)
+        }
     })
 }
 
 impl Resolved {
+    /// Whether the expression is a `bigint` in T-SQL, rather than an `int`: a `bigint` column,
+    /// a constant outside the `int` range, a `%` with a `bigint` operand (the type of higher
+    /// precedence), or `ABS` of a `bigint`. `ABS` of an `int`, `smallint` or `tinyint` is an
+    /// `int`, and so is a `%` of those (a `tinyint % tinyint`, a `tinyint` in T-SQL, always
+    /// fits an `int`).
+    fn is_bigint(&self) -> bool {
+        match self {
+            Resolved::Column { data_type, .. } => *data_type == DataType::BigInt,
+            Resolved::Integer(value) => i32::try_from(*value).is_err(),
+            Resolved::Modulo(left, right) => left.is_bigint() || right.is_bigint(),
+            Resolved::Abs(_, bigint) => *bigint,
+        }
+    }
+
     /// The expression's value for the row `values` (a `bigint`, or NULL if an operand is).
     pub(crate) fn evaluate(&self, values: &[Value]) -> Result<Value> {
         Ok(self.integer(values)?.map_or(Value::Null, Value::BigInt))
@@ -136,11 +156,21 @@ impl Resolved {
                 // `i64::MIN % -1` is 0, as in T-SQL; `%` itself would overflow.
                 Some(left.wrapping_rem(right))
             }
-            Resolved::Abs(operand) => match operand.integer(values)? {
+            // T-SQL's ABS returns an `int` for an `int` operand, so the absolute value of the
+            // smallest `int` overflows even when the column stores a `bigint` (reading every
+            // operand as a `bigint` stored 2147483648 there instead of failing).
+            Resolved::Abs(operand, bigint) => match operand.integer(values)? {
                 None => None,
                 Some(value) => {
-                    Some(value.checked_abs().ok_or(EngineError::ArithmeticOverflow {
-                        data_type: "bigint".into(),
+                    let fits = if *bigint {
+                        value.checked_abs()
+                    } else {
+                        value
+                            .checked_abs()
+                            .filter(|&absolute| absolute <= i64::from(i32::MAX))
+                    };
+                    Some(fits.ok_or_else(|| EngineError::ArithmeticOverflow {
+                        data_type: if *bigint { "bigint" } else { "int" }.into(),
                     })?)
                 }
             },

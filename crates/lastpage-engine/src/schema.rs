@@ -63,7 +63,9 @@ pub enum Expr {
     /// `left % right`, as T-SQL computes it: the result has the sign of `left`; a zero `right`
     /// fails the statement ("Divide by zero error encountered.").
     Modulo(Box<Expr>, Box<Expr>),
-    /// `ABS(operand)`; the absolute value of the smallest `bigint` fails the statement with an
+    /// `ABS(operand)`, an `int` for an `int`, `smallint` or `tinyint` operand (or a `%` of
+    /// those) and a `bigint` for a `bigint` one, as in T-SQL; a result that does not fit that
+    /// type (the absolute value of the smallest `int` or `bigint`) fails the statement with an
     /// arithmetic overflow.
     Abs(Box<Expr>),
 }

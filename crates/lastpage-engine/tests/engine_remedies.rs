@@ -487,3 +487,64 @@ fn a_stored_expression_reads_its_columns_converted_to_their_types() {
     let row = common::rows(&table, &session).remove(0);
     assert_eq!(row[1..], [Value::Int(10), Value::Int(2)], "row {row:?}");
 }
+
+/// `ABS` returns an `int` for an `int`, `smallint` or `tinyint` operand and a `bigint` for a
+/// `bigint` one, as in T-SQL, and fails with an arithmetic overflow (error 8115) when the
+/// result does not fit that type: `ABS` of the smallest `int` fails even into a `bigint`
+/// column, while `ABS` of the smallest `smallint` is 32768 and a `%` of integers always fits.
+/// Before, every operand was a `bigint`, so the smallest `int` stored 2147483648.
+#[test]
+fn abs_overflows_in_the_type_of_its_operand_like_t_sql() {
+    let db = Database::create(DatabaseOptions::default()).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("T")
+                .column(ColumnDef::new("Key", DataType::Int).not_null())
+                .column(ColumnDef::new("Small", DataType::SmallInt))
+                .column(ColumnDef::new("Id", DataType::Int))
+                .column(
+                    ColumnDef::new("AbsSmall", DataType::BigInt)
+                        .computed_expression(Expr::column("Small").abs()),
+                )
+                .column(
+                    ColumnDef::new("AbsMod", DataType::BigInt)
+                        .computed_expression(Expr::column("Id").modulo(-1).abs()),
+                )
+                .column(
+                    ColumnDef::new("AbsId", DataType::BigInt)
+                        .computed_expression(Expr::column("Id").abs()),
+                )
+                .clustered(IndexDef::new("PK_T", &["Key"], Uniqueness::PrimaryKey)),
+        )
+        .unwrap();
+    let session = db.session();
+    let error = table
+        .insert(
+            &session,
+            InsertRow::new().set(0, 1).set(1, 5i16).set(2, i32::MIN),
+        )
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Arithmetic overflow error converting expression to data type int."
+    );
+    assert_eq!(table.row_count(), 0);
+    table
+        .insert(
+            &session,
+            InsertRow::new()
+                .set(0, 2)
+                .set(1, i16::MIN)
+                .set(2, i32::MIN + 1),
+        )
+        .unwrap();
+    let rows = common::rows(&table, &session);
+    assert_eq!(
+        rows[0][3..],
+        [
+            Value::BigInt(32768),
+            Value::BigInt(0),
+            Value::BigInt(i64::from(i32::MAX))
+        ]
+    );
+}
