@@ -586,19 +586,21 @@ impl std::fmt::Debug for LockManager {
 
 /// How long one lock request may still wait: its timeout (which its error names) and the
 /// instant that runs out, fixed when the request starts. Every wait of the request shares it:
-/// one for a range lock covering its row, then one for the row. Each wait had the whole
-/// timeout before, so a request could wait twice its timeout or more (one wait per range
-/// lock in its way).
-#[derive(Clone, Copy)]
-struct Patience {
+/// one for a range lock covering its row, then one for the row, and a READ COMMITTED read's
+/// waits for one row, however many writers come and go while it waits
+/// ([`LockManager::wait_for_shared_within`]). Each wait had the whole timeout before, so a
+/// request could wait twice its timeout or more.
+#[derive(Clone, Copy, Debug)]
+pub struct LockPatience {
     timeout: Option<Duration>,
     /// `None`: no timeout, or one too large for the clock, which waits as long as it takes.
     deadline: Option<Instant>,
 }
 
-impl Patience {
-    fn from_now(timeout: Option<Duration>) -> Patience {
-        Patience {
+impl LockPatience {
+    /// Waits of at most `timeout` in all, from now (`None`: as long as they take).
+    pub fn from_now(timeout: Option<Duration>) -> LockPatience {
+        LockPatience {
             timeout,
             deadline: timeout.and_then(|timeout| Instant::now().checked_add(timeout)),
         }
@@ -729,7 +731,7 @@ impl LockManager {
         txn: Option<TxnId>,
         key: &LockKey,
         wait_type: WaitType,
-        patience: Patience,
+        patience: LockPatience,
     ) -> Result<(), LockError> {
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
@@ -774,7 +776,7 @@ impl LockManager {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<Granted, LockError> {
-        let patience = Patience::from_now(timeout);
+        let patience = LockPatience::from_now(timeout);
         // A row in another transaction's range is waited for first; one in the requester's own
         // range is held already.
         while let Some(range) = self.range_of_other(Some(txn), key) {
@@ -855,7 +857,18 @@ impl LockManager {
         key: &LockKey,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        let patience = Patience::from_now(timeout);
+        self.wait_for_shared_within(reader, key, LockPatience::from_now(timeout))
+    }
+
+    /// [`LockManager::wait_for_shared`] within what is left of `patience`: for a reader that
+    /// waits for one row again and again (a new writer locked it before the reader looked
+    /// again), so that its waits add up to one timeout.
+    pub fn wait_for_shared_within(
+        &self,
+        reader: Option<TxnId>,
+        key: &LockKey,
+        patience: LockPatience,
+    ) -> Result<(), LockError> {
         while let Some(range) = self.range_of_other(reader, key) {
             self.wait_out_exclusive(reader, &range, WaitType::LckMS, patience)?;
         }
@@ -978,11 +991,11 @@ impl LockManager {
         txn: Option<TxnId>,
         key: &LockKey,
         wait_type: WaitType,
-        patience: Patience,
+        patience: LockPatience,
         slot: Arc<WaitSlot>,
     ) -> Result<(), LockError> {
         let wait = stats::begin_wait(wait_type, None);
-        let Patience { timeout, deadline } = patience;
+        let LockPatience { timeout, deadline } = patience;
 
         if let Some(txn) = txn {
             let mut waiting = sync::lock(&self.waiting);

@@ -37,6 +37,7 @@ use crate::encoding::{
 };
 use crate::error::{EngineError, Result};
 use crate::identity::{IdentityState, ReservationLog};
+use crate::locks::LockPatience;
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
@@ -2597,6 +2598,16 @@ impl Table {
         {
             return Ok(Some(value));
         }
+        // Every wait for this row shares one timeout, however many writers come and go (a new
+        // one can lock the row between a wait's end and the read after it); each wait had the
+        // whole timeout before. Fixed at the first wait, so a read that waits for nothing reads
+        // no clock.
+        let mut patience = None;
+        let mut wait_for_row = || {
+            let patience =
+                *patience.get_or_insert_with(|| LockPatience::from_now(db.lock_timeout()));
+            locks.wait_for_shared_within(reader, &lock, patience)
+        };
         loop {
             let read = self
                 .clustered
@@ -2627,7 +2638,7 @@ impl Table {
                     }
                     drop(held);
                     *waited = true;
-                    locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
+                    wait_for_row()?;
                 }
                 Some((false, current)) => {
                     // A writer whose commit or rollback was refused (the database closed or
@@ -2639,7 +2650,7 @@ impl Table {
                 }
                 Some((true, _)) => {
                     *waited = true;
-                    locks.wait_for_shared(reader, &lock, db.lock_timeout())?;
+                    wait_for_row()?;
                 }
             }
         }

@@ -846,3 +846,55 @@ fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
         "the request outwaited its timeout"
     );
 }
+
+/// A READ COMMITTED read waits for a row within one timeout, however many writers lock the row
+/// in turn. Here the reader queues behind one writer, a second writer queues behind the reader,
+/// and the first commits at 300 ms: the release wakes the reader and hands the row to the
+/// second writer, so the reader finds it locked again and waits again. With a fresh timeout
+/// for that wait it read the row when the second writer committed at 600 ms, with a 400 ms
+/// timeout. The sleeps only make the waits long; the outcome does not depend on how far they
+/// overrun.
+#[test]
+fn a_read_committed_reader_waits_for_a_row_within_one_timeout() {
+    use lastpage_engine::{EngineError, InsertRow, Value};
+    let db = common::in_memory_with_lock_timeout(Duration::from_millis(400));
+    let table = db.create_table(common::accounts()).unwrap();
+    let setup = db.session();
+    table
+        .insert(&setup, InsertRow::new().set(0, 1).set(1, 100))
+        .unwrap();
+    let row = [Value::Int(1)];
+    let first = db.session();
+    first.begin().unwrap();
+    assert!(table.update(&first, &row, &[(1, Value::Int(101))]).unwrap());
+    let started = Instant::now();
+    let waits_before = db.lock_stats().waits;
+    thread::scope(|scope| {
+        let reader = scope.spawn(|| table.get(&db.session(), &row).map(|_| ()));
+        wait_until(Duration::from_secs(10), "the reader to queue", || {
+            db.lock_stats().waits > waits_before
+        });
+        let second = scope.spawn(|| {
+            let session = db.session();
+            session.begin().unwrap();
+            // A generous timeout of its own would not do: the database's is 400 ms, and this
+            // writer waits about 300 ms for the first.
+            table.update(&session, &row, &[(1, Value::Int(102))])?;
+            thread::sleep(Duration::from_millis(600).saturating_sub(started.elapsed()));
+            session.commit()
+        });
+        wait_until(
+            Duration::from_secs(10),
+            "the second writer to queue",
+            || db.lock_stats().waits > waits_before + 1,
+        );
+        thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+        first.commit().unwrap();
+        let read = reader.join().unwrap();
+        assert!(
+            matches!(read, Err(EngineError::Lock(LockError::Timeout { ms: 400 }))),
+            "the reader outwaited its timeout: {read:?}"
+        );
+        second.join().unwrap().unwrap();
+    });
+}
