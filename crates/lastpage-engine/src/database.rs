@@ -1245,7 +1245,9 @@ impl Database {
             },
         )?;
         // An emptied table's identity goes on from the image's value, not from its seed, so
-        // that values handed out before the crash are not handed out again.
+        // that values handed out before its last checkpoint are not handed out again. (Those
+        // handed out since may be: a table that is not logged keeps no record of them, as
+        // `docs/recovery.md` says.)
         if let Some(next) = entry.next_identity {
             table.raise_identity(next);
         }
