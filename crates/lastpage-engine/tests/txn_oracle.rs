@@ -218,6 +218,25 @@ impl Oracle {
     }
 }
 
+/// A durable database on `fs` (opened or created there), or an in-memory one without `fs`, whose
+/// lock waits time out after `lock_timeout`.
+fn database(fs: Option<&FaultyFileSystem>, lock_timeout: Option<Duration>) -> Database {
+    match fs {
+        Some(fs) => Database::open(
+            DIR,
+            DatabaseOptions {
+                lock_timeout,
+                ..options(fs)
+            },
+        ),
+        None => Database::create(DatabaseOptions {
+            lock_timeout,
+            ..DatabaseOptions::default()
+        }),
+    }
+    .unwrap()
+}
+
 fn is_timeout<T: std::fmt::Debug>(result: &Result<T, EngineError>) -> bool {
     matches!(result, Err(EngineError::Lock(LockError::Timeout { .. })))
 }
@@ -923,22 +942,7 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
     } else {
         Duration::from_secs(30)
     });
-    let db = if durable {
-        Database::open(
-            DIR,
-            DatabaseOptions {
-                lock_timeout,
-                ..options(&fs)
-            },
-        )
-        .unwrap()
-    } else {
-        Database::create(DatabaseOptions {
-            lock_timeout,
-            ..DatabaseOptions::default()
-        })
-        .unwrap()
-    };
+    let db = database(durable.then_some(&fs), lock_timeout);
     let table = db.create_table(accounts_by_balance()).unwrap();
     let setup = db.session();
     for key in 0..ACCOUNTS {
@@ -1122,23 +1126,7 @@ fn marks(seed: u64, durable: bool) {
     const ROUNDS: usize = 150;
     const MARK: i64 = -1;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    let lock_timeout = Some(Duration::from_secs(30));
-    let db = if durable {
-        Database::open(
-            DIR,
-            DatabaseOptions {
-                lock_timeout,
-                ..options(&fs)
-            },
-        )
-        .unwrap()
-    } else {
-        Database::create(DatabaseOptions {
-            lock_timeout,
-            ..DatabaseOptions::default()
-        })
-        .unwrap()
-    };
+    let db = database(durable.then_some(&fs), Some(Duration::from_secs(30)));
     let table = db.create_table(accounts_by_balance()).unwrap();
     let setup = db.session();
     for key in 0..ROWS {
@@ -1503,25 +1491,8 @@ fn counters(seed: u64, durable: bool) {
     const WRITERS: u64 = 4;
     const ROUNDS: usize = 120;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    let open = |fs: &FaultyFileSystem| {
-        Database::open(
-            DIR,
-            DatabaseOptions {
-                lock_timeout: Some(Duration::from_secs(30)),
-                ..options(fs)
-            },
-        )
-        .unwrap()
-    };
-    let db = if durable {
-        open(&fs)
-    } else {
-        Database::create(DatabaseOptions {
-            lock_timeout: Some(Duration::from_secs(30)),
-            ..DatabaseOptions::default()
-        })
-        .unwrap()
-    };
+    let lock_timeout = Some(Duration::from_secs(30));
+    let db = database(durable.then_some(&fs), lock_timeout);
     let table = db.create_table(accounts_by_balance()).unwrap();
     let counts: Vec<Vec<i64>> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..WRITERS)
@@ -1616,7 +1587,7 @@ fn counters(seed: u64, durable: bool) {
         drop(table);
         let after = fs.crash_with(CrashMode::LoseUnsynced);
         drop(db);
-        let db = open(&after);
+        let db = database(Some(&after), lock_timeout);
         assert_eq!(read(&db), expected, "after a crash");
     }
 }
