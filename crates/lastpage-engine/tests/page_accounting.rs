@@ -178,7 +178,7 @@ fn write(db: &Database, rng: &mut StdRng) -> [u64; 3] {
         }
     });
     added[0] += (SESSIONS * 60) as u64;
-    // Deletes empty some leaves; pages stay in their trees.
+    // Deletes empty some leaves, which are freed.
     for id in (1..40i64).step_by(3) {
         if tables[0]
             .delete(&session, &[Value::BigInt(id * 7)])

@@ -689,29 +689,55 @@ impl BufferPool {
         for &page_id in page_ids {
             let frame = self.frame(page_id)?;
             frame.latch.acquire(LatchMode::Exclusive);
-            if let Some(bytes) = frame.discard() {
-                // SAFETY: the buffer came from this pool's page memory (every installed buffer
-                // does), and the frame no longer points at it; the exclusive latch this thread
-                // holds means no guard can still be reading it.
-                unsafe { self.memory.give_back(bytes) };
-                self.resident.fetch_sub(1, Ordering::Relaxed);
-            }
-            frame.dirty.store(false, Ordering::Relaxed);
-            if let Some(file) = &self.file {
-                file.release_slot(frame.slot.load(Ordering::Relaxed));
-            }
-            frame.slot.store(0, Ordering::Relaxed);
-            frame.crc.store(0, Ordering::Relaxed);
-            frame.free.store(true, Ordering::Relaxed);
-            frame.latch.release(LatchMode::Exclusive);
-            // Counted under the list's lock, as a reuse uncounts under it: counted after the
-            // lock, a reuse could take the page and uncount it first, and the count (which
-            // `page_count() - free_page_count()` reads) wrapped below zero for a moment.
-            let mut free = lock(&self.free_pages);
-            free.of(frame.latch.policy()).push(page_id);
-            self.free_page_count.fetch_add(1, Ordering::Relaxed);
+            self.free_frame(frame, page_id);
         }
         Ok(())
+    }
+
+    /// Frees a page the caller holds exclusively, as [`BufferPool::free_pages`] frees one:
+    /// for a tree that unlinks an emptied page while it holds it, so that no other thread can
+    /// latch the page between its last use and its free. Threads that reach it afterwards
+    /// through a stale hint find it freed (see [`BufferPool::latch_exclusive_unless_freed`]).
+    /// The caller guarantees that no link from a page in use names it any more.
+    pub fn free_latched(&self, guard: ExclusiveGuard<'_>) -> Result<(), PageError> {
+        let page_id = guard.page_id;
+        let frame = self.frame(page_id)?;
+        if !std::ptr::eq(frame, guard.frame) {
+            return Err(PageError::Corrupt {
+                page: page_id,
+                reason: "the page cannot be freed: its guard belongs to another pool".into(),
+            });
+        }
+        // The latch passes from the guard to `free_frame`, which releases it.
+        std::mem::forget(guard);
+        self.free_frame(frame, page_id);
+        Ok(())
+    }
+
+    /// Frees `frame` (page `page_id`), whose latch this thread holds exclusively and which is
+    /// in use, and releases the latch.
+    fn free_frame(&self, frame: &Frame, page_id: PageId) {
+        if let Some(bytes) = frame.discard() {
+            // SAFETY: the buffer came from this pool's page memory (every installed buffer
+            // does), and the frame no longer points at it; the exclusive latch this thread
+            // holds means no guard can still be reading it.
+            unsafe { self.memory.give_back(bytes) };
+            self.resident.fetch_sub(1, Ordering::Relaxed);
+        }
+        frame.dirty.store(false, Ordering::Relaxed);
+        if let Some(file) = &self.file {
+            file.release_slot(frame.slot.load(Ordering::Relaxed));
+        }
+        frame.slot.store(0, Ordering::Relaxed);
+        frame.crc.store(0, Ordering::Relaxed);
+        frame.free.store(true, Ordering::Relaxed);
+        frame.latch.release(LatchMode::Exclusive);
+        // Counted under the list's lock, as a reuse uncounts under it: counted after the
+        // lock, a reuse could take the page and uncount it first, and the count (which
+        // `page_count() - free_page_count()` reads) wrapped below zero for a moment.
+        let mut free = lock(&self.free_pages);
+        free.of(frame.latch.policy()).push(page_id);
+        self.free_page_count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Latches a page in shared mode, waiting if a writer holds it; reads it from the data file
@@ -764,6 +790,55 @@ impl BufferPool {
     ) -> Result<Option<ExclusiveGuard<'_>>, PageError> {
         let frame = self.frame(page_id)?;
         if !frame.latch.try_acquire(LatchMode::Exclusive) {
+            return Ok(None);
+        }
+        match NonNull::new(frame.bytes_ptr()) {
+            Some(bytes) => {
+                frame.touch();
+                Ok(Some(ExclusiveGuard {
+                    frame,
+                    page_id,
+                    bytes,
+                }))
+            }
+            None => self.load(frame, page_id).map(Some),
+        }
+    }
+
+    /// Latches a page exclusively, as [`BufferPool::latch_exclusive`] does, unless it was
+    /// freed: then `None`. For a tree's hints (the page its last row went to, say), which may
+    /// name a page that an emptied leaf's unlinking freed since; through a link in a page in
+    /// use, a freed page is corruption, and `latch_exclusive` reports it so.
+    pub fn latch_exclusive_unless_freed(
+        &self,
+        page_id: PageId,
+    ) -> Result<Option<ExclusiveGuard<'_>>, PageError> {
+        let frame = self.frame(page_id)?;
+        frame.latch.acquire(LatchMode::Exclusive);
+        self.latched_unless_freed(frame, page_id)
+    }
+
+    /// [`BufferPool::try_latch_exclusive`] for a hint: `None` also if the page was freed.
+    pub fn try_latch_exclusive_unless_freed(
+        &self,
+        page_id: PageId,
+    ) -> Result<Option<ExclusiveGuard<'_>>, PageError> {
+        let frame = self.frame(page_id)?;
+        if !frame.latch.try_acquire(LatchMode::Exclusive) {
+            return Ok(None);
+        }
+        self.latched_unless_freed(frame, page_id)
+    }
+
+    /// The guard of `frame`, latched exclusively by this thread, reading the page first if it
+    /// is not resident; `None`, with the latch released, if the page is free.
+    fn latched_unless_freed<'a>(
+        &'a self,
+        frame: &'a Frame,
+        page_id: PageId,
+    ) -> Result<Option<ExclusiveGuard<'a>>, PageError> {
+        if frame.free.load(Ordering::Relaxed) {
+            frame.latch.release(LatchMode::Exclusive);
             return Ok(None);
         }
         match NonNull::new(frame.bytes_ptr()) {

@@ -380,3 +380,9 @@ pub const DELAYED_FLUSH_INTERVAL_MS: u64 = 20;
 /// definition with a deeper one is refused, and so is a catalog naming one, whose decoding
 /// recurses once per level.
 pub const COMPUTED_EXPRESSION_MAX_DEPTH: usize = 32;
+
+/// Attempts to free a leaf a delete emptied before the delete gives up and leaves it linked,
+/// empty (see `btree/reclaim.rs`). An attempt fails only when the leaf's left sibling changed
+/// between two latches (it split, or was freed itself), which needs a writer right beside it;
+/// the leaf is freed by a later delete near it, or never, which costs a page and loses nothing.
+pub const EMPTY_LEAF_FREE_ATTEMPTS: usize = 4;

@@ -1,7 +1,9 @@
 //! Loom model checks of the default insert path: appenders racing on the tail gate, the last
 //! leaf and its descent-free split, against a classic inserter and a reader. Rows of 8000 bytes
 //! fill a page each, so every insert splits the last leaf and the split protocol (try the
-//! cached parent, fall back to the classic path) is exercised in every interleaving.
+//! cached parent, fall back to the classic path) is exercised in every interleaving. Then the
+//! freeing of leaves that deletes empty (`reclaim.rs`) against a split of the left sibling, an
+//! append beside it, a scan, and another freeing next to it under another parent.
 //!
 //! Run with:
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom cargo test -p lastpage-storage --release --test btree_loom`
@@ -246,4 +248,181 @@ fn two_sequence_lanes_fill_their_own_leaves() {
             assert_eq!(check.rows, 8);
         });
     }
+}
+
+/// A tree of one row per leaf, keyed by `keys`, on the default insert path.
+fn tree_of(policy: LatchPolicy, keys: &[u64]) -> Arc<BTree> {
+    let tree = empty_tree(policy);
+    for key in keys {
+        tree.insert(&key.to_be_bytes(), &[1; BIG]).unwrap();
+    }
+    Arc::new(tree)
+}
+
+/// Asserts that the tree holds exactly `expected` keys, passes the integrity check, and owns
+/// every page its pool has in use (a freed leaf neither lost nor freed twice).
+fn assert_holds_and_owns(tree: &BTree, expected: &[u64]) {
+    assert_eq!(keys(tree), expected);
+    let check = tree.check_integrity().unwrap();
+    let pool = tree.pool();
+    assert_eq!(
+        (pool.page_count() - pool.free_page_count()) as u64,
+        check.leaf_pages + check.inner_pages + check.spare_leaves
+    );
+}
+
+/// A delete empties the middle leaf [10] of [0] [10] [20] [30] and frees it (`reclaim.rs`)
+/// while a classic insert splits its left sibling [0]: the new page goes between [0] and
+/// whatever follows it at that moment. Every row lands once, the links and the parent agree,
+/// and the freed page is free or reused, never lost.
+#[test]
+fn a_freed_leaf_races_a_split_of_its_left_sibling() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let tree = tree_of(LatchPolicy::Fifo, &[0, 10, 20, 30]);
+        let deleter = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.delete(&10u64.to_be_bytes()).unwrap().unwrap())
+        };
+        tree.insert(&5u64.to_be_bytes(), &[2; BIG]).unwrap();
+        deleter.join().unwrap();
+        assert_holds_and_owns(&tree, &[0, 5, 20, 30]);
+        assert_eq!(tree.stats().leaves_freed, 1);
+    });
+}
+
+/// A delete frees the leaf [20] just before the last leaf [30] while an append splits the last
+/// leaf without a descent: the append only tries the parent the freeing holds, and the freeing
+/// waits for the last leaf (its right sibling) that the append holds.
+#[test]
+fn a_freed_leaf_races_an_append_beside_it() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let tree = tree_of(LatchPolicy::Adaptive, &[0, 10, 20, 30]);
+        let deleter = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.delete(&20u64.to_be_bytes()).unwrap().unwrap())
+        };
+        tree.insert(&40u64.to_be_bytes(), &[3; BIG]).unwrap();
+        deleter.join().unwrap();
+        assert_holds_and_owns(&tree, &[0, 10, 30, 40]);
+        assert_eq!(tree.stats().leaves_freed, 1);
+    });
+}
+
+/// A reader scans backwards (a descent per leaf, by the fences) while a delete frees the leaf
+/// it is about to read or has just read: it sees whole rows in order, and never a freed page.
+#[test]
+fn a_scan_races_a_freed_leaf() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let tree = tree_of(LatchPolicy::Fifo, &[0, 10, 20, 30]);
+        let deleter = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.delete(&10u64.to_be_bytes()).unwrap().unwrap())
+        };
+        let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, Direction::Backward);
+        let seen: Vec<u64> = scan
+            .by_ref()
+            .map(|(key, value)| {
+                assert_eq!(value.len(), BIG);
+                u64::from_be_bytes(key.try_into().unwrap())
+            })
+            .collect();
+        assert!(scan.error().is_none(), "{:?}", scan.error());
+        assert!(seen == [30, 20, 10, 0] || seen == [30, 20, 0], "{seen:?}");
+        deleter.join().unwrap();
+        assert_holds_and_owns(&tree, &[0, 20, 30]);
+    });
+}
+
+/// A key as long as keys may be, so that an inner page holds only four separators and a few
+/// leaves of one row each make a tree of three levels: leaves of different parents side by
+/// side.
+fn long_key(number: u64) -> Vec<u8> {
+    let mut key = number.to_be_bytes().to_vec();
+    key.resize(lastpage_storage::limits::MAX_KEY_BYTES, 0);
+    key
+}
+
+/// Two deletes empty neighbouring leaves under different parents, so neither freeing holds
+/// the other's parent: the one on the right may find its left sibling freed under it (and
+/// start again), or the one on the left may find its right sibling's links changed. Both
+/// leaves go, and every other row stays.
+#[test]
+fn neighbouring_leaves_of_different_parents_freed_at_once() {
+    const ROW: usize = 6000;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    // Building the tree of eight rows takes more branches than the default allows.
+    builder.max_branches = 100_000;
+    builder.check(|| {
+        let tree = empty_tree(LatchPolicy::Fifo);
+        for number in 0..8u64 {
+            tree.insert(&long_key(number), &[1; ROW]).unwrap();
+        }
+        let tree = Arc::new(tree);
+        assert_eq!(tree.check_integrity().unwrap().levels, 3);
+        // The first level-1 page holds leaves 0 to 4, the next one 5 to 7.
+        let deleters: Vec<_> = [4u64, 5]
+            .into_iter()
+            .map(|number| {
+                let tree = tree.clone();
+                loom::thread::spawn(move || tree.delete(&long_key(number)).unwrap().unwrap())
+            })
+            .collect();
+        for deleter in deleters {
+            deleter.join().unwrap();
+        }
+        let left: Vec<u64> = tree
+            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+            .map(|(key, _)| u64::from_be_bytes(key[..8].try_into().unwrap()))
+            .collect();
+        assert_eq!(left, [0, 1, 2, 3, 6, 7]);
+        let check = tree.check_integrity().unwrap();
+        let pool = tree.pool();
+        assert_eq!(
+            (pool.page_count() - pool.free_page_count()) as u64,
+            check.leaf_pages + check.inner_pages + check.spare_leaves
+        );
+        assert_eq!(tree.stats().leaves_freed, 2);
+    });
+}
+
+/// A delete frees the first leaf of the second level-1 page while an insert splits its left
+/// sibling, the last leaf of the first level-1 page: the split holds the other parent, so the
+/// freeing may read its leaf's `prev` link before the split puts a new page between the two,
+/// and must see, under the latches, that the link changed and start again.
+#[test]
+fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
+    const ROW: usize = 6000;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.max_branches = 100_000;
+    builder.check(|| {
+        let tree = empty_tree(LatchPolicy::Adaptive);
+        for number in 0..8u64 {
+            tree.insert(&long_key(number), &[1; ROW]).unwrap();
+        }
+        let tree = Arc::new(tree);
+        let deleter = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.delete(&long_key(5)).unwrap().unwrap())
+        };
+        // Sorts between the keys of 4 and 5.
+        let mut between = long_key(4);
+        *between.last_mut().unwrap() = 1;
+        tree.insert(&between, &[2; ROW]).unwrap();
+        deleter.join().unwrap();
+        let check = tree.check_integrity().unwrap();
+        assert_eq!(check.rows, 8);
+        let pool = tree.pool();
+        assert_eq!(
+            (pool.page_count() - pool.free_page_count()) as u64,
+            check.leaf_pages + check.inner_pages + check.spare_leaves
+        );
+    });
 }

@@ -30,9 +30,12 @@
 //! Appenders of small rows spin only briefly at the gate before they park (`SpinBudget::BRIEF`;
 //! the measurements are in `limits.rs` and `docs/insert-paths.md`).
 //!
-//! The checks make the hints safe to be stale: pages are never freed, a page's lower bound
-//! never changes, a last leaf with key `k` at its end covers every key above `k`, and a level-1
-//! page whose last child is the last leaf covers every key above its own last separator.
+//! The checks make the hints safe to be stale: a hinted page that was freed is seen to be
+//! freed under its latch (`latch_exclusive_unless_freed`), and one handed out again is checked
+//! like any other; the last leaf is never freed; a last leaf with key `k` at its end covers
+//! every key above `k`; and a level-1 page whose last child is the last leaf is that leaf's
+//! parent and covers every key above its own last separator. Freeing an emptied leaf only
+//! widens its neighbours' ranges (see `reclaim.rs`), which keeps all of that true.
 
 use super::{BTree, BTreeError, InsertPath, check_record_size};
 use crate::buffer::ExclusiveGuard;
@@ -575,7 +578,7 @@ impl BTree {
     }
 
     /// Gives a reopened tree back the spare leaves it had when its checkpoint image was
-    /// captured. Pages are never freed, so a spare that was not handed back stayed allocated,
+    /// captured. A spare is neither linked nor free, so one not handed back stayed allocated,
     /// and unreachable, for ever: a page lost to every tree at every close and every crash.
     /// Each page is read and checked first (it must be a formatted, empty, unlinked leaf of
     /// this tree, and not its root): a page named by mistake could be one the tree already
@@ -593,10 +596,12 @@ impl BTree {
             } else if !named.insert(page_id) {
                 Some("the page is named twice as a spare leaf, or is one already".into())
             } else {
-                let guard = self
-                    .pool
-                    .latch_shared(page_id)
-                    .map_err(|error| self.unreadable(page_id, &error))?;
+                let guard = self.pool.latch_shared(page_id).map_err(|error| {
+                    self.error(
+                        page_id,
+                        format!("a spare leaf cannot be read (or was freed): {error}"),
+                    )
+                })?;
                 self.spare_leaf_problem(page_id, &guard.page())
             };
             if let Some(problem) = problem {
@@ -636,46 +641,57 @@ impl BTree {
     /// row meanwhile. The caller still checks what it got (a classic split may move the tail
     /// again at any time).
     pub(super) fn latch_tail(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
-        let leaf = self.latch_hinted_tail()?;
-        if self.is_last_leaf(&leaf) {
-            return Ok(leaf);
+        if let Some(leaf) = self.latch_hinted_tail()? {
+            if self.is_last_leaf(&leaf) {
+                return Ok(leaf);
+            }
+            // Latches are taken top down: the stale page goes before the descent.
+            drop(leaf);
         }
-        // Latches are taken top down: the stale page goes before the descent.
-        drop(leaf);
-        let mut node = self.root_shared()?;
-        while !node.page().is_leaf() {
+        loop {
+            let mut node = self.root_shared()?;
+            while !node.page().is_leaf() {
+                let page = node.page();
+                let child = match page.slot_count() {
+                    0 => page.low_child(),
+                    count => page.child(count - 1),
+                };
+                node = self.child_shared(&page, child)?;
+            }
             let page = node.page();
-            let child = match page.slot_count() {
-                0 => page.low_child(),
-                count => page.child(count - 1),
+            let first_key = if page.slot_count() > 0 {
+                page.key(0)
+            } else {
+                &[]
             };
-            node = self.child_shared(&page, child)?;
+            self.set_tail(node.page_id(), first_key);
+            drop(node);
+            if let Some(leaf) = self.latch_hinted_tail()? {
+                return Ok(leaf);
+            }
+            // The leaf the descent found was freed before it could be latched again (a split
+            // behind it made it a middle leaf, and deletes emptied it): look again.
         }
-        let page = node.page();
-        let first_key = if page.slot_count() > 0 {
-            page.key(0)
-        } else {
-            &[]
-        };
-        self.set_tail(node.page_id(), first_key);
-        drop(node);
-        self.latch_hinted_tail()
     }
 
-    /// Latches the page the tail hint names, exclusively.
-    fn latch_hinted_tail(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+    /// Latches the page the tail hint names, exclusively; `None` if it was freed (a stale
+    /// hint: the last leaf is never freed, but the hint may name a page that was the last
+    /// leaf once).
+    fn latch_hinted_tail(&self) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
         let page = self.tail_hint.load(Ordering::Relaxed);
-        match self.pool.try_latch_exclusive(page)? {
-            Some(guard) => Ok(guard),
-            None => Ok(self.pool.latch_exclusive(page)?),
+        match self.pool.try_latch_exclusive_unless_freed(page)? {
+            Some(guard) => Ok(Some(guard)),
+            None => Ok(self.pool.latch_exclusive_unless_freed(page)?),
         }
     }
 
     /// Tries to latch `page` exclusively for `TAIL_LATCH_ROUNDS` rounds of spinning and then
     /// yielding, never queueing (the caller holds a page below it, so it must not wait). The
-    /// retries count as one PAGELATCH_EX wait.
+    /// retries count as one PAGELATCH_EX wait. `page` is a hint, so a page that was freed is
+    /// `None` too, as a busy one is (after the rounds: a freed parent is rare, see
+    /// `reclaim.rs`).
     fn try_latch_eagerly(&self, page: PageId) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
-        if let Some(guard) = self.pool.try_latch_exclusive(page)? {
+        if let Some(guard) = self.pool.try_latch_exclusive_unless_freed(page)? {
             return Ok(Some(guard));
         }
         let wait = stats::begin_wait(WaitType::PageLatchEx, Some(LatchClass::Buffer));
@@ -687,7 +703,7 @@ impl BTree {
             } else {
                 sync::yield_now();
             }
-            match self.pool.try_latch_exclusive(page) {
+            match self.pool.try_latch_exclusive_unless_freed(page) {
                 Ok(None) => {}
                 found => {
                     wait.end(None);

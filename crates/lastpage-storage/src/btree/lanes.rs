@@ -33,9 +33,15 @@
 //! separator in a B+tree is a key that was in the tree at some time. So no separator falls in
 //! `(p, k]`, and a leaf that still covers `p` covers `k` too. The leaf still covers `p` if it
 //! holds `p` (checked under the latch), or if it has not split since (its `next` link is what
-//! it was: pages are never freed, so only a split changes it), which also covers a `p` that a
-//! rollback removed. Anything else sends the lane to the tail for a new block, or the row down
-//! the classic path: correct in every case, only slower.
+//! it was, and no leaf of the tree was freed since: then the page is the same leaf, and only
+//! a split changes its `next`), which also covers a `p` that a rollback removed. A freed leaf
+//! may be handed out again as another leaf whose `next` happens to match, which is why a freed
+//! leaf anywhere in the tree makes the lanes stop trusting `next` until their next insert
+//! records it again (`reclaim.rs` counts the leaf under its latch before freeing it, so a lane
+//! that latches the page later sees the count moved). Freeing a leaf only widens its
+//! neighbours' ranges, so a leaf that holds `p` still covers `k`. Anything else sends the lane
+//! to the tail for a new block, or the row down the classic path: correct in every case, only
+//! slower.
 //!
 //! What it costs: numbers are ascending per session, not across sessions (two sessions hold
 //! different blocks at once), and a block's unused numbers are skipped if its leaf fills up
@@ -56,10 +62,12 @@ use super::{BTree, BTreeError, InsertPath, check_record_size};
 pub(super) struct LaneState {
     /// The leaf holding `last_key`, as last seen (a hint, checked under its latch).
     page: PageId,
-    /// That leaf's `next` link when the lane last inserted there. Only a split of the leaf
-    /// changes it (pages are never freed), so while it is unchanged the leaf's key range is
-    /// what it was, even if the lane's last key has since been deleted (a rollback).
+    /// That leaf's `next` link when the lane last inserted there. While it is unchanged, and
+    /// no leaf of the tree was freed since (`leaves_freed`), the leaf's key range is what it
+    /// was (or wider), even if the lane's last key has since been deleted (a rollback).
     page_next: PageId,
+    /// The tree's count of freed leaves when `page_next` was read.
+    leaves_freed: u64,
     /// The lane's last inserted key (empty before its first).
     last_key: Vec<u8>,
     /// The next number of the block.
@@ -77,6 +85,7 @@ impl LaneState {
         LaneState {
             page: NO_PAGE,
             page_next: NO_PAGE,
+            leaves_freed: 0,
             last_key: Vec::new(),
             next: 0,
             remaining: 0,
@@ -272,11 +281,15 @@ impl BTree {
         key: &mut Vec<u8>,
     ) -> Result<Option<i64>, GeneratedKeyError<E>> {
         // Only the lane's mutex is held, never a latch, so waiting for the leaf cannot close a
-        // cycle: nobody waits for a lane while holding a latch.
-        let mut leaf = self
+        // cycle: nobody waits for a lane while holding a latch. A leaf that was freed since
+        // (deletes emptied it) sends the lane to the tail.
+        let Some(mut leaf) = self
             .pool
-            .latch_exclusive(state.page)
-            .map_err(BTreeError::Storage)?;
+            .latch_exclusive_unless_freed(state.page)
+            .map_err(BTreeError::Storage)?
+        else {
+            return Ok(None);
+        };
         let page = leaf.page();
         let count = page.slot_count();
         if !page.is_leaf() || page.index_id() != self.index_id {
@@ -288,7 +301,8 @@ impl BTree {
         let last_is_lanes = count > 0 && page.key(count - 1) == state.last_key.as_slice();
         let covers_next_key = last_is_lanes
             || (count > 0 && page.search(&state.last_key).is_ok())
-            || page.next() == state.page_next;
+            || (page.next() == state.page_next
+                && self.leaves_freed.load(Ordering::Relaxed) == state.leaves_freed);
         if !covers_next_key
             || page.total_free_bytes() < leaf_entry_bytes(state.last_key.len(), value.len())
         {
@@ -326,7 +340,7 @@ impl BTree {
         }
         self.rows.add(1);
         state.note_row(leaf_entry_bytes(key.len(), value.len()));
-        state.page_next = leaf.page().next();
+        self.note_lane_page(state, leaf.page_id(), leaf.page().next());
         state.last_key.clone_from(key);
         Ok(Some(number))
     }
@@ -386,9 +400,11 @@ impl BTree {
                 && count > 0
                 && let Some(inserted) = self.append_on_new_tail(&mut leaf, key, value)
             {
-                state.page = inserted?;
+                let page = inserted?;
                 self.rows.add(1);
-                state.page_next = NO_PAGE;
+                // Read under the latch of the leaf before the new one: the new leaf cannot be
+                // emptied and freed before that latch goes.
+                self.note_lane_page(state, page, NO_PAGE);
                 return Ok(number);
             }
             if let Some(result) = self.try_append_on_last_leaf(&mut leaf, key, value) {
@@ -397,12 +413,12 @@ impl BTree {
                 // Still under the leaf's latch: its next link names the page a split of it
                 // just made, which holds the key; no next link means the key is on it.
                 let next = leaf.page().next();
-                state.page = if next == NO_PAGE {
+                let page = if next == NO_PAGE {
                     leaf.page_id()
                 } else {
                     next
                 };
-                state.page_next = NO_PAGE;
+                self.note_lane_page(state, page, NO_PAGE);
                 return Ok(number);
             }
             drop(leaf);
@@ -412,6 +428,16 @@ impl BTree {
         drop(leaf);
         self.insert_classic(key, value)?;
         Ok(number)
+    }
+
+    /// Remembers `page` as the leaf the lane's last row went to, and `next` as its `next` link
+    /// then, with the count of freed leaves that makes `next` worth comparing later. Called
+    /// while a latch keeps the page from being freed: the page's own, or, for the new leaf
+    /// a split just linked after it, the latch of the leaf before it.
+    fn note_lane_page(&self, state: &mut LaneState, page: PageId, next: PageId) {
+        state.page = page;
+        state.page_next = next;
+        state.leaves_freed = self.leaves_freed.load(Ordering::Relaxed);
     }
 
     /// Starts a new last leaf holding only `key` (which sorts after every key of the latched

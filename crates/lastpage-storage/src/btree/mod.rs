@@ -6,9 +6,9 @@
 //!   separate root pointer needs a latch.
 //! - Inner pages hold separators; a child to the right of separator `s` holds keys `>= s`.
 //! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.
-//! - A delete leaves a possibly empty leaf behind, as SQL Server does until an index is
-//!   rebuilt. Pages are freed only with the whole tree (`BTree::free_all_pages`, for a dropped
-//!   table).
+//! - A delete that empties a leaf other than the last one frees it, with any inner page left
+//!   without a child (`reclaim.rs`); the last leaf and the root stay. A whole tree's pages are
+//!   freed with `BTree::free_all_pages`, for a dropped table.
 //!
 //! The latch protocol (see `docs/latch-protocol.md`):
 //! - Latches are taken top-down, and at one level only left to right, so no two threads can
@@ -28,6 +28,7 @@ mod cursor;
 pub mod flow_control;
 mod free;
 mod lanes;
+mod reclaim;
 mod write;
 
 use std::sync::Arc;
@@ -185,6 +186,10 @@ pub struct TreeStats {
     pub inner_splits: u64,
     /// Inserts that found the leaf full and restarted on the split path.
     pub split_restarts: u64,
+    /// Leaves that deletes emptied and that were unlinked and freed.
+    pub leaves_freed: u64,
+    /// Inner pages freed with them, having lost their only child.
+    pub inner_pages_freed: u64,
 }
 
 impl std::ops::AddAssign for TreeStats {
@@ -193,6 +198,8 @@ impl std::ops::AddAssign for TreeStats {
         self.leaf_appends += other.leaf_appends;
         self.inner_splits += other.inner_splits;
         self.split_restarts += other.split_restarts;
+        self.leaves_freed += other.leaves_freed;
+        self.inner_pages_freed += other.inner_pages_freed;
     }
 }
 
@@ -228,6 +235,9 @@ pub struct BTree {
     /// Formatted, unlinked leaves allocated ahead of a split of the last leaf, so the default
     /// path does not allocate while holding the tail gate (see `append.rs`). At most a few.
     spare_leaves: Mutex<Vec<PageId>>,
+    /// How many leaves deletes emptied and `reclaim.rs` freed. Sequence lanes compare it to
+    /// trust a page id they remember (see `lanes.rs`).
+    leaves_freed: AtomicU64,
     /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
     /// it saves a shared-then-exclusive double latch while the root is still a leaf.
     root_level_hint: AtomicU8,
@@ -279,6 +289,7 @@ impl BTree {
                 std::thread::available_parallelism().map_or(1, usize::from),
                 options.optimize_for_sequential_key,
             ),
+            leaves_freed: AtomicU64::new(0),
             root_level_hint: AtomicU8::new(0),
             rows,
             stats: write::SplitCounters::default(),
@@ -543,7 +554,8 @@ impl BTree {
         self.get_with(key, <[u8]>::to_vec)
     }
 
-    /// Removes `key` and returns its value, or `None` if it was not there.
+    /// Removes `key` and returns its value, or `None` if it was not there. A leaf the delete
+    /// empties is freed (see `reclaim.rs`), unless it is the last leaf.
     pub fn delete(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BTreeError> {
         let mut leaf = self.leaf_exclusive(key)?;
         let Ok(index) = leaf.page().search(key) else {
@@ -551,8 +563,16 @@ impl BTree {
         };
         let old = leaf.page().value(index).to_vec();
         leaf.page_mut().remove(index);
+        let emptied = leaf.page().slot_count() == 0 && leaf.page().next() != NO_PAGE;
         drop(leaf);
         self.rows.add(-1);
+        if emptied {
+            // The row is gone whatever happens here. Freeing the leaf reads its neighbours; if
+            // one cannot be read, the leaf stays linked, empty, which is what every emptied
+            // leaf did before they were freed, and the page that cannot be read fails the
+            // next operation that needs it, with its own error.
+            let _freed = self.free_empty_leaf(key);
+        }
         Ok(Some(old))
     }
 }

@@ -67,6 +67,8 @@ pub(super) struct SplitCounters {
     pub(super) leaf_appends: StripedCounter,
     inner_splits: StripedCounter,
     split_restarts: StripedCounter,
+    pub(super) leaves_freed: StripedCounter,
+    pub(super) inner_pages_freed: StripedCounter,
 }
 
 impl SplitCounters {
@@ -77,6 +79,8 @@ impl SplitCounters {
             leaf_appends: read(&self.leaf_appends),
             inner_splits: read(&self.inner_splits),
             split_restarts: read(&self.split_restarts),
+            leaves_freed: read(&self.leaves_freed),
+            inner_pages_freed: read(&self.inner_pages_freed),
         }
     }
 }
@@ -351,7 +355,8 @@ impl BTree {
     }
 
     /// Gives the pages a split did not use back to the spare leaves, formatted as empty leaves,
-    /// for the next split: they were allocated, and pages are never freed.
+    /// for the next split: they were allocated for this tree, which keeps them until a split
+    /// links them (or the whole tree is freed).
     fn recycle_split_pages(&self, pages: SplitPages<'_>) {
         let mut ids = Vec::with_capacity(pages.pages.len());
         for mut page in pages.pages {

@@ -1,0 +1,244 @@
+//! Freeing the leaves that deletes empty.
+//!
+//! A workload that deletes what it inserted (a queue: rows appended at the end of the index
+//! and deleted from its start) would otherwise grow the tree by a page for every page of rows
+//! it ever held. When a delete empties a leaf that is not the last one, the leaf is unlinked
+//! from its siblings and its parent and given back to the pool at once (SQL Server's ghost
+//! cleanup does the same in the background). An inner page whose only child goes goes with
+//! it, up to the first ancestor that keeps another child. The last leaf is never freed: it
+//! is where appends go, and the tail hints name it. The root is never freed either.
+//!
+//! The protocol keeps the latch order of every other writer, top down and, at one level, left
+//! to right:
+//!
+//! 1. The ancestors that change are latched exclusively, from the lowest one that keeps a child
+//!    after the removal (normally the leaf's parent, reached with shared coupling above it)
+//!    down to the leaf's parent. While the parent is held, the leaf cannot split or be freed by
+//!    anyone else (both need the parent), so it stays the parent's child.
+//! 2. The leaf is latched to read its `prev` link and let go: its left sibling must be latched
+//!    before it.
+//! 3. The left sibling is latched (it may have been freed meanwhile, by another thread freeing
+//!    it: then the attempt starts again), then the leaf again, then the right sibling. The
+//!    links are checked under the latches: the left sibling's `next` and the leaf's `prev` must
+//!    name each other, and the leaf must still be empty and not the last leaf; otherwise the
+//!    attempt starts again (a split of the left sibling, say, put a page between them).
+//! 4. The siblings are linked to each other, the child is removed from the top held page (the
+//!    next child becomes the low child if it was the low child), and the leaf and the emptied
+//!    inner pages are freed while they are still latched.
+//!
+//! Why nothing can reach a freed page any more: a descent reaches a page only through its
+//! parent's link, which is gone before the parent's latch is let go; a sibling walk (a split
+//! latching the next leaf) goes through the left sibling's link, which is gone too; and every
+//! hint (the tail's page and parent, each sequence lane's page) is checked under the latch of
+//! the page it names, latched with [`BufferPool::latch_exclusive_unless_freed`] so that a freed
+//! page is a stale hint rather than corruption. A freed page may be handed out again at once,
+//! as any page of any tree; each hint's check holds for a reused page as it does for any page
+//! (see `append.rs`), except the sequence lanes' "the leaf has not split" test, which compares
+//! page ids and so also requires that no leaf of the tree was freed since (`leaves_freed`).
+//!
+//! Removing a child widens the range of a neighbour: the left sibling's range, under the same
+//! parent, now reaches up to the removed child's upper fence; a low child's removal lowers the
+//! new low child's lower fence to the parent's. Ranges only widen and no separator is made, so
+//! everything the default insert path and the sequence lanes conclude from a key a page holds
+//! stays true.
+//!
+//! [`BufferPool::latch_exclusive_unless_freed`]: crate::buffer::BufferPool::latch_exclusive_unless_freed
+
+use super::{BTree, BTreeError, corrupt};
+use crate::buffer::ExclusiveGuard;
+use crate::limits::EMPTY_LEAF_FREE_ATTEMPTS;
+use crate::page::{NO_PAGE, PageId};
+use crate::sync::Ordering;
+
+/// What one attempt to free an emptied leaf came to.
+enum Attempt {
+    /// The leaf and this many inner pages above it were freed.
+    Freed { inner_pages: u64 },
+    /// There is nothing to free: the leaf covering the key holds rows again, is the last leaf
+    /// or the tree's only leaf, or was freed by someone else.
+    Kept,
+    /// Links changed between the latches; try again.
+    Again,
+}
+
+impl BTree {
+    /// Frees the leaf covering `key` if it is empty, after a delete emptied it (see the module
+    /// documentation). Returns whether a leaf was freed. Giving up after a few attempts, or
+    /// on an error, loses nothing: the empty leaf stays linked, as every emptied leaf did
+    /// before leaves were freed, and is freed when a later delete near it tries again.
+    pub(super) fn free_empty_leaf(&self, key: &[u8]) -> Result<bool, BTreeError> {
+        for _ in 0..EMPTY_LEAF_FREE_ATTEMPTS {
+            match self.try_free_empty_leaf(key)? {
+                Attempt::Freed { inner_pages } => {
+                    self.stats.leaves_freed.add(1);
+                    self.stats
+                        .inner_pages_freed
+                        .add(i64::try_from(inner_pages).unwrap_or(i64::MAX));
+                    return Ok(true);
+                }
+                Attempt::Kept => return Ok(false),
+                Attempt::Again => {}
+            }
+        }
+        Ok(false)
+    }
+
+    fn try_free_empty_leaf(&self, key: &[u8]) -> Result<Attempt, BTreeError> {
+        let Some(mut path) = self.latch_removal_path(key)? else {
+            return Ok(Attempt::Kept);
+        };
+        let held: Vec<PageId> = path.iter().map(ExclusiveGuard::page_id).collect();
+        let parent = path
+            .last()
+            .expect("the removal path ends at the leaf's parent");
+        let (leaf_id, _) = parent.page().child_for(key);
+        let left_id = {
+            let leaf = self.child_exclusive(&parent.page(), leaf_id, held.iter().copied())?;
+            if !is_freeable(&leaf) {
+                return Ok(Attempt::Kept);
+            }
+            leaf.page().prev()
+        };
+        let mut left = if left_id == NO_PAGE {
+            None
+        } else {
+            if held.contains(&left_id) || left_id == leaf_id {
+                return Err(corrupt(
+                    leaf_id,
+                    format!("its prev link names page {left_id}, which is not a leaf beside it"),
+                ));
+            }
+            // Freed or reused since the leaf was read (another thread freed it, and perhaps
+            // the pool handed it out again): then the link checks below fail, or it is gone.
+            match self.pool.latch_exclusive_unless_freed(left_id)? {
+                None => return Ok(Attempt::Again),
+                Some(left) if self.is_node(&left.page(), Some(0)) => Some(left),
+                Some(_) => return Ok(Attempt::Again),
+            }
+        };
+        let parent = path
+            .last()
+            .expect("the removal path ends at the leaf's parent");
+        let leaf = self.child_exclusive(&parent.page(), leaf_id, held.iter().copied())?;
+        let linked = leaf.page().prev() == left_id
+            && left
+                .as_ref()
+                .is_none_or(|left| left.page().next() == leaf_id);
+        if !linked || !is_freeable(&leaf) {
+            return Ok(Attempt::Again);
+        }
+        let right_id = leaf.page().next();
+        let held_leaves = [left_id, leaf_id].into_iter().filter(|&id| id != NO_PAGE);
+        let mut right = self.node_exclusive(
+            right_id,
+            0,
+            leaf_id,
+            held.iter().copied().chain(held_leaves),
+        )?;
+        if right.page().prev() != leaf_id {
+            return Err(corrupt(
+                right_id,
+                format!(
+                    "reached by the next link of leaf {leaf_id}, its prev link names page {}",
+                    right.page().prev()
+                ),
+            ));
+        }
+        // Everything is checked; from here on nothing can fail half way.
+        if let Some(left) = left.as_mut() {
+            left.page_mut().set_next(right_id);
+        }
+        right.page_mut().set_prev(left_id);
+        remove_child(&mut path[0], key);
+        // Counted before the pages go, under the leaf's latch: a lane that latches the page
+        // after it is handed out again sees the count moved (see `lanes.rs`).
+        self.leaves_freed.fetch_add(1, Ordering::Relaxed);
+        // The pages the top held page no longer names: the single-child inner pages below
+        // it, then the leaf. The top page stays.
+        let inner_pages = (path.len() - 1) as u64;
+        let mut freed = path.split_off(1);
+        freed.push(leaf);
+        drop(right);
+        drop(left);
+        drop(path);
+        for page in freed {
+            self.pool.free_latched(page)?;
+        }
+        Ok(Attempt::Freed { inner_pages })
+    }
+
+    /// Latches, exclusively, the inner pages that freeing the leaf covering `key` changes:
+    /// from the lowest ancestor that keeps another child (it has a separator) down to the
+    /// leaf's parent. Normally that is the parent alone, reached with shared coupling above it
+    /// as a read would; if the parent has no separator (the leaf is its only child), the
+    /// descent starts again with exclusive coupling from the root, letting go of the ancestors
+    /// above every page that has a separator. `None` if the tree is a single leaf or the leaf
+    /// is its only leaf (no ancestor has a separator).
+    fn latch_removal_path(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<Vec<ExclusiveGuard<'_>>>, BTreeError> {
+        let root = self.root_shared()?;
+        if root.page().is_leaf() {
+            return Ok(None);
+        }
+        if root.page().level() > 1 {
+            let mut node = root;
+            while node.page().level() > 2 {
+                let (child, _) = node.page().child_for(key);
+                node = self.child_shared(&node.page(), child)?;
+            }
+            let (child, _) = node.page().child_for(key);
+            let parent = self.child_exclusive(&node.page(), child, [node.page_id()])?;
+            if parent.page().slot_count() > 0 {
+                return Ok(Some(vec![parent]));
+            }
+        } else {
+            drop(root);
+        }
+        let mut path = vec![self.root_exclusive()?];
+        loop {
+            let top = path.last().expect("the path holds the root at least");
+            if top.page().level() <= 1 {
+                break;
+            }
+            let (child, _) = top.page().child_for(key);
+            let held = path.iter().map(ExclusiveGuard::page_id);
+            let child = self.child_exclusive(&top.page(), child, held)?;
+            if child.page().slot_count() > 0 {
+                // This page keeps another child: nothing above it changes.
+                path.clear();
+            }
+            path.push(child);
+        }
+        // A root that was a leaf a moment ago may have grown since; it is a level-1 page at
+        // least now, or it would not be an inner page: `root_exclusive` checks it is a node,
+        // and the loop stops at level 1.
+        if path[0].page().is_leaf() || path[0].page().slot_count() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(path))
+    }
+}
+
+/// Whether a latched leaf can be freed: it holds no row and is not the last leaf.
+fn is_freeable(leaf: &ExclusiveGuard<'_>) -> bool {
+    let page = leaf.page();
+    page.slot_count() == 0 && page.next() != NO_PAGE
+}
+
+/// Removes from the inner page `page`, which has a separator, the child that covers `key`. A
+/// low child's removal makes the child after it the low child, and drops the separator between
+/// them: that child then covers the keys from the page's own lower fence on.
+fn remove_child(page: &mut ExclusiveGuard<'_>, key: &[u8]) {
+    let (_, chosen) = page.page().child_for(key);
+    match chosen {
+        Some(index) => page.page_mut().remove(index),
+        None => {
+            let next_child = page.page().child(0);
+            let mut page = page.page_mut();
+            page.set_low_child(next_child);
+            page.remove(0);
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! Leaves that deletes empty are freed (`btree/reclaim.rs`): a queue (rows appended at the end
+//! of the index and deleted from its start) runs in a bounded number of pages, deleting every
+//! row leaves one leaf under the root, and freeing races neither inserts beside the leaf, nor
+//! appends, nor sequence lanes, nor scans. Checked against oracles, with the integrity
+//! checker, and by counting pages: every page in use must belong to the tree. Every
+//! randomized test prints its seed; rerun one with `LASTPAGE_SEED=<seed>`.
+
+mod common;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lastpage_storage::btree::{BTree, Direction, InsertPath, TreeCheck, TreeOptions};
+use lastpage_storage::buffer::BufferPool;
+use lastpage_storage::latch::LatchPolicy;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+fn tree_with(policy: LatchPolicy, insert_path: InsertPath) -> BTree {
+    BTree::create(
+        Arc::new(BufferPool::new()),
+        1,
+        TreeOptions {
+            latch_policy: policy,
+            insert_path,
+            ..TreeOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Every latch flavour with every insert path.
+fn configurations() -> Vec<(LatchPolicy, InsertPath)> {
+    LatchPolicy::ALL
+        .into_iter()
+        .flat_map(|policy| InsertPath::ALL.into_iter().map(move |path| (policy, path)))
+        .collect()
+}
+
+fn key_of(number: u64) -> [u8; 8] {
+    number.to_be_bytes()
+}
+
+/// Runs the integrity check and asserts that the pages the pool has in use are exactly the
+/// tree's (its nodes and spare leaves): a page unlinked and not freed, or freed twice, breaks
+/// the count. The tree must be the pool's only one.
+fn assert_owns_every_page(tree: &BTree, context: &str) -> TreeCheck {
+    let check = tree
+        .check_integrity()
+        .unwrap_or_else(|error| panic!("{context}: integrity: {error}"));
+    let pool = tree.pool();
+    let in_use = pool.page_count() - pool.free_page_count();
+    let owned = check.leaf_pages + check.inner_pages + check.spare_leaves;
+    assert_eq!(
+        in_use as u64,
+        owned,
+        "{context}: {in_use} pages are in use ({} allocated, {} free) but the tree owns {owned} \
+         ({check:?})",
+        pool.page_count(),
+        pool.free_page_count()
+    );
+    check
+}
+
+/// A queue: rows appended at the end, the oldest deleted, many times the window over. The
+/// pages stop growing once the window is reached: without freeing, every page that ever held
+/// a row stays (about 2,000 pages here, against the bound of 120).
+#[test]
+fn a_queue_runs_in_a_bounded_number_of_pages() {
+    for (policy, path) in configurations() {
+        for lanes in [false, true] {
+            let context = format!("{policy:?}, {path:?}, lanes {lanes}");
+            let tree = tree_with(policy, path);
+            let counter = AtomicI64::new(0);
+            let mut window: VecDeque<u64> = VecDeque::new();
+            let mut key = Vec::new();
+            let value = [7u8; 100];
+            for round in 0..200 {
+                for _ in 0..700 {
+                    let number = if lanes {
+                        insert_on_lane(&tree, &counter, &value, &mut key) as u64
+                    } else {
+                        let number = counter.fetch_add(1, Ordering::Relaxed) as u64;
+                        tree.insert(&key_of(number), &value).unwrap();
+                        number
+                    };
+                    window.push_back(number);
+                }
+                while window.len() > 3000 {
+                    let oldest = window.pop_front().unwrap();
+                    assert!(
+                        tree.delete(&key_of(oldest)).unwrap().is_some(),
+                        "{context}: row {oldest} went missing"
+                    );
+                }
+                if round % 50 == 49 {
+                    let check = assert_owns_every_page(&tree, &format!("{context}, round {round}"));
+                    assert_eq!(check.rows, window.len() as u64, "{context}");
+                }
+            }
+            let stats = tree.stats();
+            let check = assert_owns_every_page(&tree, &context);
+            assert!(stats.leaves_freed > 1000, "{context}: {stats:?}");
+            assert!(
+                tree.pool().page_count() <= 120,
+                "{context}: a queue of 3,000 rows of 100 bytes (about 45 leaves) allocated {} \
+                 pages ({check:?}, {stats:?})",
+                tree.pool().page_count()
+            );
+            let rows: Vec<u64> = tree
+                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+                .map(|(key, _)| u64::from_be_bytes(key.try_into().unwrap()))
+                .collect();
+            let mut expected: Vec<u64> = window.iter().copied().collect();
+            expected.sort_unstable();
+            assert!(rows == expected, "{context}: the queue's rows differ");
+        }
+    }
+}
+
+/// Inserts `value` on the calling thread's sequence lane, its key the next number of
+/// `counter` (big-endian, left in `key`); returns the number.
+fn insert_on_lane(tree: &BTree, counter: &AtomicI64, value: &[u8], key: &mut Vec<u8>) -> i64 {
+    insert_on_lane_number(tree, 0, counter, value, key, true)
+}
+
+fn insert_on_lane_number(
+    tree: &BTree,
+    lane: usize,
+    counter: &AtomicI64,
+    value: &[u8],
+    key: &mut Vec<u8>,
+    home: bool,
+) -> i64 {
+    let reserve = |rows: u64| Ok::<i64, ()>(counter.fetch_add(rows as i64, Ordering::Relaxed));
+    let make_key = |number: i64, key: &mut Vec<u8>| {
+        key.extend_from_slice(&(number as u64).to_be_bytes());
+        Ok(())
+    };
+    if home {
+        tree.insert_with_sequence_key(value, 1, reserve, make_key, key)
+    } else {
+        tree.insert_with_sequence_key_on_lane(lane, value, 1, reserve, make_key, key)
+    }
+    .unwrap()
+}
+
+/// Deleting every row, in random order, frees every leaf but the last and every inner page
+/// that lost its children: the root and one page per level down to that leaf stay. Then the
+/// rows go in again, on the freed pages.
+#[test]
+fn deleting_every_row_leaves_one_page_per_level() {
+    let seed = common::seed();
+    for (policy, path) in configurations() {
+        let context = format!("{policy:?}, {path:?}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let tree = tree_with(policy, path);
+        let mut numbers: Vec<u64> = (0..30_000).collect();
+        numbers.shuffle(&mut rng);
+        for &number in &numbers {
+            tree.insert(&key_of(number), &[number as u8; 300]).unwrap();
+        }
+        let full = assert_owns_every_page(&tree, &context);
+        assert!(
+            full.levels >= 3,
+            "{context}: the tree should have grown: {full:?}"
+        );
+        let allocated = tree.pool().page_count();
+        numbers.shuffle(&mut rng);
+        for &number in &numbers {
+            assert!(tree.delete(&key_of(number)).unwrap().is_some(), "{context}");
+        }
+        let empty = assert_owns_every_page(&tree, &context);
+        assert_eq!(empty.rows, 0, "{context}");
+        assert_eq!(
+            (empty.leaf_pages, empty.inner_pages),
+            (1, u64::from(empty.levels) - 1),
+            "{context}: an empty tree keeps one leaf and the pages above it: {empty:?}"
+        );
+        assert!(tree.stats().inner_pages_freed > 0, "{context}");
+        numbers.shuffle(&mut rng);
+        for &number in &numbers {
+            tree.insert(&key_of(number), &[number as u8; 300]).unwrap();
+        }
+        let mut oracle = BTreeMap::new();
+        for &number in &numbers {
+            oracle.insert(key_of(number).to_vec(), vec![number as u8; 300]);
+        }
+        common::assert_tree_holds(&tree, &oracle, &context);
+        assert_owns_every_page(&tree, &context);
+        assert!(
+            tree.pool().page_count() <= allocated + allocated / 10,
+            "{context}: refilling allocated {} pages on top of {allocated}",
+            tree.pool().page_count() - allocated
+        );
+    }
+}
+
+/// Random inserts, deletes of whole key ranges (which empty leaves anywhere, first and middle
+/// ones included, and whole subtrees), lookups and scans both ways, against a `BTreeMap`.
+#[test]
+fn random_range_deletes_match_a_btreemap() {
+    let seed = common::seed();
+    for (policy, path) in configurations() {
+        let context = format!("{policy:?}, {path:?}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let tree = tree_with(policy, path);
+        let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let space = 40_000u64;
+        for step in 0..3000 {
+            match rng.random_range(0..10) {
+                0..=5 => {
+                    // A run of keys, ascending, as loads and appends make them.
+                    let start = rng.random_range(0..space);
+                    for number in start..(start + rng.random_range(1..60)).min(space) {
+                        let key = key_of(number).to_vec();
+                        let len = if rng.random_range(0..20) == 0 {
+                            3000
+                        } else {
+                            80
+                        };
+                        let value = vec![rng.random::<u8>(); len];
+                        let expected = !oracle.contains_key(&key);
+                        assert_eq!(tree.insert(&key, &value).is_ok(), expected, "{context}");
+                        oracle.entry(key).or_insert(value);
+                    }
+                }
+                6..=8 => {
+                    let start = rng.random_range(0..space);
+                    let end = (start + rng.random_range(1..2000)).min(space);
+                    let doomed: Vec<Vec<u8>> = oracle
+                        .range(key_of(start).to_vec()..key_of(end).to_vec())
+                        .map(|(key, _)| key.clone())
+                        .collect();
+                    for key in doomed {
+                        assert_eq!(tree.delete(&key).unwrap(), oracle.remove(&key), "{context}");
+                    }
+                }
+                _ => {
+                    let start = key_of(rng.random_range(0..space)).to_vec();
+                    let expected: Vec<_> = oracle
+                        .range(start.clone()..)
+                        .take(300)
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    let forward: Vec<_> = tree
+                        .range(
+                            Bound::Included(&start),
+                            Bound::Unbounded,
+                            Direction::Forward,
+                        )
+                        .take(300)
+                        .collect();
+                    assert!(
+                        forward == expected,
+                        "{context}: scan from {start:?} at step {step}"
+                    );
+                }
+            }
+            if step % 300 == 0 {
+                assert_owns_every_page(&tree, &format!("{context}, step {step}"));
+            }
+        }
+        common::assert_tree_holds(&tree, &oracle, &context);
+        assert_owns_every_page(&tree, &context);
+        assert!(
+            tree.stats().leaves_freed > 50,
+            "{context}: {:?}",
+            tree.stats()
+        );
+    }
+}
+
+/// Many threads at once: appenders at the end of the index (generated keys, or sequence
+/// lanes), deleters taking the oldest rows from the start, writers inserting and deleting
+/// keys of their own between the queue's rows (so leaves empty while inserts split their
+/// neighbours), and scanners checking order and whole rows meanwhile. At the end the tree
+/// holds exactly what the threads kept, passes the integrity check, and owns every page in
+/// use; and the pages stayed bounded.
+#[test]
+fn a_concurrent_queue_with_writers_between_its_rows_matches_its_oracle() {
+    let seed = common::seed();
+    for (policy, path) in configurations() {
+        for lanes in [false, true] {
+            let context = format!("{policy:?}, {path:?}, lanes {lanes}");
+            run_concurrent_queue(seed, policy, path, lanes, &context);
+        }
+    }
+}
+
+/// Keys of the queue are even numbers, the between-writers' odd ones.
+fn run_concurrent_queue(
+    seed: u64,
+    policy: LatchPolicy,
+    path: InsertPath,
+    lanes: bool,
+    context: &str,
+) {
+    const APPENDERS: usize = 3;
+    const ROWS_PER_APPENDER: usize = 6000;
+    const WINDOW: usize = 2000;
+    let tree = tree_with(policy, path);
+    let counter = AtomicI64::new(0);
+    let queue: Mutex<VecDeque<u64>> = Mutex::new(VecDeque::new());
+    let appending = AtomicBool::new(true);
+    let deleted = AtomicU64::new(0);
+    let kept_between: Vec<BTreeMap<u64, u8>> = std::thread::scope(|scope| {
+        let appenders: Vec<_> = (0..APPENDERS)
+            .map(|thread| {
+                let (tree, counter, queue) = (&tree, &counter, &queue);
+                scope.spawn(move || {
+                    let mut key = Vec::new();
+                    for _ in 0..ROWS_PER_APPENDER {
+                        let value = [thread as u8 + 1; 90];
+                        let number = if lanes {
+                            key.clear();
+                            let number = tree
+                                .insert_with_sequence_key_on_lane(
+                                    thread,
+                                    &value,
+                                    1,
+                                    |rows| {
+                                        Ok::<i64, ()>(
+                                            counter.fetch_add(rows as i64, Ordering::Relaxed),
+                                        )
+                                    },
+                                    |number, key| {
+                                        key.extend_from_slice(&key_of(2 * number as u64));
+                                        Ok(())
+                                    },
+                                    &mut key,
+                                )
+                                .unwrap();
+                            2 * number as u64
+                        } else {
+                            let key = tree
+                                .insert_with_generated_key(&value, |key| {
+                                    let number = counter.fetch_add(1, Ordering::Relaxed) as u64;
+                                    key.extend_from_slice(&key_of(2 * number));
+                                    Ok::<(), ()>(())
+                                })
+                                .unwrap();
+                            u64::from_be_bytes(key.try_into().unwrap())
+                        };
+                        queue.lock().unwrap().push_back(number);
+                    }
+                })
+            })
+            .collect();
+        let deleters: Vec<_> = (0..2)
+            .map(|_| {
+                let (tree, queue, appending, deleted) = (&tree, &queue, &appending, &deleted);
+                scope.spawn(move || {
+                    loop {
+                        let oldest = {
+                            let mut queue = queue.lock().unwrap();
+                            if queue.len() <= WINDOW {
+                                None
+                            } else {
+                                queue.pop_front()
+                            }
+                        };
+                        match oldest {
+                            Some(number) => {
+                                let old = tree.delete(&key_of(number)).unwrap();
+                                let value = old.unwrap_or_else(|| {
+                                    panic!("{context}: queued row {number} went missing")
+                                });
+                                assert!(value.len() == 90 && value.iter().all(|&b| b == value[0]));
+                                deleted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            None if !appending.load(Ordering::Relaxed) => break,
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let between: Vec<_> = (0..2u64)
+            .map(|thread| {
+                let (tree, counter, appending) = (&tree, &counter, &appending);
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ thread);
+                    let mut kept: BTreeMap<u64, u8> = BTreeMap::new();
+                    while appending.load(Ordering::Relaxed) {
+                        // Odd keys among the queue's newest and oldest rows, two threads'
+                        // keys apart by their last bit of the half.
+                        let top = 2 * counter.load(Ordering::Relaxed).max(1) as u64;
+                        let low = top.saturating_sub(2 * WINDOW as u64 + 400);
+                        let number = (rng.random_range(low..top) / 4) * 4 + 1 + 2 * thread;
+                        if rng.random_range(0..3) == 0 || kept.contains_key(&number) {
+                            let removed = tree.delete(&key_of(number)).unwrap();
+                            assert_eq!(
+                                removed.map(|value| value[0]),
+                                kept.remove(&number),
+                                "{context}: between-row {number}"
+                            );
+                        } else {
+                            let byte = rng.random::<u8>();
+                            tree.insert(&key_of(number), &[byte; 40]).unwrap();
+                            kept.insert(number, byte);
+                        }
+                        // Some go again at once, so their leaves empty often.
+                        if rng.random_range(0..2) == 0
+                            && let Some((&number, _)) = kept.iter().next()
+                        {
+                            assert!(tree.delete(&key_of(number)).unwrap().is_some());
+                            kept.remove(&number);
+                        }
+                    }
+                    kept
+                })
+            })
+            .collect();
+        let scanner = {
+            let (tree, appending) = (&tree, &appending);
+            scope.spawn(move || {
+                let mut round = 0u32;
+                while appending.load(Ordering::Relaxed) {
+                    let direction = if round.is_multiple_of(2) {
+                        Direction::Forward
+                    } else {
+                        Direction::Backward
+                    };
+                    round += 1;
+                    let mut scan = tree.range(Bound::Unbounded, Bound::Unbounded, direction);
+                    let rows: Vec<(Vec<u8>, Vec<u8>)> = scan.by_ref().collect();
+                    assert!(scan.error().is_none(), "{context}: {:?}", scan.error());
+                    for pair in rows.windows(2) {
+                        let ordered = match direction {
+                            Direction::Forward => pair[0].0 < pair[1].0,
+                            Direction::Backward => pair[0].0 > pair[1].0,
+                        };
+                        assert!(ordered, "{context}: a scan saw keys out of order");
+                    }
+                    assert!(
+                        rows.iter()
+                            .all(|(_, value)| value.iter().all(|&b| b == value[0])),
+                        "{context}: a scan saw a torn row"
+                    );
+                }
+            })
+        };
+        appenders
+            .into_iter()
+            .for_each(|thread| thread.join().unwrap());
+        appending.store(false, Ordering::Relaxed);
+        deleters
+            .into_iter()
+            .for_each(|thread| thread.join().unwrap());
+        scanner.join().unwrap();
+        between
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect()
+    });
+    let mut expected: Vec<u64> = queue.into_inner().unwrap().into_iter().collect();
+    expected.extend(kept_between.iter().flat_map(|kept| kept.keys().copied()));
+    expected.sort_unstable();
+    let rows: Vec<u64> = tree
+        .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+        .map(|(key, _)| u64::from_be_bytes(key.try_into().unwrap()))
+        .collect();
+    assert!(
+        rows == expected,
+        "{context}: the tree holds {} rows, the threads kept {}",
+        rows.len(),
+        expected.len()
+    );
+    let check = assert_owns_every_page(&tree, context);
+    assert!(
+        deleted.load(Ordering::Relaxed) as usize >= APPENDERS * ROWS_PER_APPENDER - WINDOW,
+        "{context}"
+    );
+    // How many pages the run allocated depends on how far the deleters fell behind the
+    // appenders; `a_queue_runs_in_a_bounded_number_of_pages` bounds it where that is fixed.
+    assert!(
+        tree.stats().leaves_freed > 100,
+        "{context}: {:?}, {check:?}",
+        tree.stats()
+    );
+}
+
+/// A sequence lane remembers the leaf its last row went to and that leaf's `next` link, and
+/// trusts the leaf to cover its next number while the link is unchanged. If the leaf is freed
+/// and handed out again as the new last leaf (whose `next` link is none, as the lane's leaf's
+/// was), the link matches by chance: the lane must notice that a leaf was freed, or its next
+/// row lands on a page whose keys all lie above it. If the leaf is freed and still free, the
+/// lane must take its next row elsewhere rather than fail on a freed page.
+#[test]
+fn a_lane_does_not_trust_its_leaf_once_it_was_freed_and_handed_out_again() {
+    const ROW: usize = 2000; // four rows on a leaf, and four numbers in a lane's block
+    for (policy, reused) in LatchPolicy::ALL
+        .into_iter()
+        .flat_map(|policy| [(policy, true), (policy, false)])
+    {
+        let tree = tree_with(policy, InsertPath::Default);
+        let counter = AtomicI64::new(0);
+        let mut key = Vec::new();
+        let mut insert = |lane: usize| {
+            insert_on_lane_number(
+                &tree,
+                lane,
+                &counter,
+                &[lane as u8 + 1; ROW],
+                &mut key,
+                false,
+            )
+        };
+        // Lane 0: numbers 0..4 fill the first leaf, 4 and 5 start the second, whose next link
+        // is none when the lane records it.
+        for _ in 0..6 {
+            insert(0);
+        }
+        // Lane 1 starts a new last leaf after it with number 8 (its block is 8..12).
+        assert_eq!(insert(1), 8);
+        let free_before = tree.pool().free_page_count();
+        // Lane 0's leaf empties and is freed.
+        for number in [4u64, 5] {
+            assert!(tree.delete(&key_of(number)).unwrap().is_some());
+        }
+        assert_eq!(tree.stats().leaves_freed, 1, "{policy:?}");
+        assert_eq!(tree.pool().free_page_count(), free_before + 1, "{policy:?}");
+        if reused {
+            // Lane 1 fills its leaf and starts the next one on the freed page, a last leaf
+            // again.
+            for _ in 0..4 {
+                insert(1);
+            }
+            assert_eq!(
+                tree.pool().free_page_count(),
+                free_before,
+                "{policy:?}: the freed page should have been handed out again"
+            );
+        }
+        // Lane 0's next number is 6, below every key of the page it remembers.
+        insert(0);
+        tree.check_integrity()
+            .unwrap_or_else(|error| panic!("{policy:?}: {error}"));
+        let rows: Vec<u64> = tree
+            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+            .map(|(key, _)| u64::from_be_bytes(key.try_into().unwrap()))
+            .collect();
+        // 0..4 and 8 (and 9..13) as above, and lane 0's row, from a new block since its leaf
+        // went.
+        assert_eq!(
+            rows.len(),
+            if reused { 10 } else { 6 },
+            "{policy:?}: {rows:?}"
+        );
+        for row in &rows {
+            assert!(
+                tree.get(&key_of(*row)).unwrap().is_some(),
+                "{policy:?}: row {row}"
+            );
+        }
+    }
+}
+
+/// The default path's tail hint names the last leaf as the last append split left it. A
+/// classic split in the middle of that leaf moves the end of the index to a new page without
+/// moving the hint, and deletes may then empty and free the hinted page: the next append must
+/// find the last leaf again rather than fail on the freed page. Then the same with the freed
+/// page handed out again (to a split elsewhere in the tree).
+#[test]
+fn an_append_finds_the_last_leaf_after_its_hinted_page_was_freed() {
+    const ROW: usize = 2000; // four rows on a leaf
+    for (policy, reused) in LatchPolicy::ALL
+        .into_iter()
+        .flat_map(|policy| [(policy, false), (policy, true)])
+    {
+        let context = format!("{policy:?}, reused {reused}");
+        let tree = tree_with(policy, InsertPath::Default);
+        let mut oracle = BTreeMap::new();
+        let insert = |tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, number: u64| {
+            tree.insert(&key_of(number), &[number as u8; ROW]).unwrap();
+            oracle.insert(key_of(number).to_vec(), vec![number as u8; ROW]);
+        };
+        // Leaves [0 10 20 30] [40 50 60 70], the second hinted as the last.
+        for number in (0..80).step_by(10) {
+            insert(&tree, &mut oracle, number);
+        }
+        // A classic split of the last leaf in its middle: [40 45 50] [60 70].
+        tree.set_insert_path(InsertPath::Classic);
+        insert(&tree, &mut oracle, 45);
+        tree.set_insert_path(InsertPath::Default);
+        for number in [40u64, 45, 50] {
+            tree.delete(&key_of(number)).unwrap().unwrap();
+            oracle.remove(key_of(number).as_slice());
+        }
+        assert_eq!(tree.stats().leaves_freed, 1, "{context}");
+        if reused {
+            // A split of the first leaf takes the freed page.
+            insert(&tree, &mut oracle, 5);
+            assert_eq!(tree.pool().free_page_count(), 0, "{context}");
+        }
+        insert(&tree, &mut oracle, 80);
+        common::assert_tree_holds(&tree, &oracle, &context);
+        assert_owns_every_page(&tree, &context);
+    }
+}
