@@ -769,6 +769,17 @@ impl BufferPool {
     pub fn latch_exclusive(&self, page_id: PageId) -> Result<ExclusiveGuard<'_>, PageError> {
         let frame = self.frame(page_id)?;
         frame.latch.acquire(LatchMode::Exclusive);
+        self.exclusive_guard(frame, page_id)
+    }
+
+    /// The guard of `frame` (page `page_id`), which this thread has just latched exclusively,
+    /// reading the page from the data file first if it is not in memory.
+    #[inline]
+    fn exclusive_guard<'a>(
+        &'a self,
+        frame: &'a Frame,
+        page_id: PageId,
+    ) -> Result<ExclusiveGuard<'a>, PageError> {
         match NonNull::new(frame.bytes_ptr()) {
             Some(bytes) => {
                 frame.touch();
@@ -792,17 +803,7 @@ impl BufferPool {
         if !frame.latch.try_acquire(LatchMode::Exclusive) {
             return Ok(None);
         }
-        match NonNull::new(frame.bytes_ptr()) {
-            Some(bytes) => {
-                frame.touch();
-                Ok(Some(ExclusiveGuard {
-                    frame,
-                    page_id,
-                    bytes,
-                }))
-            }
-            None => self.load(frame, page_id).map(Some),
-        }
+        self.exclusive_guard(frame, page_id).map(Some)
     }
 
     /// Latches a page exclusively, as [`BufferPool::latch_exclusive`] does, unless it was
@@ -841,17 +842,7 @@ impl BufferPool {
             frame.latch.release(LatchMode::Exclusive);
             return Ok(None);
         }
-        match NonNull::new(frame.bytes_ptr()) {
-            Some(bytes) => {
-                frame.touch();
-                Ok(Some(ExclusiveGuard {
-                    frame,
-                    page_id,
-                    bytes,
-                }))
-            }
-            None => self.load(frame, page_id).map(Some),
-        }
+        self.exclusive_guard(frame, page_id).map(Some)
     }
 
     /// The latch flavour of a page (the default flavour for a page id that was never

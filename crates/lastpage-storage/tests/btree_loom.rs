@@ -271,45 +271,40 @@ fn assert_holds_and_owns(tree: &BTree, expected: &[u64]) {
     );
 }
 
-/// A delete empties the middle leaf [10] of [0] [10] [20] [30] and frees it (`reclaim.rs`)
-/// while a classic insert splits its left sibling [0]: the new page goes between [0] and
-/// whatever follows it at that moment. Every row lands once, the links and the parent agree,
-/// and the freed page is free or reused, never lost.
-#[test]
-fn a_freed_leaf_races_a_split_of_its_left_sibling() {
+/// Runs a delete of `deleted`, which empties its leaf and frees it (`reclaim.rs`), in a thread
+/// of its own while the model's thread inserts `inserted`, on a tree of one row per leaf keyed
+/// 0, 10, 20 and 30. Every row lands once, the links and the parents agree, and the freed page
+/// is free or reused, never lost.
+fn race_a_freed_leaf(policy: LatchPolicy, deleted: u64, inserted: u64, expected: &[u64]) {
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(2);
-    builder.check(|| {
-        let tree = tree_of(LatchPolicy::Fifo, &[0, 10, 20, 30]);
+    let expected = expected.to_vec();
+    builder.check(move || {
+        let tree = tree_of(policy, &[0, 10, 20, 30]);
         let deleter = {
             let tree = tree.clone();
-            loom::thread::spawn(move || tree.delete(&10u64.to_be_bytes()).unwrap().unwrap())
+            loom::thread::spawn(move || tree.delete(&deleted.to_be_bytes()).unwrap().unwrap())
         };
-        tree.insert(&5u64.to_be_bytes(), &[2; BIG]).unwrap();
+        tree.insert(&inserted.to_be_bytes(), &[2; BIG]).unwrap();
         deleter.join().unwrap();
-        assert_holds_and_owns(&tree, &[0, 5, 20, 30]);
+        assert_holds_and_owns(&tree, &expected);
         assert_eq!(tree.stats().leaves_freed, 1);
     });
 }
 
-/// A delete frees the leaf [20] just before the last leaf [30] while an append splits the last
-/// leaf without a descent: the append only tries the parent the freeing holds, and the freeing
-/// waits for the last leaf (its right sibling) that the append holds.
+/// The freed middle leaf [10] races a classic insert that splits its left sibling [0]: the
+/// new page goes between [0] and whatever follows it at that moment.
+#[test]
+fn a_freed_leaf_races_a_split_of_its_left_sibling() {
+    race_a_freed_leaf(LatchPolicy::Fifo, 10, 5, &[0, 5, 20, 30]);
+}
+
+/// The freed leaf [20], just before the last leaf [30], races an append that splits the last
+/// leaf without a descent: the append only tries the parent the freeing holds, and the
+/// freeing waits for the last leaf (its right sibling) that the append holds.
 #[test]
 fn a_freed_leaf_races_an_append_beside_it() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
-        let tree = tree_of(LatchPolicy::Adaptive, &[0, 10, 20, 30]);
-        let deleter = {
-            let tree = tree.clone();
-            loom::thread::spawn(move || tree.delete(&20u64.to_be_bytes()).unwrap().unwrap())
-        };
-        tree.insert(&40u64.to_be_bytes(), &[3; BIG]).unwrap();
-        deleter.join().unwrap();
-        assert_holds_and_owns(&tree, &[0, 10, 30, 40]);
-        assert_eq!(tree.stats().leaves_freed, 1);
-    });
+    race_a_freed_leaf(LatchPolicy::Adaptive, 20, 40, &[0, 10, 30, 40]);
 }
 
 /// A reader scans backwards (a descent per leaf, by the fences) while a delete frees the leaf

@@ -4,14 +4,12 @@
 
 mod common;
 
+use common::{configurations, tree_with};
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::Arc;
 
-use lastpage_storage::btree::{
-    BTree, BTreeError, Direction, GeneratedKeyError, InsertPath, TreeOptions,
-};
-use lastpage_storage::buffer::BufferPool;
+use lastpage_storage::btree::{BTree, BTreeError, Direction, GeneratedKeyError, InsertPath};
 use lastpage_storage::latch::LatchPolicy;
 use lastpage_storage::limits::MAX_RECORD_BYTES;
 use rand::rngs::StdRng;
@@ -19,27 +17,6 @@ use rand::{Rng, SeedableRng};
 
 fn tree(policy: LatchPolicy) -> BTree {
     tree_with(policy, InsertPath::Classic)
-}
-
-fn tree_with(policy: LatchPolicy, insert_path: InsertPath) -> BTree {
-    BTree::create(
-        Arc::new(BufferPool::new()),
-        1,
-        TreeOptions {
-            latch_policy: policy,
-            insert_path,
-            ..TreeOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-/// Every latch flavour with every insert path.
-fn configurations() -> Vec<(LatchPolicy, InsertPath)> {
-    LatchPolicy::ALL
-        .into_iter()
-        .flat_map(|policy| InsertPath::ALL.into_iter().map(move |path| (policy, path)))
-        .collect()
 }
 
 fn random_value(rng: &mut StdRng, key_len: usize) -> Vec<u8> {

@@ -7,38 +7,18 @@
 
 mod common;
 
+use common::{configurations, tree_with};
+
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use lastpage_storage::btree::{BTree, Direction, InsertPath, TreeCheck, TreeOptions};
-use lastpage_storage::buffer::BufferPool;
+use lastpage_storage::btree::{BTree, Direction, InsertPath, TreeCheck};
 use lastpage_storage::latch::LatchPolicy;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-
-fn tree_with(policy: LatchPolicy, insert_path: InsertPath) -> BTree {
-    BTree::create(
-        Arc::new(BufferPool::new()),
-        1,
-        TreeOptions {
-            latch_policy: policy,
-            insert_path,
-            ..TreeOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-/// Every latch flavour with every insert path.
-fn configurations() -> Vec<(LatchPolicy, InsertPath)> {
-    LatchPolicy::ALL
-        .into_iter()
-        .flat_map(|policy| InsertPath::ALL.into_iter().map(move |path| (policy, path)))
-        .collect()
-}
 
 fn key_of(number: u64) -> [u8; 8] {
     number.to_be_bytes()
@@ -124,26 +104,28 @@ fn a_queue_runs_in_a_bounded_number_of_pages() {
 /// Inserts `value` on the calling thread's sequence lane, its key the next number of
 /// `counter` (big-endian, left in `key`); returns the number.
 fn insert_on_lane(tree: &BTree, counter: &AtomicI64, value: &[u8], key: &mut Vec<u8>) -> i64 {
-    insert_on_lane_number(tree, 0, counter, value, key, true)
+    insert_on_lane_number(tree, None, counter, value, key, 1)
 }
 
+/// Inserts `value` on sequence lane `lane` (the calling thread's if `None`), its key the next
+/// number of `counter` times `key_scale` (big-endian, left in `key`); returns the number.
 fn insert_on_lane_number(
     tree: &BTree,
-    lane: usize,
+    lane: Option<usize>,
     counter: &AtomicI64,
     value: &[u8],
     key: &mut Vec<u8>,
-    home: bool,
+    key_scale: u64,
 ) -> i64 {
+    key.clear();
     let reserve = |rows: u64| Ok::<i64, ()>(counter.fetch_add(rows as i64, Ordering::Relaxed));
     let make_key = |number: i64, key: &mut Vec<u8>| {
-        key.extend_from_slice(&(number as u64).to_be_bytes());
+        key.extend_from_slice(&key_of(key_scale * number as u64));
         Ok(())
     };
-    if home {
-        tree.insert_with_sequence_key(value, 1, reserve, make_key, key)
-    } else {
-        tree.insert_with_sequence_key_on_lane(lane, value, 1, reserve, make_key, key)
+    match lane {
+        None => tree.insert_with_sequence_key(value, 1, reserve, make_key, key),
+        Some(lane) => tree.insert_with_sequence_key_on_lane(lane, value, 1, reserve, make_key, key),
     }
     .unwrap()
 }
@@ -316,24 +298,14 @@ fn run_concurrent_queue(
                     for _ in 0..ROWS_PER_APPENDER {
                         let value = [thread as u8 + 1; 90];
                         let number = if lanes {
-                            key.clear();
-                            let number = tree
-                                .insert_with_sequence_key_on_lane(
-                                    thread,
-                                    &value,
-                                    1,
-                                    |rows| {
-                                        Ok::<i64, ()>(
-                                            counter.fetch_add(rows as i64, Ordering::Relaxed),
-                                        )
-                                    },
-                                    |number, key| {
-                                        key.extend_from_slice(&key_of(2 * number as u64));
-                                        Ok(())
-                                    },
-                                    &mut key,
-                                )
-                                .unwrap();
+                            let number = insert_on_lane_number(
+                                tree,
+                                Some(thread),
+                                counter,
+                                &value,
+                                &mut key,
+                                2,
+                            );
                             2 * number as u64
                         } else {
                             let key = tree
@@ -503,11 +475,11 @@ fn a_lane_does_not_trust_its_leaf_once_it_was_freed_and_handed_out_again() {
         let mut insert = |lane: usize| {
             insert_on_lane_number(
                 &tree,
-                lane,
+                Some(lane),
                 &counter,
                 &[lane as u8 + 1; ROW],
                 &mut key,
-                false,
+                1,
             )
         };
         // Lane 0: numbers 0..4 fill the first leaf, 4 and 5 start the second, whose next link

@@ -105,3 +105,34 @@ pub fn open_pool(
     .unwrap();
     (std::sync::Arc::new(pool), blob)
 }
+
+/// An empty tree with `policy` latches on `insert_path`, in a memory-only pool of its own.
+#[allow(dead_code)]
+pub fn tree_with(
+    policy: lastpage_storage::latch::LatchPolicy,
+    insert_path: lastpage_storage::btree::InsertPath,
+) -> lastpage_storage::btree::BTree {
+    lastpage_storage::btree::BTree::create(
+        std::sync::Arc::new(lastpage_storage::buffer::BufferPool::new()),
+        1,
+        lastpage_storage::btree::TreeOptions {
+            latch_policy: policy,
+            insert_path,
+            ..lastpage_storage::btree::TreeOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Every latch flavour with every insert path.
+#[allow(dead_code)]
+pub fn configurations() -> Vec<(
+    lastpage_storage::latch::LatchPolicy,
+    lastpage_storage::btree::InsertPath,
+)> {
+    use lastpage_storage::btree::InsertPath;
+    lastpage_storage::latch::LatchPolicy::ALL
+        .into_iter()
+        .flat_map(|policy| InsertPath::ALL.into_iter().map(move |path| (policy, path)))
+        .collect()
+}
