@@ -1868,3 +1868,121 @@ fn a_truncation_at_an_end_on_a_segment_boundary_leaves_a_log_that_opens() {
         );
     }
 }
+
+/// Flips bit 7 of the byte at `at` of log file `name`.
+fn flip_bit(fs: &FaultyFileSystem, name: &Path, at: u64) {
+    let file = fs
+        .open(&Path::new(DIR).join(name), OpenOptions::existing())
+        .unwrap();
+    let mut byte = [0u8; 1];
+    file.read_exact_at(at, &mut byte).unwrap();
+    file.write_all_at(at, &[byte[0] ^ 0x80]).unwrap();
+}
+
+#[test]
+fn a_damaged_header_of_the_last_segment_over_written_log_is_refused_not_cut_off() {
+    // A last segment whose header is invalid was taken for one whose creation a crash cut
+    // short (the writer syncs a header before it writes log into a segment), and removed with
+    // every commit in it, silently: the reader stops at the bad header too, so even recovery's
+    // end agreed. A damaged header over log records is refused, as for a log's only segment
+    // (`a_damaged_segment_header_over_written_log_is_refused_not_taken_for_a_new_log`). Both
+    // with a record at the segment's start and with one spanning into it.
+    for (case, spanning) in [
+        ("a record at the start", false),
+        ("a spanning record", true),
+    ] {
+        let fs = faulty(FaultyConfig::new(15));
+        let segment_bytes = 64 << 10;
+        let writer = open(&fs, config(1 << 20, segment_bytes));
+        let mut txn = 0;
+        let mut acked = BTreeSet::new();
+        loop {
+            commit(&writer, txn).unwrap();
+            acked.insert(txn);
+            txn += 1;
+            let durable = writer.durable_lsn().0;
+            if durable >= 2 * segment_bytes {
+                break;
+            }
+            // Near the third segment, pad the log so that a record starts exactly at its
+            // start, or so that the commit record after the padding spans into it.
+            let left = 2 * segment_bytes - durable;
+            if (128..4096).contains(&left) {
+                let past = if spanning { 16 } else { 0 };
+                // An insert takes 52 bytes and its value, a commit 32.
+                let value = vec![7u8; (left + past) as usize - 52 - 32];
+                let end = append_insert_and_commit(&writer, txn, &value).unwrap();
+                writer.wait_durable(end).unwrap();
+                acked.insert(txn);
+                txn += 1;
+                assert_eq!(end.0, 2 * segment_bytes + past, "{case}");
+            }
+        }
+        // More commits in the last segment.
+        for _ in 0..20 {
+            commit(&writer, txn).unwrap();
+            acked.insert(txn);
+            txn += 1;
+        }
+        drop(writer);
+        let fs = fs.crash_with(CrashMode::LoseUnsynced);
+        let names = segment_files(&fs);
+        assert_eq!(names.len(), 3, "{case}");
+        assert_eq!(commits_from(&fs, Lsn::ZERO), acked, "{case}");
+        // The last segment's header says where the record holding its first byte starts.
+        let mut first_record_lsn = [0u8; 8];
+        fs.open(&Path::new(DIR).join(&names[2]), OpenOptions::existing())
+            .unwrap()
+            .read_exact_at(32, &mut first_record_lsn)
+            .unwrap();
+        assert_eq!(
+            u64::from_le_bytes(first_record_lsn) < 2 * segment_bytes,
+            spanning,
+            "{case}"
+        );
+        flip_bit(&fs, &names[2], 4);
+        let before = segment_lengths(&fs);
+        match LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, segment_bytes)) {
+            Err(WalError::Corrupt { reason, .. }) => println!("{case}: refused: {reason}"),
+            Ok(writer) => panic!(
+                "{case}: the open took the damaged last segment for one never created, and \
+                 the log now ends at {:?} (acknowledged commits lost); segments before {before:?}, \
+                 after {:?}",
+                writer.start_lsn(),
+                segment_lengths(&fs)
+            ),
+            Err(other) => panic!("{case}: {other}"),
+        }
+        assert_eq!(segment_lengths(&fs), before, "{case}");
+    }
+    // A last segment whose creation a crash cut short still goes: its header was never
+    // written, and it holds zeros or (recycled) old log of earlier LSNs.
+    let fs = faulty(FaultyConfig::new(16));
+    let writer = open(&fs, config(1 << 20, 4096));
+    let mut txn = 0;
+    while segment_files(&fs).len() < 3 {
+        commit(&writer, txn).unwrap();
+        txn += 1;
+    }
+    drop(writer);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    let names = segment_files(&fs);
+    let last = fs
+        .open(&Path::new(DIR).join(&names[2]), OpenOptions::existing())
+        .unwrap();
+    let mut first_segment = vec![0u8; WAL_SEGMENT_HEADER_BYTES + 4096];
+    let read = fs
+        .open(&Path::new(DIR).join(&names[0]), OpenOptions::existing())
+        .unwrap()
+        .read_at(0, &mut first_segment)
+        .unwrap();
+    // The third segment as a recycled first one whose switch a crash interrupted: a zeroed
+    // header, and the first segment's old log behind it.
+    first_segment.truncate(read);
+    first_segment[..WAL_SEGMENT_HEADER_BYTES].fill(0);
+    last.set_len(0).unwrap();
+    last.write_all_at(0, &first_segment).unwrap();
+    let writer = open(&fs, config(1 << 20, 4096));
+    assert!(writer.start_lsn().0 <= 3 * 4096);
+    assert_eq!(segment_files(&fs).len(), 2);
+}

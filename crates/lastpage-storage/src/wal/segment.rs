@@ -30,7 +30,10 @@ use lastpage_io::FileSystem;
 
 use super::WalError;
 use super::record::RecordHeader;
-use crate::limits::{WAL_MAX_SEGMENT_BYTES, WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES};
+use crate::limits::{
+    MAX_WAL_RECORD_BYTES, WAL_MAX_SEGMENT_BYTES, WAL_RECORD_ALIGN_BYTES, WAL_RECORD_HEADER_BYTES,
+    WAL_SEGMENT_HEADER_BYTES,
+};
 
 const MAGIC: &[u8; 8] = b"LPWALSEG";
 /// The format version this build writes and reads. Version 1 logs (whose record checksums
@@ -161,6 +164,55 @@ pub(crate) fn holds_records_from(
         && RecordHeader::parse(&bytes)
             .problem(super::Lsn(start))
             .is_none())
+}
+
+/// Whether the segment at `path`, named for LSN `start`, holds a complete record of the log
+/// whose record checksums start from `checksum_seed` (its stored LSN its position, its CRC
+/// valid) at a record boundary near its start, whatever the segment's header says: whether the
+/// writer wrote log into it. A segment whose creation a crash cut short holds none: the writer
+/// syncs a segment's header before it writes any log into it, so its body holds zeros, or the
+/// old records of the segment it was recycled from, whose LSNs are older.
+///
+/// The first record that starts in a segment starts within `MAX_WAL_RECORD_BYTES` of its start
+/// (a record spanning into it is no longer), so only the body's first `2 × MAX_WAL_RECORD_BYTES`
+/// bytes are searched, at every multiple of 8. Not found: a segment holding only the end of a
+/// record spanning into it, or a record too long to end within those bytes (segments smaller
+/// than a record).
+pub(crate) fn holds_records_of_log(
+    fs: &dyn FileSystem,
+    path: &Path,
+    start: u64,
+    segment_bytes: u64,
+    checksum_seed: u32,
+) -> Result<bool, WalError> {
+    let file = fs
+        .open(path, lastpage_io::OpenOptions::existing())
+        .map_err(|error| WalError::io(format!("opening {}", path.display()), error))?;
+    let mut body = vec![0u8; segment_bytes.min(2 * MAX_WAL_RECORD_BYTES as u64) as usize];
+    let read = file
+        .read_at(HEADER_BYTES, &mut body)
+        .map_err(|error| WalError::io(format!("reading {}", path.display()), error))?;
+    body.truncate(read);
+    let mut at = 0;
+    while at + WAL_RECORD_HEADER_BYTES <= body.len() {
+        let header_bytes: &[u8; WAL_RECORD_HEADER_BYTES] = body[at..at + WAL_RECORD_HEADER_BYTES]
+            .try_into()
+            .expect("a header's bytes");
+        let header = RecordHeader::parse(header_bytes);
+        let end = at + header.total_len as usize;
+        if header.problem(super::Lsn(start + at as u64)).is_none()
+            && end <= body.len()
+            && super::record::seeded_checksum(
+                checksum_seed,
+                header_bytes,
+                [&body[at + WAL_RECORD_HEADER_BYTES..end]],
+            ) == header.crc
+        {
+            return Ok(true);
+        }
+        at += WAL_RECORD_ALIGN_BYTES;
+    }
+    Ok(false)
 }
 
 /// Reads a segment's header; `None` if the file is too short or the header is invalid. An intact

@@ -1206,6 +1206,26 @@ fn recover_end(
             });
         }
     }
+    // Segments after the last valid one are taken for segments whose creation a crash cut
+    // short, and go below. But a header damaged later (a bit flip, an overwrite) over a segment
+    // the writer had written log into looks the same, and the reader stops there too (so even
+    // recovery's end agrees): removing it dropped every acknowledged commit in it, silently.
+    // The writer syncs a header before it writes any log into a segment, so one whose body
+    // holds a record of this log at its own LSN is damage, never a crash, and is refused, as
+    // a log's only segment is above.
+    let checksum_seed = record::checksum_seed(header.log_id);
+    for (start, path) in &segments[last_index + 1..] {
+        if segment::holds_records_of_log(fs.as_ref(), path, *start, segment_bytes, checksum_seed)? {
+            return Err(WalError::Corrupt {
+                lsn: Lsn(*start),
+                reason: format!(
+                    "the header of log segment {} is damaged, but the segment holds log records \
+                     (the log's valid part ends at LSN {end})",
+                    path.display()
+                ),
+            });
+        }
+    }
     if let Some(expected) = &expected {
         expected.check(end, dir)?;
     }
