@@ -1986,3 +1986,71 @@ fn a_damaged_header_of_the_last_segment_over_written_log_is_refused_not_cut_off(
     assert!(writer.start_lsn().0 <= 3 * 4096);
     assert_eq!(segment_files(&fs).len(), 2);
 }
+
+/// A segment header laid out as `docs/wal-format.md` says, with a valid checksum: what anyone
+/// can write, since the header's CRC has no secret.
+fn segment_header(segment_bytes: u64, start_lsn: u64, first_record_lsn: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; WAL_SEGMENT_HEADER_BYTES];
+    bytes[0..8].copy_from_slice(b"LPWALSEG");
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[12..16].copy_from_slice(&(WAL_SEGMENT_HEADER_BYTES as u32).to_le_bytes());
+    bytes[16..24].copy_from_slice(&segment_bytes.to_le_bytes());
+    bytes[24..32].copy_from_slice(&start_lsn.to_le_bytes());
+    bytes[32..40].copy_from_slice(&first_record_lsn.to_le_bytes());
+    bytes[40..48].copy_from_slice(&0x1d_u64.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..48]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn segment_headers_the_writer_never_makes_do_not_panic_the_open_or_the_reader() {
+    // A header's checksum has no secret, so its fields are file content like any other. A
+    // segment named near the top of the LSN range with a valid header overflowed the reader's
+    // `start + segment_bytes` (a panic in a debug build, a wrong end in a release one); a first
+    // record LSN that is not a multiple of 8 became the log's end, and the open removed the
+    // segment after it and then panicked on the unaligned start of its log buffer.
+    let cases: [(&str, &[(u64, u64, u64)]); 2] = [
+        (
+            "a segment near the top of the LSN range",
+            &[(4096, 0xffff_ffff_ffff_f000, 0xffff_ffff_ffff_f000)],
+        ),
+        (
+            "an unaligned first record LSN",
+            &[(4096, 0, 0), (4096, 4096, 4)],
+        ),
+    ];
+    for (case, segments) in cases {
+        let fs = faulty(FaultyConfig::new(17));
+        fs.create_dir_all(Path::new(DIR)).unwrap();
+        for &(segment_bytes, start, first_record_lsn) in segments {
+            let file = fs
+                .open(
+                    &Path::new(DIR).join(format!("{start:016x}.wal")),
+                    OpenOptions::create(),
+                )
+                .unwrap();
+            file.write_all_at(0, &segment_header(segment_bytes, start, first_record_lsn))
+                .unwrap();
+            file.set_len((WAL_SEGMENT_HEADER_BYTES as u64) + segment_bytes)
+                .unwrap();
+        }
+        for &(_, start, first_record_lsn) in segments {
+            for from in [start, first_record_lsn] {
+                let read = std::panic::catch_unwind(|| {
+                    let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, Lsn(from))?;
+                    while reader.next_raw()?.is_some() {}
+                    Ok::<_, WalError>(reader.end())
+                });
+                assert!(read.is_ok(), "{case}: the reader from {from} panicked");
+            }
+        }
+        let opened = std::panic::catch_unwind(|| {
+            LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, 4096)).map(drop)
+        });
+        match opened {
+            Ok(result) => println!("{case}: {result:?}"),
+            Err(_) => panic!("{case}: the open panicked"),
+        }
+    }
+}

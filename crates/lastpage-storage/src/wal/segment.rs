@@ -31,8 +31,8 @@ use lastpage_io::FileSystem;
 use super::WalError;
 use super::record::RecordHeader;
 use crate::limits::{
-    MAX_WAL_RECORD_BYTES, WAL_MAX_SEGMENT_BYTES, WAL_RECORD_ALIGN_BYTES, WAL_RECORD_HEADER_BYTES,
-    WAL_SEGMENT_HEADER_BYTES,
+    MAX_WAL_RECORD_BYTES, WAL_MAX_SEGMENT_BYTES, WAL_MAX_START_LSN, WAL_RECORD_ALIGN_BYTES,
+    WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_HEADER_BYTES,
 };
 
 const MAGIC: &[u8; 8] = b"LPWALSEG";
@@ -100,10 +100,19 @@ impl SegmentHeader {
             first_record_lsn: u64_at(32),
             log_id: u64_at(40),
         };
+        // The checksum has no secret, so these are checked like any file content: only what
+        // a writer makes is valid. A segment beyond `WAL_MAX_START_LSN` overflowed the reader's
+        // `start + segment_bytes`; an unaligned first record LSN (or segment size, which a
+        // configuration cannot have) became the log's end, and the open removed the segment
+        // after it, then panicked on the unaligned start of its log buffer.
+        let align = WAL_RECORD_ALIGN_BYTES as u64;
         let sane = header.segment_bytes > 0
             && header.segment_bytes <= WAL_MAX_SEGMENT_BYTES
+            && header.segment_bytes.is_multiple_of(align)
             && header.start_lsn.is_multiple_of(header.segment_bytes)
-            && header.first_record_lsn <= header.start_lsn;
+            && header.start_lsn <= WAL_MAX_START_LSN
+            && header.first_record_lsn <= header.start_lsn
+            && header.first_record_lsn.is_multiple_of(align);
         sane.then_some(header)
     }
 }
