@@ -560,3 +560,34 @@ fn a_catalog_naming_a_page_in_use_as_a_spare_leaf_is_refused() {
     assert_eq!(db.table("Orders").unwrap().row_count(), 1_298);
     db.check_integrity().unwrap();
 }
+
+#[test]
+fn a_damaged_header_of_the_last_log_segment_fails_the_open_instead_of_losing_its_commits() {
+    // A flipped bit in the last log segment's header made it look like a segment whose
+    // creation a crash cut short: the open removed it, and with it the acknowledged batches
+    // in it, and reported success.
+    let fs = template();
+    let wal = Path::new(DIR).join("wal");
+    let mut segments: Vec<PathBuf> = fs
+        .list_dir(&wal)
+        .unwrap()
+        .into_iter()
+        .filter(|name| name.extension().is_some_and(|extension| extension == "wal"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "{segments:?}");
+    let last = wal.join(segments.last().unwrap());
+    let file = fs.open(&last, OpenOptions::existing()).unwrap();
+    let mut byte = [0u8; 1];
+    file.read_exact_at(4, &mut byte).unwrap();
+    file.write_all_at(4, &[byte[0] ^ 0x80]).unwrap();
+    file.sync_data().unwrap();
+    match open_and_read(&fs) {
+        Err(error) => println!("refused: {error}"),
+        Ok(rows) => panic!(
+            "the open succeeded with {} of the {} acknowledged rows",
+            rows.len(),
+            BATCHES * BATCH_ROWS
+        ),
+    }
+}
