@@ -8,8 +8,10 @@
 //!    every appender passes through; there is no lock, and the reservation also fixes the
 //!    record's LSN (`start`).
 //! 2. **Wait for room (rarely).** The buffer is a ring of `capacity` bytes indexed by LSN modulo
-//!    the capacity; byte `lsn` may be written once everything below `lsn - capacity` has been
-//!    taken out (`released`). A full buffer is a LOGBUFFER wait in the writer.
+//!    the capacity; byte `lsn` may be written once the byte of the previous lap in its place,
+//!    `lsn - capacity`, has been taken out (`released > lsn - capacity`), so a reservation
+//!    `[start, end)` once `released >= end - capacity`. A full buffer is a LOGBUFFER wait in
+//!    the writer.
 //! 3. **Copy, in parallel.** The ring is an array of 64-bit words (`AtomicU64`), and records start
 //!    at multiples of 8, so no two records share a word: appenders copy with plain (relaxed)
 //!    word stores, no read-modify-write, no `unsafe`.
