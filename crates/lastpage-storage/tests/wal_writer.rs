@@ -2010,10 +2010,11 @@ fn segment_headers_the_writer_never_makes_do_not_panic_the_open_or_the_reader() 
     // `start + segment_bytes` (a panic in a debug build, a wrong end in a release one); a first
     // record LSN that is not a multiple of 8 became the log's end, and the open removed the
     // segment after it and then panicked on the unaligned start of its log buffer.
-    let cases: [(&str, &[(u64, u64, u64)]); 2] = [
+    // Each segment file: its size, start LSN and first record LSN.
+    let cases = [
         (
             "a segment near the top of the LSN range",
-            &[(4096, 0xffff_ffff_ffff_f000, 0xffff_ffff_ffff_f000)],
+            &[(4096, 0xffff_ffff_ffff_f000, 0xffff_ffff_ffff_f000)][..],
         ),
         (
             "an unaligned first record LSN",
@@ -2053,4 +2054,51 @@ fn segment_headers_the_writer_never_makes_do_not_panic_the_open_or_the_reader() 
             Err(_) => panic!("{case}: the open panicked"),
         }
     }
+}
+
+#[test]
+fn a_damaged_header_of_a_segment_inside_a_spanning_record_is_refused_not_cut_off() {
+    // With segments shorter than a record, a record spans whole segments. When the header of
+    // one it passes through was damaged, the reader stopped inside the record as at a torn
+    // write (`Truncated`) rather than at a bad segment, so the open took the record for a torn
+    // tail and removed every segment after it, the valid last one included, with the commit
+    // in it, silently. A valid segment after an invalid one is damage, never a crash (the
+    // writer makes a segment's header durable, and the log before it, before it writes the
+    // next segment's).
+    let fs = faulty(FaultyConfig::new(18));
+    let segment_bytes = 64;
+    let writer = open(&fs, config(4096, segment_bytes));
+    // An insert of 400 bytes from LSN 0 through segments 0 to 384, its commit inside the last.
+    let end = append_insert_and_commit(&writer, 1, &[9u8; 400 - 52]).unwrap();
+    writer.wait_durable(end).unwrap();
+    assert_eq!(end, Lsn(432));
+    drop(writer);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    assert_eq!(commits_from(&fs, Lsn::ZERO), BTreeSet::from([1]));
+    flip_bit(&fs, Path::new("0000000000000080.wal"), 4);
+    let before = segment_lengths(&fs);
+    match LogWriter::open(Arc::new(fs.clone()), DIR, config(4096, segment_bytes)) {
+        Err(WalError::Corrupt { reason, .. }) => println!("refused: {reason}"),
+        Ok(writer) => panic!(
+            "the open took the record through the damaged segment for a torn tail: the log now \
+             ends at {:?}, its commit lost; segments before {before:?}, after {:?}",
+            writer.start_lsn(),
+            segment_lengths(&fs)
+        ),
+        Err(other) => panic!("{other}"),
+    }
+    assert_eq!(segment_lengths(&fs), before);
+    // A crash that cut short the creation of the last segment (its header and log never
+    // written) leaves the same record torn, and the log ends before it.
+    flip_bit(&fs, Path::new("0000000000000080.wal"), 4);
+    fs.open(
+        &Path::new(DIR).join("0000000000000180.wal"),
+        OpenOptions::existing(),
+    )
+    .unwrap()
+    .write_all_at(0, &[0u8; WAL_SEGMENT_HEADER_BYTES + 64])
+    .unwrap();
+    let writer = open(&fs, config(4096, segment_bytes));
+    assert_eq!(writer.start_lsn(), Lsn::ZERO);
+    assert_eq!(segment_files(&fs).len(), 1);
 }

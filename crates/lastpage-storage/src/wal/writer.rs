@@ -1167,8 +1167,32 @@ fn recover_end(
     let holder = segments.iter().position(|(start, _)| *start == end_segment);
     if end < header.start_lsn {
         // The record crossing into the last segment is torn; the end lies in an earlier
-        // segment, which must exist and be valid.
-        let bad = holder.is_none()
+        // segment, which must exist and be valid, and so must every segment from it to the
+        // last: the writer makes a segment's header durable, and the log before it, before it
+        // writes into the next one, so an invalid segment before a valid one is damage, never
+        // a crash. Checking only the reader's reason for stopping missed a damaged header
+        // inside a record spanning whole segments (segments shorter than a record): the reader
+        // stops there as at a torn write (`Truncated`), and the open cut the valid segments
+        // after it off with their commits
+        // (`wal_writer.rs::a_damaged_header_of_a_segment_inside_a_spanning_record_is_refused_not_cut_off`).
+        let valid_at = |start: u64| {
+            segments
+                .binary_search_by_key(&start, |(start, _)| *start)
+                .ok()
+                .and_then(|index| headers[index])
+                .is_some_and(|other| {
+                    other.start_lsn == start
+                        && other.segment_bytes == segment_bytes
+                        && other.log_id == header.log_id
+                })
+        };
+        let mut all_valid = true;
+        let mut start = end_segment;
+        while all_valid && start < header.start_lsn {
+            all_valid = valid_at(start);
+            start += segment_bytes;
+        }
+        let bad = !all_valid
             || reader
                 .end()
                 .is_some_and(|end| end.kind == TailKind::BadSegment)
