@@ -5,8 +5,11 @@
 //! and automatic checkpoints run over small log segments, and a fault is injected at a random
 //! point of the run: a failed fdatasync of the current log segment, of the data file (which
 //! holds the checkpoint images and the catalog) or of any file, every fdatasync failing from
-//! some point on, a full disk (for every file, or for the data file only), or a failed
-//! directory fsync. Then the power goes (unsynced writes lost, applied, or torn at any byte or
+//! some point on, a full disk (for every file, or for the data file only), a failed
+//! directory fsync, or reads of the data file failing (the memory budget is small, so evicted
+//! pages are read back), or the power going at a file operation while the threads run; the
+//! fault is sometimes cleared again (the disk gets room) some statements later. Then the power
+//! goes (unsynced writes lost, applied, or torn at any byte or
 //! at a sector), or the process exits with the power on (the next open reads the page cache,
 //! the "fsyncgate" case), and the database is reopened, sometimes with a power cut during
 //! recovery first.
@@ -36,8 +39,9 @@
 //! (`LogFailed`, `DatabaseFailed`), or an fdatasync of the log or data file failed, every later
 //! commit fails with a message that names the injected fault.
 //!
-//! The seed is printed; rerun with `LASTPAGE_SEED=<seed>` (and `LASTPAGE_TEST_CASES=n` for more
-//! cases). The threads interleave differently on every run, so a seed repeats the choices (the
+//! The seed is printed, and each case's seed; rerun a failed case with
+//! `LASTPAGE_SEED=<case seed> LASTPAGE_FAULT_CASES=1` (`LASTPAGE_TEST_CASES=n` runs n times the
+//! default 16 cases). The threads interleave differently on every run, so a seed repeats the choices (the
 //! configuration, the operations, the fault and when it comes, the crash) but not the exact
 //! schedule: a failure may need a few reruns of its seed to come back.
 
@@ -367,6 +371,7 @@ enum Fault {
     DiskFull,
     DataDiskFull,
     DirSync,
+    DataRead,
 }
 
 impl Shared {
@@ -523,8 +528,8 @@ impl Worker<'_> {
     }
 
     /// Inserts one or several `Events` rows as one statement; returns their numbers and
-    /// values, or `Err(numbers)` if the statement failed.
-    fn insert_events(&mut self) -> Result<Vec<(i32, Option<i64>)>, Vec<i32>> {
+    /// values, or, if the statement failed, their numbers and whether the database stopped.
+    fn insert_events(&mut self) -> Result<Vec<(i32, Option<i64>)>, (Vec<i32>, bool)> {
         self.shared.ops.fetch_add(1, Ordering::Relaxed);
         let count = if self.rng.random_bool(0.6) {
             1
@@ -555,8 +560,8 @@ impl Worker<'_> {
                     .collect())
             }
             Err(error) => {
-                self.shared.failed("Events insert", &error);
-                Err(numbers)
+                let stopped = self.shared.failed("Events insert", &error);
+                Err((numbers, stopped))
             }
         }
     }
@@ -575,7 +580,15 @@ impl Worker<'_> {
                 }
                 (events, Some(acked))
             }
-            Err(numbers) => (numbers.into_iter().map(|num| (num, None)).collect(), None),
+            // A statement that failed without stopping the database (a page it could not read
+            // back) was rolled back: its rows never commit.
+            Err((numbers, false)) => {
+                self.never.extend(numbers);
+                return;
+            }
+            // One that stopped it may have failed at its commit's wait, with its commit record
+            // written: its rows may be there.
+            Err((numbers, true)) => (numbers.into_iter().map(|num| (num, None)).collect(), None),
         };
         self.attempts.push(Attempt {
             events,
@@ -762,7 +775,7 @@ impl Worker<'_> {
                 events.extend(inserted);
                 true
             }
-            Err(numbers) => {
+            Err((numbers, _)) => {
                 self.never.extend(numbers);
                 false
             }
@@ -777,7 +790,7 @@ impl Worker<'_> {
                         events.extend(inserted);
                         true
                     }
-                    Err(numbers) => {
+                    Err((numbers, _)) => {
                         self.never.extend(numbers);
                         false
                     }
@@ -904,7 +917,8 @@ fn inject(fs: &FaultyFileSystem, rng: &mut StdRng) -> (Fault, FaultRule) {
         Fault::DiskFull,
         Fault::DataDiskFull,
         Fault::DirSync,
-    ][rng.random_range(0..9)];
+        Fault::DataRead,
+    ][rng.random_range(0..10)];
     let rule = match fault {
         Fault::LogSync => {
             let wal = Path::new(DIR).join(WAL_DIR_NAME);
@@ -926,6 +940,14 @@ fn inject(fs: &FaultyFileSystem, rng: &mut StdRng) -> (Fault, FaultRule) {
             FaultRule::disk_full_after(rng.random_range(0..200_000)).on_path(data)
         }
         Fault::DirSync => FaultRule::dir_sync_fails(rng.random_range(1..3)),
+        // A page that cannot be read back (the memory budget is small, so pages are evicted
+        // and read again): a statement, a rollback's undo or a checkpoint fails.
+        Fault::DataRead => if rng.random_bool(0.5) {
+            FaultRule::read_fails(rng.random_range(1..20))
+        } else {
+            FaultRule::reads_fail_from(rng.random_range(1..20))
+        }
+        .on_path(data),
     };
     (fault, rule)
 }
@@ -1462,7 +1484,13 @@ fn run_case(seed: u64) -> Result<(), String> {
 fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() {
     let seed = common::seed();
     let mut failures = Vec::new();
-    for case in 0..common::cases(16) as u64 {
+    // `LASTPAGE_FAULT_CASES` sets the number of cases outright (1 reruns one failed case from
+    // its own seed); otherwise `LASTPAGE_TEST_CASES` scales the default.
+    let cases = std::env::var("LASTPAGE_FAULT_CASES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| common::cases(16));
+    for case in 0..cases as u64 {
         let case_seed = seed.wrapping_add(case);
         println!("case seed {case_seed}");
         if let Err(error) = run_case(case_seed) {
@@ -1473,6 +1501,6 @@ fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() 
     assert!(
         failures.is_empty(),
         "failed case seeds: {failures:?} (rerun one with LASTPAGE_SEED=<seed> \
-         LASTPAGE_TEST_CASES=1)"
+         LASTPAGE_FAULT_CASES=1)"
     );
 }
