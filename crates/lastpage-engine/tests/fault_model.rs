@@ -780,9 +780,16 @@ impl Worker<'_> {
                 false
             }
         };
+        // Some transactions stay open a while between statements, so that checkpoints
+        // (explicit and automatic) capture their uncommitted changes and recovery must undo or
+        // finish them from log that starts before the checkpoint.
+        let lingers = self.rng.random_bool(0.1);
         for _ in 0..self.rng.random_range(1..6) {
             if !ok {
                 break;
+            }
+            if lingers {
+                std::thread::sleep(Duration::from_millis(self.rng.random_range(1..8)));
             }
             ok = if self.rng.random_bool(0.15) {
                 match self.insert_events() {
