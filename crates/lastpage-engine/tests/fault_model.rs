@@ -212,6 +212,54 @@ impl File for WatchedFile {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What the runs reached, reported at the end so that a passing run shows it tested something.
+
+#[derive(Clone, Copy)]
+enum Seen {
+    Attempts,
+    UnacknowledgedPresent,
+    UnacknowledgedLost,
+    UndurableLost,
+    Stopped,
+    CutWhileRunning,
+    CutDuringOpen,
+    ExitWithPowerOn,
+    CleanClose,
+}
+
+struct Coverage([AtomicU64; 9]);
+
+static COVERAGE: Coverage = Coverage([const { AtomicU64::new(0) }; 9]);
+
+impl Coverage {
+    fn note(&self, what: Seen, count: usize) {
+        self.0[what as usize].fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    fn report(&self) -> String {
+        let [
+            attempts,
+            unacknowledged_present,
+            unacknowledged_lost,
+            undurable_lost,
+            stopped,
+            cut_running,
+            cut_open,
+            exits,
+            closes,
+        ] = self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
+        format!(
+            "{attempts} commit attempts checked; after the reopens, {unacknowledged_present} \
+             failed commits were there and {unacknowledged_lost} were not, and \
+             {undurable_lost} acknowledged commits not yet known durable were lost; \
+             {stopped} lifetimes stopped the database; power cuts while the threads ran \
+             {cut_running}, during an open {cut_open}; exits with the power on {exits}; clean \
+             closes {closes}"
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The tables and the configuration.
 
 /// `Items(Id INT PRIMARY KEY, Owner INT, Ver INT, Text VARCHAR(100))` with a nonclustered
@@ -296,13 +344,16 @@ impl Config {
 /// statement that last wrote the row.
 type Items = BTreeMap<i32, (i32, String)>;
 
+/// An `Events` row a transaction inserted: its number, and the identity value its insert
+/// returned (`None` when the statement failed, so the value was not returned).
+type EventRow = (i32, Option<i64>);
+
 /// One commit attempt of a thread: an autocommit statement or an explicit transaction's
 /// commit.
 #[derive(Clone, Debug)]
 struct Attempt {
-    /// The `Events` rows it inserted: number -> identity value (`None` when the statement
-    /// failed, so the value was not returned).
-    events: Vec<(i32, Option<i64>)>,
+    /// The `Events` rows it inserted.
+    events: Vec<EventRow>,
     /// The thread's `Items` rows once it is applied.
     items: Arc<Items>,
     /// The sequence number taken just before the commit call (or the autocommit statement).
@@ -529,7 +580,7 @@ impl Worker<'_> {
 
     /// Inserts one or several `Events` rows as one statement; returns their numbers and
     /// values, or, if the statement failed, their numbers and whether the database stopped.
-    fn insert_events(&mut self) -> Result<Vec<(i32, Option<i64>)>, (Vec<i32>, bool)> {
+    fn insert_events(&mut self) -> Result<Vec<EventRow>, (Vec<i32>, bool)> {
         self.shared.ops.fetch_add(1, Ordering::Relaxed);
         let count = if self.rng.random_bool(0.6) {
             1
@@ -1112,6 +1163,28 @@ fn verify(
                 ));
             }
         }
+        COVERAGE.note(Seen::Attempts, outcome.attempts.len());
+        COVERAGE.note(
+            Seen::UnacknowledgedPresent,
+            outcome.attempts[..k]
+                .iter()
+                .filter(|a| a.acked.is_none())
+                .count(),
+        );
+        COVERAGE.note(
+            Seen::UndurableLost,
+            outcome.attempts[k..]
+                .iter()
+                .filter(|a| a.acked.is_some())
+                .count(),
+        );
+        COVERAGE.note(
+            Seen::UnacknowledgedLost,
+            outcome.attempts[k..]
+                .iter()
+                .filter(|a| a.acked.is_none())
+                .count(),
+        );
         let expected = match k {
             0 => &model.items,
             k => &*outcome.attempts[k - 1].items,
@@ -1184,6 +1257,7 @@ fn reopen(
         cut.arm(at, mode);
         let opened = Database::open(DIR, config.options(Arc::new(cut.clone())));
         if cut.fired() {
+            COVERAGE.note(Seen::CutDuringOpen, 1);
             history.push(format!(
                 "power cut at operation {at} of the open ({mode:?})"
             ));
@@ -1336,6 +1410,7 @@ fn run_case(seed: u64) -> Result<(), String> {
             cut.ops()
         ));
         if fired {
+            COVERAGE.note(Seen::CutWhileRunning, 1);
             history.push(format!("lifetime {lifetime}: the power cut came"));
         }
         let failed_syncs = if fired {
@@ -1386,6 +1461,7 @@ fn run_case(seed: u64) -> Result<(), String> {
             match db.clone().close() {
                 Ok(()) => {
                     shared.durable_from(begin);
+                    COVERAGE.note(Seen::CleanClose, 1);
                     history.push(format!("lifetime {lifetime}: a clean close"));
                 }
                 Err(error) => {
@@ -1423,6 +1499,7 @@ fn run_case(seed: u64) -> Result<(), String> {
             .unwrap_or(0);
         let attempts: usize = outcomes.iter().map(|o| o.attempts.len()).sum();
         if stopped {
+            COVERAGE.note(Seen::Stopped, 1);
             history.push(format!("lifetime {lifetime}: the database stopped"));
         }
         let acked = outcomes
@@ -1459,6 +1536,7 @@ fn run_case(seed: u64) -> Result<(), String> {
                 "lifetime {lifetime}: {attempts} commit attempts, {acked} acknowledged, then the \
                  process exits with the power on"
             ));
+            COVERAGE.note(Seen::ExitWithPowerOn, 1);
             // Their rollbacks run as the sessions go (on a stopped database they do nothing).
             drop(open);
             drop(db);
@@ -1505,6 +1583,7 @@ fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() 
             failures.push(case_seed);
         }
     }
+    println!("{}", COVERAGE.report());
     assert!(
         failures.is_empty(),
         "failed case seeds: {failures:?} (rerun one with LASTPAGE_SEED=<seed> \
