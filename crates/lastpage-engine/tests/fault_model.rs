@@ -295,6 +295,8 @@ struct Config {
     memory_pages: usize,
     checkpoint_log_bytes: u64,
     segment_bytes: u64,
+    /// The log buffer: a small one makes appenders wait for room (LOGBUFFER) behind flushes.
+    buffer_bytes: usize,
     flush_interval: Duration,
     prepare_segments: bool,
 }
@@ -310,6 +312,7 @@ impl Config {
             memory_pages: [24, 64, 4096][rng.random_range(0..3)],
             checkpoint_log_bytes: [24 << 10, 64 << 10, 256 << 10][rng.random_range(0..3)],
             segment_bytes: [32 << 10, 64 << 10][rng.random_range(0..2)],
+            buffer_bytes: [32 << 10, 1 << 20][rng.random_range(0..2)],
             flush_interval: [Duration::from_millis(1), Duration::from_millis(20)]
                 [rng.random_range(0..2)],
             prepare_segments: rng.random_bool(0.5),
@@ -327,7 +330,7 @@ impl Config {
             // lasting for ever.
             lock_timeout: Some(Duration::from_secs(20)),
             wal: WalConfig {
-                buffer_bytes: 1 << 20,
+                buffer_bytes: self.buffer_bytes,
                 segment_bytes: self.segment_bytes,
                 prepare_segments: self.prepare_segments,
                 ..WalConfig::default()
