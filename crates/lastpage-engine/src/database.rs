@@ -429,11 +429,19 @@ impl Database {
                 );
             };
             match &inner.durable {
-                Some(durable) => durable
-                    .wal
-                    .flush_now()
-                    .map(|_| ())
-                    .map_err(|error| error.to_string()),
+                Some(durable) => durable.wal.flush_now().map(|_| ()).map_err(|error| {
+                    // A failed flush fails the log for good, wherever it happens: here, ahead
+                    // of an eviction or of a checkpoint's page writes, as much as in a commit.
+                    // So the database stops here too (as `Database::fail` does), refusing reads
+                    // and every later operation with the log's own error. Before, only the next
+                    // write noticed: until then reads went on over rows the log could no longer
+                    // make durable, and the checkpoint that ran into the failure reported only
+                    // "the before-write hook (the log flush) failed", not that the log had
+                    // failed, nor why.
+                    let message = error.to_string();
+                    let _ = inner.failure.set(message.clone());
+                    message
+                }),
                 None => Ok(()),
             }
         }));
@@ -737,6 +745,12 @@ impl Database {
     /// acknowledged commit is in the log, and the next open replays it over the last good
     /// image and takes a new one.
     fn fail_checkpoint(&self, error: PageError) -> EngineError {
+        // A log flush that failed in the pool's before-write hook stopped the database (see
+        // the hook in `Database::open`): that failure, which names the log's error, is what
+        // this checkpoint ran into, not the pool's "the before-write hook failed".
+        if let Err(stopped) = self.check_not_failed() {
+            return stopped;
+        }
         if !self.inner.pool.checkpoints_failed() {
             return EngineError::Storage(error.to_string());
         }

@@ -1431,6 +1431,18 @@ fn run_case(seed: u64) -> Result<(), String> {
         }
         let stopped = shared.first_stop.load(Ordering::SeqCst) != u64::MAX;
         if !fired && (stopped || !failed_syncs.is_empty()) {
+            // Reads are refused too: rows of commits that were never acknowledged may be in
+            // memory, and only recovery can tell which commits are real.
+            let read = db
+                .table("Events")
+                .unwrap()
+                .get(&db.session(), &[Value::BigInt(1)]);
+            if !matches!(read, Err(EngineError::DatabaseFailed(_))) {
+                shared.violation(format!(
+                    "a read after the database stopped or an fdatasync of {failed_syncs:?} \
+                     failed was not refused: {read:?}"
+                ));
+            }
             let probe = db.table("Events").unwrap().insert(
                 &db.session(),
                 InsertRow::new()
@@ -1591,5 +1603,59 @@ fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() 
         failures.is_empty(),
         "failed case seeds: {failures:?} (rerun one with LASTPAGE_SEED=<seed> \
          LASTPAGE_FAULT_CASES=1)"
+    );
+}
+
+/// A checkpoint writes dirty pages ahead of its capture, after flushing the log (the WAL rule);
+/// an eviction does the same. When that flush fails, the log has failed for good, exactly as
+/// when a commit's flush fails: the database must stop at once, refusing reads as well as
+/// commits, and the checkpoint must say that the log failed and why.
+#[test]
+fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let options = DatabaseOptions {
+        file_system: Some(Arc::new(fs.clone())),
+        durability: Durability::Delayed,
+        // No background flush comes between the commits and the checkpoint.
+        delayed_flush_interval: Duration::from_secs(3600),
+        wal: WalConfig {
+            buffer_bytes: 1 << 20,
+            segment_bytes: 256 << 10,
+            ..WalConfig::default()
+        },
+        ..DatabaseOptions::default()
+    };
+    let db = Database::open(DIR, options).unwrap();
+    let events = db.create_table(events_table()).unwrap();
+    let session = db.session();
+    for num in 0..50 {
+        let row = InsertRow::new()
+            .set(1, Value::Int(0))
+            .set(2, Value::Int(num))
+            .set(3, Value::String("delayed".into()));
+        events.insert(&session, row).unwrap();
+    }
+    fs.inject(FaultRule::sync_fails(1));
+    let error = db.checkpoint().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EngineError::LogFailed(_) | EngineError::DatabaseFailed(_)
+        ) && error.to_string().contains("injected fault"),
+        "the checkpoint's failed log flush must stop the database and name the fault: {error}"
+    );
+    let read = events.get(&session, &[Value::BigInt(1)]);
+    assert!(
+        matches!(read, Err(EngineError::DatabaseFailed(_))),
+        "a read after the log failed must be refused: {read:?}"
+    );
+    let row = InsertRow::new()
+        .set(1, Value::Int(0))
+        .set(2, Value::Int(50))
+        .set(3, Value::String("after".into()));
+    let commit = events.insert(&session, row);
+    assert!(
+        matches!(commit, Err(EngineError::DatabaseFailed(_))),
+        "a commit after the log failed must be refused: {commit:?}"
     );
 }
