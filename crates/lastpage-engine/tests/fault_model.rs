@@ -1,18 +1,18 @@
 //! A randomized, model-based durability hunt that combines what the other durability tests
 //! exercise one at a time: several threads commit at once (autocommit single-row and
 //! multi-row inserts, explicit FULL, DELAYED and pipelined transactions with multi-row inserts,
-//! updates, deletes, statements that fail on a duplicate key, and rollbacks), while explicit
-//! and automatic checkpoints run over small log segments, and a fault is injected at a random
-//! point of the run: a failed fdatasync of the current log segment, of the data file (which
-//! holds the checkpoint images and the catalog) or of any file, every fdatasync failing from
-//! some point on, a full disk (for every file, or for the data file only), a failed
-//! directory fsync, or reads of the data file failing (the memory budget is small, so evicted
-//! pages are read back), or the power going at a file operation while the threads run; the
-//! fault is sometimes cleared again (the disk gets room) some statements later. Then the power
-//! goes (unsynced writes lost, applied, or torn at any byte or
-//! at a sector), or the process exits with the power on (the next open reads the page cache,
-//! the "fsyncgate" case), and the database is reopened, sometimes with a power cut during
-//! recovery first.
+//! updates, deletes, statements that fail on a duplicate key, and rollbacks; some transactions
+//! stay open across checkpoints), while explicit and automatic checkpoints run over small log
+//! segments (and sometimes a small log buffer), and a fault comes at a random point of the run:
+//! a failed fdatasync of the current log segment, of the data file (which holds the checkpoint
+//! images and the catalog) or of any file, every fdatasync failing from some point on, a full
+//! disk (for every file, or for the data file only), a failed directory fsync, reads of the data
+//! file failing (the memory budget is small, so evicted pages are read back), or the power going
+//! at a file operation while the threads run. A fault is sometimes cleared again (the disk gets
+//! room) some statements later. Then the power goes (unsynced writes lost, applied, or torn at
+//! any byte or at a sector), or the process exits with the power on (the next open reads the
+//! page cache, the "fsyncgate" case), sometimes after a clean close, and the database is
+//! reopened, sometimes with a power cut during recovery first.
 //!
 //! The oracle. Every transaction inserts rows numbered per thread into `Events`, so the rows
 //! found after a reopen say which transactions are present. Each thread's keys of `Items` are
@@ -37,13 +37,13 @@
 //! reopen), the integrity check passes, a failed fdatasync of the log or the data file is never
 //! tried again on that file, and once any operation reported that the database stopped
 //! (`LogFailed`, `DatabaseFailed`), or an fdatasync of the log or data file failed, every later
-//! commit fails with a message that names the injected fault.
+//! commit fails, and every read too, with a message that names the injected fault.
 //!
 //! The seed is printed, and each case's seed; rerun a failed case with
 //! `LASTPAGE_SEED=<case seed> LASTPAGE_FAULT_CASES=1` (`LASTPAGE_TEST_CASES=n` runs n times the
-//! default 16 cases). The threads interleave differently on every run, so a seed repeats the choices (the
-//! configuration, the operations, the fault and when it comes, the crash) but not the exact
-//! schedule: a failure may need a few reruns of its seed to come back.
+//! default 16 cases). The threads interleave differently on every run, so a seed repeats the
+//! choices (the configuration, the operations, the fault and when it comes, the crash) but not
+//! the exact schedule: a failure may need a few reruns of its seed to come back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -1404,8 +1404,6 @@ fn run_case(seed: u64) -> Result<(), String> {
             }
             workers.into_iter().map(|w| w.join().unwrap()).collect()
         });
-        // A failed fdatasync of the log or the data file is never tried again, and from then
-        // on every commit fails.
         let fired = cut.fired();
         cut.disarm();
         history.push(format!(
@@ -1416,6 +1414,8 @@ fn run_case(seed: u64) -> Result<(), String> {
             COVERAGE.note(Seen::CutWhileRunning, 1);
             history.push(format!("lifetime {lifetime}: the power cut came"));
         }
+        // A failed fdatasync of the log or the data file is never tried again, and from then
+        // on every commit fails (after a power cut every operation fails anyway).
         let failed_syncs = if fired {
             Vec::new()
         } else {
@@ -1657,5 +1657,52 @@ fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
     assert!(
         matches!(commit, Err(EngineError::DatabaseFailed(_))),
         "a commit after the log failed must be refused: {commit:?}"
+    );
+}
+
+/// The same through an eviction: a reader that loads pages evicts dirty ones, and the log
+/// flush ahead of their writes fails. From then on the database refuses reads too (before, it
+/// went on serving them until some write ran into the failed log).
+#[test]
+fn a_log_flush_that_fails_ahead_of_an_eviction_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(12));
+    let options = DatabaseOptions {
+        file_system: Some(Arc::new(fs.clone())),
+        durability: Durability::Delayed,
+        delayed_flush_interval: Duration::from_secs(3600),
+        // No automatic checkpoint syncs anything meanwhile.
+        checkpoint_log_bytes: u64::MAX,
+        memory_budget_bytes: 16 * 8192,
+        wal: WalConfig {
+            buffer_bytes: 1 << 20,
+            segment_bytes: 256 << 10,
+            ..WalConfig::default()
+        },
+        ..DatabaseOptions::default()
+    };
+    let db = Database::open(DIR, options).unwrap();
+    let events = db.create_table(events_table()).unwrap();
+    let session = db.session();
+    // About 60 leaves: the first ones are evicted (clean, after a flush) while the last ones
+    // are filled, and the last ones stay dirty, their commits in the log buffer only.
+    for num in 0..4000 {
+        let row = InsertRow::new()
+            .set(1, Value::Int(0))
+            .set(2, Value::Int(num))
+            .set(3, Value::String("e".repeat(90)));
+        events.insert(&session, row).unwrap();
+    }
+    let evictions_before = db.pool().stats().evictions;
+    fs.inject(FaultRule::syncs_fail_from(1));
+    // Reading the first leaves back evicts the dirty last ones, after a log flush that fails.
+    let _ = common::try_rows(&events, &session);
+    assert!(
+        db.pool().stats().eviction_failures > 0,
+        "the scan was meant to evict dirty pages (evictions before it: {evictions_before})"
+    );
+    let read = events.get(&session, &[Value::BigInt(1)]);
+    assert!(
+        matches!(read, Err(EngineError::DatabaseFailed(_))),
+        "a read after the log failed ahead of an eviction must be refused: {read:?}"
     );
 }
