@@ -1284,11 +1284,7 @@ fn reopen(
 fn run_case(seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let config = Config::random(&mut rng);
-    let tear = if rng.random_bool(0.5) {
-        Tear::Bytes
-    } else {
-        Tear::Sectors(512)
-    };
+    let tear = [Tear::Bytes, Tear::Sectors(512), Tear::Sectors(4096)][rng.random_range(0..3)];
     let mut history = vec![format!("{config:?}, tears {tear:?}")];
     // Syncs that take a while let committers pile up behind a flush, and DELAYED commits
     // wait longer for theirs.
