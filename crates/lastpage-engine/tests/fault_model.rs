@@ -414,6 +414,9 @@ struct Shared {
     floor: i64,
     /// The power cut that may come while the threads run.
     cut: PowerCut,
+    /// A clean close was begun while the threads run: from then on their statements and
+    /// commits may fail with `DatabaseClosed`.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -432,6 +435,7 @@ impl Shared {
     fn new(floor: i64, cut: PowerCut) -> Shared {
         Shared {
             cut,
+            closing: std::sync::atomic::AtomicBool::new(false),
             seq: AtomicU64::new(1),
             durable_from: Mutex::new(Vec::new()),
             first_stop: AtomicU64::new(u64::MAX),
@@ -461,6 +465,15 @@ impl Shared {
     fn failed(&self, what: &str, error: &EngineError) -> bool {
         let message = error.to_string();
         let fault = *self.fault.lock().unwrap();
+        if matches!(error, EngineError::DatabaseClosed) {
+            // The close shuts every handle out for good: no commit begun after this may
+            // succeed.
+            self.first_stop.fetch_min(self.tick(), Ordering::SeqCst);
+            if !self.closing.load(Ordering::SeqCst) {
+                self.violation(format!("{what}: closed with no close begun: {message}"));
+            }
+            return true;
+        }
         if self.cut.fired() {
             // The power went while the threads ran: every operation from then on fails, with
             // the file system's own message.
@@ -1351,6 +1364,9 @@ fn run_case(seed: u64) -> Result<(), String> {
                 .collect();
             // The controller: checkpoints and flushes now and then, and the fault.
             let mut injected_at = None;
+            let mut close_at = control
+                .random_bool(0.12)
+                .then(|| control.random_range(0..total));
             let mut clear_after = control
                 .random_bool(0.5)
                 .then(|| control.random_range(0..60));
@@ -1375,6 +1391,30 @@ fn run_case(seed: u64) -> Result<(), String> {
                     fs.clear_faults();
                     history.push(format!("lifetime {lifetime}: the faults are cleared"));
                     clear_after = None;
+                }
+                if close_at.is_some_and(|at| shared.ops.load(Ordering::Relaxed) >= at) {
+                    // A clean close while the threads commit: commits racing it either fail
+                    // with `DatabaseClosed` or land, and everything acknowledged before it
+                    // began is durable once it returns.
+                    close_at = None;
+                    shared.closing.store(true, Ordering::SeqCst);
+                    let begin = shared.tick();
+                    match db.clone().close() {
+                        Ok(()) => {
+                            shared.durable_from(begin);
+                            COVERAGE.note(Seen::CleanClose, 1);
+                            history.push(format!(
+                                "lifetime {lifetime}: a clean close while the threads run"
+                            ));
+                        }
+                        Err(error) => {
+                            shared.failed("close while the threads run", &error);
+                            history.push(format!(
+                                "lifetime {lifetime}: the close while the threads run failed: \
+                                 {error}"
+                            ));
+                        }
+                    }
                 }
                 match control.random_range(0..12) {
                     0 | 1 => {
@@ -1426,7 +1466,8 @@ fn run_case(seed: u64) -> Result<(), String> {
             }
         }
         let stopped = shared.first_stop.load(Ordering::SeqCst) != u64::MAX;
-        if !fired && (stopped || !failed_syncs.is_empty()) {
+        let closed = shared.closing.load(Ordering::SeqCst);
+        if !fired && !closed && (stopped || !failed_syncs.is_empty()) {
             // Reads are refused too: rows of commits that were never acknowledged may be in
             // memory, and only recovery can tell which commits are real.
             let read = db
@@ -1467,7 +1508,7 @@ fn run_case(seed: u64) -> Result<(), String> {
         }
         // Sometimes a clean close ends the lifetime (before the power goes or the process
         // exits): once it returns, every commit is durable.
-        if !fired && rng.random_bool(0.15) {
+        if !fired && !closed && rng.random_bool(0.15) {
             let begin = shared.tick();
             match db.clone().close() {
                 Ok(()) => {
