@@ -136,6 +136,14 @@ pub enum EngineError {
         /// The column.
         column: String,
     },
+    /// An update named a column twice in its changes (SQL Server's error 264).
+    #[error(
+        "The column name '{column}' is specified more than once in the SET clause or column list of an UPDATE. A column cannot be assigned more than one value in the same clause. Modify the clause to make sure that a column is updated only once."
+    )]
+    DuplicateUpdateColumn {
+        /// The column.
+        column: String,
+    },
     /// A row of an insert with a column list (prepared or multi-row) has a different number of
     /// values than the list.
     #[error(

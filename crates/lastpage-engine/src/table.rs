@@ -2928,14 +2928,24 @@ impl Table {
 
     /// Updates the row with clustered key `key`, setting each `(column, value)`; returns
     /// whether a row was found. Nonclustered indexes follow. Changing clustered key columns
-    /// moves the row.
+    /// moves the row. A column named twice fails the statement, as T-SQL's `SET c = 1, c = 2`
+    /// does (error 264), rather than keep one of the values.
     pub fn update(
         self: &Arc<Self>,
         session: &Session,
         key: &[Value],
         changes: &[(usize, Value)],
     ) -> Result<bool> {
-        for (column, _) in changes {
+        for (index, (column, _)) in changes.iter().enumerate() {
+            if changes[..index]
+                .iter()
+                .any(|(earlier, _)| earlier == column)
+                && let Some(definition) = self.columns.get(*column)
+            {
+                return Err(EngineError::DuplicateUpdateColumn {
+                    column: definition.name.clone(),
+                });
+            }
             let definition =
                 self.columns
                     .get(*column)

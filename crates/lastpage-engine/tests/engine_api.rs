@@ -439,6 +439,27 @@ fn a_non_unique_clustered_key_keeps_duplicates_and_nonclustered_indexes_follow_e
         table.update(&session, &[Value::Int(1)], &[(0, Value::Int(5))]),
         Err(EngineError::ReadOnlyColumn { .. })
     ));
+    // A column set twice is refused, as T-SQL refuses `SET Name = 'a', Name = 'b'` (264),
+    // and the row keeps its value; before, the last value won.
+    let before = table.get(&session, &[Value::Int(1)]).unwrap();
+    assert!(before.is_some());
+    let error = table
+        .update(
+            &session,
+            &[Value::Int(1)],
+            &[(2, Value::from("a")), (2, Value::from("b"))],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, EngineError::DuplicateUpdateColumn { column } if column == "Name"),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("more than once in the SET clause")
+    );
+    assert_eq!(table.get(&session, &[Value::Int(1)]).unwrap(), before);
 }
 
 #[test]
