@@ -312,7 +312,8 @@ pub fn run_child(args: &CrashChildArgs) -> ExitCode {
 const PIPE_CLOSED: &str = "the parent closed the pipe";
 
 /// The child's churning thread, until the kill: creates [`SCRATCH`] (with a nonclustered
-/// index: two trees), fills it with up to [`SCRATCH_ROWS_MAX`] rows and drops it, over and over.
+/// index: two trees), fills it with up to [`SCRATCH_ROWS_MAX`] rows, deletes some of them oldest
+/// first (which frees the leaves they empty, in both trees) and drops it, over and over.
 /// Every other round a handle of the table outlives its drop by a round, so its pages wait for
 /// it (and a checkpoint in between lists its trees for the next open). The parent checks after
 /// every reopen that every page in use belongs to a tree; the rows are not checked.
@@ -337,13 +338,22 @@ fn churn(db: &Database, seed: u64) -> Result<(), String> {
             )
             .map_err(|error| format!("cannot create {SCRATCH}: {error}"))?;
         let session = db.session();
+        let mut ids = Vec::new();
         for _ in 0..rng.below(SCRATCH_ROWS_MAX) {
             let row = InsertRow::new()
                 .set(1, rng.below(50) as i32)
                 .set(2, "s".repeat(1 + rng.below(1_500) as usize));
-            table
+            let id = table
                 .insert(&session, row)
                 .map_err(|error| format!("cannot insert into {SCRATCH}: {error}"))?;
+            ids.extend(id);
+        }
+        // As a queue would: the oldest rows go, and the leaves they empty are freed at once,
+        // so the kill may also come in the middle of a leaf's unlinking.
+        for &id in ids.iter().take(rng.below(ids.len() as u64 + 1) as usize) {
+            table
+                .delete(&session, &[Value::BigInt(id)])
+                .map_err(|error| format!("cannot delete from {SCRATCH}: {error}"))?;
         }
         db.drop_table(SCRATCH)
             .map_err(|error| format!("cannot drop {SCRATCH}: {error}"))?;
