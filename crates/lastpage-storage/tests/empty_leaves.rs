@@ -574,3 +574,66 @@ fn an_append_finds_the_last_leaf_after_its_hinted_page_was_freed() {
         assert_owns_every_page(&tree, &context);
     }
 }
+
+/// An appender of a row that fills a page of its own copies it into a private leaf before the
+/// tail gate, and holds that leaf's latch while it waits at the gate. If the tail hint names a
+/// freed page and the pool hands that very page out as the private leaf, the gate holder (here
+/// the appender itself) must not wait for the hinted page's latch: the private leaf's holder
+/// waits for the gate, so that wait never ended. Run on a thread, so that a hang fails the
+/// test instead of stalling the suite.
+#[test]
+fn an_appender_never_waits_for_its_private_leaf_named_by_a_stale_tail_hint() {
+    const ROW: usize = 2000; // four rows on a leaf
+    const PAGE_ROW: usize = 6000; // a row that fills a page of its own
+    for policy in LatchPolicy::ALL {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let tree = tree_with(policy, InsertPath::Default);
+            let mut oracle = BTreeMap::new();
+            // A generated key first, so that the tree knows the generated keys' length and
+            // copies a page-sized row into a private leaf before the gate.
+            let key = tree
+                .insert_with_generated_key(&[0; ROW], |key| {
+                    key.extend_from_slice(&key_of(0));
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            oracle.insert(key, vec![0; ROW]);
+            // Leaves [0 10 20 30] [40 50 60 70], the second hinted as the last.
+            for number in (10..80).step_by(10) {
+                tree.insert(&key_of(number), &[number as u8; ROW]).unwrap();
+                oracle.insert(key_of(number).to_vec(), vec![number as u8; ROW]);
+            }
+            // A classic split in the middle of the last leaf, [40 45 50] [60 70], leaves the
+            // hint on the first half; deletes free it.
+            tree.set_insert_path(InsertPath::Classic);
+            tree.insert(&key_of(45), &[45; ROW]).unwrap();
+            tree.set_insert_path(InsertPath::Default);
+            for number in [40u64, 50] {
+                oracle.remove(key_of(number).as_slice());
+            }
+            for number in [40u64, 45, 50] {
+                tree.delete(&key_of(number)).unwrap().unwrap();
+            }
+            assert_eq!(tree.stats().leaves_freed, 1, "{policy:?}");
+            assert_eq!(tree.pool().free_page_count(), 1, "{policy:?}");
+            // The private leaf is the freed page, still named by the tail hint.
+            let key = tree
+                .insert_with_generated_key(&[80; PAGE_ROW], |key| {
+                    key.extend_from_slice(&key_of(80));
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            oracle.insert(key, vec![80; PAGE_ROW]);
+            common::assert_tree_holds(&tree, &oracle, &format!("{policy:?}"));
+            assert_owns_every_page(&tree, &format!("{policy:?}"));
+            done.send(()).unwrap();
+        });
+        // Not a timing assertion: the insert takes milliseconds, and a deadlock never ends.
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                panic!("{policy:?}: the appender waits for its own private leaf (a deadlock)")
+            });
+    }
+}

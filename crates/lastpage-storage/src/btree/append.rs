@@ -640,48 +640,69 @@ impl BTree {
     /// a sequence lane would start a new block (skipping the rest of its last one) for every
     /// row meanwhile. The caller still checks what it got (a classic split may move the tail
     /// again at any time).
+    ///
+    /// The hinted page is only *tried* (for a few rounds), never waited for: the hint may name
+    /// a page that was freed (deletes emptied it once a split made it a middle leaf) and handed
+    /// out again, perhaps as a private leaf that an appender of a page-sized row filled before
+    /// the gate (`prepare_own_leaf`) and holds while it waits for the gate this thread holds;
+    /// or it is this thread's own private leaf. Waiting for that latch would never end. The
+    /// descent waits only for pages reached through a link of a page it holds, which no
+    /// private leaf is.
     pub(super) fn latch_tail(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
-        if let Some(leaf) = self.latch_hinted_tail()? {
+        let hint = self.tail_hint.load(Ordering::Relaxed);
+        if let Some(leaf) = self.try_latch_eagerly(hint)? {
             if self.is_last_leaf(&leaf) {
                 return Ok(leaf);
             }
             // Latches are taken top down: the stale page goes before the descent.
             drop(leaf);
         }
-        loop {
-            let mut node = self.root_shared()?;
-            while !node.page().is_leaf() {
-                let page = node.page();
-                let child = match page.slot_count() {
-                    0 => page.low_child(),
-                    count => page.child(count - 1),
-                };
-                node = self.child_shared(&page, child)?;
-            }
-            let page = node.page();
+        let leaf = self.last_leaf_exclusive()?;
+        {
+            let page = leaf.page();
             let first_key = if page.slot_count() > 0 {
                 page.key(0)
             } else {
                 &[]
             };
-            self.set_tail(node.page_id(), first_key);
-            drop(node);
-            if let Some(leaf) = self.latch_hinted_tail()? {
-                return Ok(leaf);
-            }
-            // The leaf the descent found was freed before it could be latched again (a split
-            // behind it made it a middle leaf, and deletes emptied it): look again.
+            self.set_tail(leaf.page_id(), first_key);
         }
+        Ok(leaf)
     }
 
-    /// Latches the page the tail hint names, exclusively; `None` if it was freed (a stale
-    /// hint: the last leaf is never freed, but the hint may name a page that was the last
-    /// leaf once).
-    fn latch_hinted_tail(&self) -> Result<Option<ExclusiveGuard<'_>>, BTreeError> {
-        let page = self.tail_hint.load(Ordering::Relaxed);
-        match self.pool.try_latch_exclusive_unless_freed(page)? {
-            Some(guard) => Ok(Some(guard)),
-            None => Ok(self.pool.latch_exclusive_unless_freed(page)?),
+    /// Latches the last leaf exclusively by a descent along the right edge: shared latches
+    /// down to its parent, then the leaf (the root exclusively while it is a leaf), as
+    /// [`BTree::leaf_exclusive`] does. Under the parent's latch the leaf cannot split, so the
+    /// page latched is the last leaf, and stays it while it is held.
+    fn last_leaf_exclusive(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        loop {
+            if self.root_level_hint.load(Ordering::Relaxed) == 0 {
+                let root = self.root_exclusive()?;
+                if root.page().is_leaf() {
+                    return Ok(root);
+                }
+                self.root_level_hint
+                    .store(root.page().level(), Ordering::Relaxed);
+                continue;
+            }
+            let mut node = self.root_shared()?;
+            if node.page().is_leaf() {
+                // Levels only grow (the root is never freed), so the hint cannot be too high;
+                // restarting keeps the loop obviously correct.
+                self.root_level_hint.store(0, Ordering::Relaxed);
+                continue;
+            }
+            loop {
+                let page = node.page();
+                let child = match page.slot_count() {
+                    0 => page.low_child(),
+                    count => page.child(count - 1),
+                };
+                if page.level() == 1 {
+                    return self.child_exclusive(&page, child, [node.page_id()]);
+                }
+                node = self.child_shared(&page, child)?;
+            }
         }
     }
 
