@@ -383,6 +383,8 @@ pub const COMPUTED_EXPRESSION_MAX_DEPTH: usize = 32;
 
 /// Attempts to free a leaf a delete emptied before the delete gives up and leaves it linked,
 /// empty (see `btree/reclaim.rs`). An attempt fails only when the leaf's left sibling changed
-/// between two latches (it split, or was freed itself), which needs a writer right beside it;
-/// the leaf is freed by a later delete near it, or never, which costs a page and loses nothing.
+/// between two latches (it split, or was freed itself) or was busy (latched by a reader or a
+/// writer right beside it: it is then waited for with nothing held before the next attempt);
+/// the leaf is then freed only if rows go into it and a delete empties it again, or never,
+/// which costs a page and loses nothing.
 pub const EMPTY_LEAF_FREE_ATTEMPTS: usize = 4;

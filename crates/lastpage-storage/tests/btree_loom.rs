@@ -421,3 +421,56 @@ fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
         );
     });
 }
+
+/// A freeing waits for its leaf's left sibling while it holds the leaf's parent. If that
+/// sibling was freed meanwhile (another delete emptied it) and handed out again as the private
+/// leaf of an appender of a page-sized row, whose row then goes down the classic path through
+/// that very parent, each waited for the other for ever: the freeing must not wait for a page
+/// its link check has not vouched for while it holds the parent.
+#[test]
+fn a_freeing_never_waits_for_a_freed_left_sibling_reused_as_a_private_leaf() {
+    const ROW: usize = 6000;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(1);
+    builder.max_branches = 100_000;
+    builder.check(|| {
+        let tree = empty_tree(LatchPolicy::Fifo);
+        for number in 0..8u64 {
+            tree.insert(&long_key(number), &[1; ROW]).unwrap();
+        }
+        // A generated key, so that the tree knows their length and copies a page-sized row
+        // into a private leaf before the gate.
+        tree.insert_with_generated_key(&[1; ROW], |key| {
+            key.extend_from_slice(&long_key(8));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        let tree = Arc::new(tree);
+        // The first level-1 page holds leaves 0 to 4, the next one 5 to 8: 4 is the left
+        // sibling of 5, under another parent. The other thread frees 4, then appends a row
+        // that sorts between the keys of 5 and 6 (not an append: it goes the classic way,
+        // through the parent of 5, while its private leaf, likely the page 4 was, is held).
+        let other = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || {
+                tree.delete(&long_key(4)).unwrap().unwrap();
+                let mut between = long_key(5);
+                *between.last_mut().unwrap() = 1;
+                tree.insert_with_generated_key(&[2; ROW], |key| {
+                    key.extend_from_slice(&between);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            })
+        };
+        tree.delete(&long_key(5)).unwrap().unwrap();
+        other.join().unwrap();
+        let check = tree.check_integrity().unwrap();
+        assert_eq!(check.rows, 8);
+        let pool = tree.pool();
+        assert_eq!(
+            (pool.page_count() - pool.free_page_count()) as u64,
+            check.leaf_pages + check.inner_pages + check.spare_leaves
+        );
+    });
+}

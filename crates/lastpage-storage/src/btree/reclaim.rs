@@ -19,6 +19,9 @@
 //!    before it.
 //! 3. The left sibling is latched (it may have been freed meanwhile, by another thread freeing
 //!    it: then the attempt starts again), then the leaf again, then the right sibling. The
+//!    left sibling is only tried: a freed page handed out again may be held by a thread that
+//!    waits for the parent held here (see `try_free_empty_leaf`); a busy one is waited for
+//!    with nothing held, and the attempt starts again. The
 //!    links are checked under the latches: the left sibling's `next` and the leaf's `prev` must
 //!    name each other, and the leaf must still be empty and not the last leaf; otherwise the
 //!    attempt starts again (a split of the left sibling, say, put a page between them).
@@ -65,7 +68,9 @@ impl BTree {
     /// Frees the leaf covering `key` if it is empty, after a delete emptied it (see the module
     /// documentation). Returns whether a leaf was freed. Giving up after a few attempts, or
     /// on an error, loses nothing: the empty leaf stays linked, as every emptied leaf did
-    /// before leaves were freed, and is freed when a later delete near it tries again.
+    /// before leaves were freed. Only a delete that empties it is a reason to try: it is freed
+    /// if rows go into it again and a later delete empties it again, else never (until the
+    /// whole tree is freed).
     pub(super) fn free_empty_leaf(&self, key: &[u8]) -> Result<bool, BTreeError> {
         for _ in 0..EMPTY_LEAF_FREE_ATTEMPTS {
             match self.try_free_empty_leaf(key)? {
@@ -110,10 +115,19 @@ impl BTree {
             }
             // Freed or reused since the leaf was read (another thread freed it, and perhaps
             // the pool handed it out again): then the link checks below fail, or it is gone.
-            match self.pool.latch_exclusive_unless_freed(left_id)? {
-                None => return Ok(Attempt::Again),
+            // Only tried while the parent is held: a page handed out again may be a private
+            // leaf whose holder (an appender of a page-sized row) goes on down the classic
+            // path through this very parent, or waits at the tail gate while the gate's holder
+            // does, so waiting for it here could wait for ever. A busy page is waited for
+            // with nothing held, and the attempt starts again.
+            match self.pool.try_latch_exclusive_unless_freed(left_id)? {
                 Some(left) if self.is_node(&left.page(), Some(0)) => Some(left),
                 Some(_) => return Ok(Attempt::Again),
+                None => {
+                    drop(path);
+                    drop(self.pool.latch_exclusive_unless_freed(left_id)?);
+                    return Ok(Attempt::Again);
+                }
             }
         };
         let parent = path
