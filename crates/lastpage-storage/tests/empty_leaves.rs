@@ -637,3 +637,128 @@ fn an_appender_never_waits_for_its_private_leaf_named_by_a_stale_tail_hint() {
             });
     }
 }
+
+/// A queue of rows that fill a page each (appended with generated keys, so each is copied into
+/// a private leaf before the tail gate), deleted from its start, with a writer inserting and
+/// deleting rows between the queue's (classic splits in the middle, which leave the tail hint
+/// behind): freed leaves are handed out again at once, as private leaves, spares and split
+/// pages, while hints and freeings still name them. Nothing may wait for ever, and the tree
+/// must end with exactly the rows kept. Run under a watchdog, so that a hang fails the test.
+#[test]
+fn a_queue_of_page_sized_rows_with_writers_between_never_hangs() {
+    let seed = common::seed();
+    for policy in LatchPolicy::ALL {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            run_page_sized_queue(seed, policy);
+            done.send(()).unwrap();
+        });
+        // Not a timing assertion: the run takes seconds, and a deadlock never ends.
+        finished
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .unwrap_or_else(|_| panic!("{policy:?}, seed {seed}: the queue hangs (a deadlock)"));
+    }
+}
+
+fn run_page_sized_queue(seed: u64, policy: LatchPolicy) {
+    const APPENDERS: u64 = 3;
+    const ROWS_PER_APPENDER: u64 = 1500;
+    const WINDOW: usize = 24;
+    const PAGE_ROW: usize = 6000;
+    let tree = tree_with(policy, InsertPath::Default);
+    let next_number = AtomicU64::new(0);
+    let queue: Mutex<VecDeque<u64>> = Mutex::new(VecDeque::new());
+    let appending = AtomicBool::new(true);
+    // Queue keys are multiples of 4; the between-writer's are 4n + 1 and 4n + 3.
+    let kept_between: BTreeMap<u64, u8> = std::thread::scope(|scope| {
+        let appenders: Vec<_> = (0..APPENDERS)
+            .map(|thread| {
+                let (tree, next_number, queue) = (&tree, &next_number, &queue);
+                scope.spawn(move || {
+                    for _ in 0..ROWS_PER_APPENDER {
+                        let mut number = 0;
+                        tree.insert_with_generated_key(&[thread as u8 + 1; PAGE_ROW], |key| {
+                            number = 4 * next_number.fetch_add(1, Ordering::Relaxed);
+                            key.extend_from_slice(&key_of(number));
+                            Ok::<(), ()>(())
+                        })
+                        .unwrap();
+                        queue.lock().unwrap().push_back(number);
+                    }
+                })
+            })
+            .collect();
+        let deleter = {
+            let (tree, queue, appending) = (&tree, &queue, &appending);
+            scope.spawn(move || {
+                loop {
+                    let oldest = {
+                        let mut queue = queue.lock().unwrap();
+                        if queue.len() > WINDOW {
+                            queue.pop_front()
+                        } else if !appending.load(Ordering::Relaxed) {
+                            match queue.pop_front() {
+                                Some(number) => Some(number),
+                                None => break,
+                            }
+                        } else {
+                            None
+                        }
+                    };
+                    match oldest {
+                        Some(number) => {
+                            assert!(tree.delete(&key_of(number)).unwrap().is_some());
+                        }
+                        None => std::thread::yield_now(),
+                    }
+                }
+            })
+        };
+        let between = {
+            let (tree, next_number, appending) = (&tree, &next_number, &appending);
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let mut kept: BTreeMap<u64, u8> = BTreeMap::new();
+                while appending.load(Ordering::Relaxed) {
+                    let top = next_number.load(Ordering::Relaxed);
+                    if top < 2 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    // Near the end of the index, where the queue's rows still are.
+                    let base = top.saturating_sub(rng.random_range(1..8));
+                    let number = 4 * base + if rng.random_bool(0.5) { 1 } else { 3 };
+                    if kept.remove(&number).is_some() {
+                        assert!(tree.delete(&key_of(number)).unwrap().is_some());
+                    } else if rng.random_bool(0.3) {
+                        // A row of a quarter page: four fill a leaf.
+                        tree.insert(&key_of(number), &[9; 1900]).unwrap();
+                        kept.insert(number, 9);
+                    }
+                    if kept.len() > 64 {
+                        let (&number, _) = kept.iter().next().unwrap();
+                        kept.remove(&number);
+                        assert!(tree.delete(&key_of(number)).unwrap().is_some());
+                    }
+                }
+                kept
+            })
+        };
+        for appender in appenders {
+            appender.join().unwrap();
+        }
+        appending.store(false, Ordering::Relaxed);
+        deleter.join().unwrap();
+        between.join().unwrap()
+    });
+    let oracle: BTreeMap<Vec<u8>, Vec<u8>> = kept_between
+        .into_iter()
+        .map(|(number, byte)| (key_of(number).to_vec(), vec![byte; 1900]))
+        .collect();
+    let context = format!("{policy:?}, seed {seed}");
+    common::assert_tree_holds(&tree, &oracle, &context);
+    assert_owns_every_page(&tree, &context);
+    let stats = tree.stats();
+    println!("{context}: {stats:?}, {} pages", tree.pool().page_count());
+    assert!(stats.leaves_freed > 1000, "{context}: {stats:?}");
+}
