@@ -33,9 +33,14 @@
 //! parent's link, which is gone before the parent's latch is let go; a sibling walk (a split
 //! latching the next leaf) goes through the left sibling's link, which is gone too; and every
 //! hint (the tail's page and parent, each sequence lane's page) is checked under the latch of
-//! the page it names, latched with [`BufferPool::latch_exclusive_unless_freed`] so that a freed
-//! page is a stale hint rather than corruption. A freed page may be handed out again at once,
-//! as any page of any tree; each hint's check holds for a reused page as it does for any page
+//! the page it names, latched with [`BufferPool::latch_exclusive_unless_freed`] (or its `try_`
+//! form) so that a freed page is a stale hint rather than corruption. A freed page may be
+//! handed out again at once, as any page of any tree, and its new holder may wait for latches
+//! or the tail gate while it holds it (an appender's private leaf, a split's new pages): so a
+//! thread that holds a latch or the tail gate only *tries* a page it knows from a hint or from
+//! a link read earlier (the tail's page and parent, the left sibling here), and only a thread
+//! that holds nothing else waits for one (a sequence lane holds only its lane's mutex, which
+//! no latch holder waits for). Each hint's check holds for a reused page as it does for any page
 //! (see `append.rs`), except the sequence lanes' "the leaf has not split" test, which compares
 //! page ids and so also requires that no leaf of the tree was freed since (`leaves_freed`).
 //!
