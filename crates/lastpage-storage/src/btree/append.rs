@@ -676,35 +676,10 @@ impl BTree {
     /// [`BTree::leaf_exclusive`] does. Under the parent's latch the leaf cannot split, so the
     /// page latched is the last leaf, and stays it while it is held.
     fn last_leaf_exclusive(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
-        loop {
-            if self.root_level_hint.load(Ordering::Relaxed) == 0 {
-                let root = self.root_exclusive()?;
-                if root.page().is_leaf() {
-                    return Ok(root);
-                }
-                self.root_level_hint
-                    .store(root.page().level(), Ordering::Relaxed);
-                continue;
-            }
-            let mut node = self.root_shared()?;
-            if node.page().is_leaf() {
-                // Levels only grow (the root is never freed), so the hint cannot be too high;
-                // restarting keeps the loop obviously correct.
-                self.root_level_hint.store(0, Ordering::Relaxed);
-                continue;
-            }
-            loop {
-                let page = node.page();
-                let child = match page.slot_count() {
-                    0 => page.low_child(),
-                    count => page.child(count - 1),
-                };
-                if page.level() == 1 {
-                    return self.child_exclusive(&page, child, [node.page_id()]);
-                }
-                node = self.child_shared(&page, child)?;
-            }
-        }
+        self.leaf_exclusive_choosing(|page| match page.slot_count() {
+            0 => page.low_child(),
+            count => page.child(count - 1),
+        })
     }
 
     /// Tries to latch `page` exclusively for `TAIL_LATCH_ROUNDS` rounds of spinning and then

@@ -509,6 +509,21 @@ impl BTree {
         key: &[u8],
         mut observe: impl FnMut(&Page<'_>, Option<usize>),
     ) -> Result<ExclusiveGuard<'_>, BTreeError> {
+        self.leaf_exclusive_choosing(|page| {
+            let (child, chosen) = page.child_for(key);
+            observe(page, chosen);
+            child
+        })
+    }
+
+    /// Latches a leaf exclusively: shared latch coupling from the root down to the leaf's
+    /// parent, taking at each inner page the child `choose` picks, then the leaf exclusively
+    /// (the root itself, exclusively, while it is a leaf). `choose` may be called for pages of
+    /// an abandoned attempt.
+    pub(super) fn leaf_exclusive_choosing(
+        &self,
+        mut choose: impl FnMut(&Page<'_>) -> PageId,
+    ) -> Result<ExclusiveGuard<'_>, BTreeError> {
         loop {
             if self.root_level_hint.load(Ordering::Relaxed) == 0 {
                 let root = self.root_exclusive()?;
@@ -521,15 +536,15 @@ impl BTree {
             }
             let mut node = self.root_shared()?;
             if node.page().is_leaf() {
-                // Only possible if the hint was wrong, which it cannot be (levels only grow),
-                // but restarting costs nothing and keeps the loop obviously correct.
+                // Only possible if the hint was wrong, which it cannot be (levels only grow,
+                // and the root is never freed), but restarting costs nothing and keeps the loop
+                // obviously correct.
                 self.root_level_hint.store(0, Ordering::Relaxed);
                 continue;
             }
             loop {
                 let page = node.page();
-                let (child, chosen) = page.child_for(key);
-                observe(&page, chosen);
+                let child = choose(&page);
                 if page.level() == 1 {
                     return self.child_exclusive(&page, child, [node.page_id()]);
                 }
