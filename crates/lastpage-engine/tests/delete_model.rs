@@ -881,7 +881,9 @@ impl Writer {
         }
         let free = self.db.pool().free_page_count();
         self.note(format!("free pages {free_before} -> {free}"));
-        if spec.kind != Kind::Heap && free <= free_before {
+        // About 40 rows fill a leaf: 300 neighbouring rows (of a partition's 100 at least) span
+        // whole leaves, which must go.
+        if spec.kind != Kind::Heap && take >= 300 && free <= free_before {
             self.fail(&format!(
                 "{}: deleting {take} neighbouring rows of {count} freed no page ({free} free)",
                 spec.name
@@ -990,9 +992,9 @@ fn reader(
     }
 }
 
-/// Runs `writer` for `steps` steps, with readers if `readers`.
-fn run_steps(writer: &mut Writer, steps: usize, readers: bool, leave_open: bool) {
-    if !readers {
+/// Runs `writer` for `steps` steps, with `readers` readers.
+fn run_steps(writer: &mut Writer, steps: usize, readers: usize, leave_open: bool) {
+    if readers == 0 {
         writer.run(steps, leave_open);
         return;
     }
@@ -1006,7 +1008,7 @@ fn run_steps(writer: &mut Writer, steps: usize, readers: bool, leave_open: bool)
         .collect();
     let base: u64 = writer.rng.random();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..2u64)
+        let handles: Vec<_> = (0..readers as u64)
             .map(|i| {
                 let (db, tables, stop, scans) = (writer.db.clone(), tables.clone(), &stop, &scans);
                 scope.spawn(move || reader(db, tables, stop, scans, base + i))
@@ -1090,7 +1092,12 @@ fn in_memory_case(seed: u64, settings: Settings) {
     let specs = specs(&mut rng);
     let mut writer = new_writer(&mut rng, db, &specs, settings.max_pages.is_some());
     for round in 0..4 {
-        run_steps(&mut writer, 300, settings.readers, false);
+        run_steps(
+            &mut writer,
+            300,
+            if settings.readers { 2 } else { 0 },
+            false,
+        );
         writer.verify_all(&format!("round {round}"));
         let rows: Vec<usize> = writer.models.iter().map(|m| m.rows.len()).collect();
         common::assert_every_page_owned(
@@ -1133,7 +1140,8 @@ fn durable_case(seed: u64, max_pages: Option<usize>, cycles: usize) {
     let db = Database::open(common::DIR, durable_options(&fs, max_pages)).unwrap();
     let mut writer = new_writer(&mut rng, db, &specs, max_pages.is_some());
     for cycle in 0..cycles {
-        let readers = rng.random_bool(0.3);
+        // One reader: a durable commit's flush competes with it for the CPU.
+        let readers = usize::from(rng.random_bool(0.3));
         let steps = rng.random_range(50..250);
         run_steps(&mut writer, steps, readers, true);
         if rng.random_bool(0.3) {
@@ -1142,7 +1150,7 @@ fn durable_case(seed: u64, max_pages: Option<usize>, cycles: usize) {
             for model in &mut writer.models {
                 model.max_id_at_checkpoint = model.max_id;
             }
-            run_steps(&mut writer, rng.random_range(0..20), false, true);
+            run_steps(&mut writer, rng.random_range(0..20), 0, true);
         }
         // The committed rows: the open transaction's changes go with the crash.
         let open = writer.snapshot.take();
