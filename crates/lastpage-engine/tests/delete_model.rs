@@ -786,6 +786,24 @@ impl Writer {
     fn verify_all(&self, context: &str) {
         for t in 0..self.tables.len() {
             self.verify(t, context);
+            // Every index holds one entry per row, and the table counts them.
+            let want = self.models[t].rows.len() as u64;
+            let count = self.tables[t].row_count();
+            let check = match self.tables[t].check_integrity() {
+                Ok(check) => check,
+                Err(error) => self.fail(&format!("{context}: integrity: {error}")),
+            };
+            let mut entries: BTreeMap<&str, u64> = BTreeMap::new();
+            for (index, tree) in &check.indexes {
+                *entries.entry(index.as_str()).or_default() += tree.rows;
+            }
+            if count != want || check.rows != want || entries.values().any(|&n| n != want) {
+                self.fail(&format!(
+                    "{context}: {} holds {want} rows, but counts {count}, its check {} and its \
+                     indexes {entries:?}",
+                    self.models[t].spec.name, check.rows
+                ));
+            }
         }
     }
 
