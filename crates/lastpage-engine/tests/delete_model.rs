@@ -364,6 +364,8 @@ struct Writer {
     /// Whether the open transaction will roll back (its rows are marked by a negative `V`).
     doomed: bool,
     next_u: i32,
+    /// Whether readers hold the tables' handles (no table is dropped then).
+    readers_active: bool,
     /// Whether the mix favours inserts (else deletes).
     growing: bool,
     limited: bool,
@@ -843,6 +845,11 @@ impl Writer {
     }
 
     fn end(&mut self) {
+        self.end_unchecked();
+        self.verify_all("after the end of a transaction");
+    }
+
+    fn end_unchecked(&mut self) {
         let snapshot = self.snapshot.take().expect("a transaction is open");
         if self.doomed {
             self.note("rollback".into());
@@ -859,7 +866,46 @@ impl Writer {
             }
         }
         self.doomed = false;
-        self.verify_all("after the end of a transaction");
+    }
+
+    /// Drops table `t` (from another session) while this session's open transaction, if
+    /// any, holds it with deletes of its own (whose rollback puts rows back into the dropped
+    /// trees, whose leaves the deletes freed), ends that transaction, and creates the table
+    /// again: the dropped trees' pages must all come back.
+    fn drop_and_recreate(&mut self, t: usize) {
+        let spec = self.models[t].spec.clone();
+        let in_txn = self.snapshot.is_some();
+        if in_txn {
+            self.delete_range(t, 300);
+        }
+        self.note(format!(
+            "{}: dropped (in a transaction: {in_txn})",
+            spec.name
+        ));
+        let other = self.db.session();
+        if let Err(error) = other.db().drop_table(spec.name) {
+            self.fail(&format!("drop {}: {error}", spec.name));
+        }
+        if in_txn {
+            self.end_unchecked();
+        }
+        let placeholder = Arc::clone(&self.tables[(t + 1) % self.tables.len()]);
+        drop(std::mem::replace(&mut self.tables[t], placeholder));
+        self.tables[t] = match self.db.create_table(spec.def()) {
+            Ok(table) => table,
+            // Even at a page limit: the dropped table's pages are free by now (nothing holds
+            // it), and the new table needs fewer.
+            Err(error) => self.fail(&format!("create {} again: {error}", spec.name)),
+        };
+        let model = &mut self.models[t];
+        model.rows.clear();
+        model.max_id = 0;
+        model.max_id_at_checkpoint = 0;
+        self.verify_all(&format!(
+            "after {} was dropped and created again",
+            spec.name
+        ));
+        common::assert_every_page_owned(&self.db, &format!("after {} was dropped", spec.name));
     }
 
     /// At a page limit: deletes most of a table (from its start) and checks that a row gets
@@ -950,6 +996,10 @@ impl Writer {
             let full_before = self.full;
             match self.rng.random_range(0..100) {
                 0..=7 if self.snapshot.is_none() => self.begin(),
+                14 if !self.readers_active => {
+                    let t = self.rng.random_range(0..self.tables.len());
+                    self.drop_and_recreate(t);
+                }
                 8..=13 if self.snapshot.is_some() => self.end(),
                 _ => self.statement(),
             }
@@ -1039,7 +1089,9 @@ fn run_steps(writer: &mut Writer, steps: usize, readers: usize, leave_open: bool
             }
         }
         let stop_guard = StopOnDrop(&stop);
+        writer.readers_active = true;
         writer.run(steps, leave_open);
+        writer.readers_active = false;
         // A transaction left open would keep readers waiting for its locks.
         if writer.snapshot.is_some() {
             writer.end();
@@ -1089,6 +1141,7 @@ fn new_writer(rng: &mut StdRng, db: Database, specs: &[Spec], limited: bool) -> 
         snapshot: None,
         doomed: false,
         next_u: 0,
+        readers_active: false,
         growing: true,
         limited,
         full: 0,
