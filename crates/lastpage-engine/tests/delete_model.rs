@@ -40,7 +40,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, Expr, IndexDef,
-    InsertRow, KeyRange, Session, Table, TableDef, Uniqueness, Value,
+    IndexOptions, InsertPath, InsertRow, KeyRange, LatchPolicy, Session, Table, TableDef,
+    Uniqueness, Value,
 };
 use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
 use rand::rngs::StdRng;
@@ -85,6 +86,8 @@ struct Spec {
     kind: Kind,
     name: &'static str,
     logged: bool,
+    /// Every index's options: either latch flavour, either insert path, flow control or not.
+    options: IndexOptions,
 }
 
 impl Spec {
@@ -166,6 +169,12 @@ impl Spec {
                 Uniqueness::UniqueIndex,
             ))
             .nonclustered(IndexDef::new("IX_V", &["V"], Uniqueness::NonUnique));
+        if let Some(clustered) = def.clustered.take() {
+            def.clustered = Some(clustered.with_options(self.options));
+        }
+        for index in &mut def.nonclustered {
+            index.options = self.options;
+        }
         if !self.logged {
             def = def.not_logged();
         }
@@ -1143,6 +1152,11 @@ fn specs(rng: &mut StdRng) -> Vec<Spec> {
             kind: *kind,
             name,
             logged: i != unlogged,
+            options: IndexOptions {
+                latch_policy: LatchPolicy::ALL[rng.random_range(0..2)],
+                insert_path: InsertPath::ALL[rng.random_range(0..2)],
+                optimize_for_sequential_key: rng.random_bool(0.2),
+            },
         })
         .collect()
 }
