@@ -1267,6 +1267,8 @@ fn durable_options(fs: &FaultyFileSystem, max_pages: Option<usize>) -> DatabaseO
         max_pages: max_pages.unwrap_or(DatabaseOptions::default().max_pages),
         // Small, so that freed and reused pages are evicted and read back.
         memory_budget_bytes: 1 << 20,
+        // Small, so that checkpoints start by themselves while rows are deleted.
+        checkpoint_log_bytes: 512 << 10,
         ..common::options(fs)
     }
 }
@@ -1290,6 +1292,9 @@ fn durable_case(seed: u64, max_pages: Option<usize>, cycles: usize) {
                 model.max_id_at_checkpoint = model.max_id;
             }
             run_steps(&mut writer, rng.random_range(0..20), 0, true);
+        }
+        if let Some(failure) = writer.db.automatic_checkpoint_failure() {
+            writer.fail(&format!("an automatic checkpoint failed: {failure:?}"));
         }
         // The committed rows: the open transaction's changes go with the crash.
         let open = writer.snapshot.take();
@@ -1518,6 +1523,7 @@ fn concurrent_durable_case(seed: u64, writers: u32, cycles: usize) {
                 rows.extend(model.rows.iter().map(|(k, v)| (*k, v.clone())));
             }
         }
+        assert_eq!(db.automatic_checkpoint_failure(), None);
         if rng.random_bool(0.3) {
             db.checkpoint().unwrap();
         }
