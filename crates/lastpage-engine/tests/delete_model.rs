@@ -49,6 +49,9 @@ use rand::{Rng, SeedableRng};
 
 /// The longest payload, and the range explicit keys are drawn from.
 const MAX_PAYLOAD: usize = 360;
+/// Now and then a row about a page long: a leaf of its own, and on the default insert path a
+/// page filled before the tail gate.
+const MAX_PAGE_SIZED_PAYLOAD: usize = 7000;
 const KEY_SPACE: i32 = 4000;
 /// Keys of the non-unique clustered index: few, so that many rows share one.
 const NON_UNIQUE_KEYS: i32 = 150;
@@ -114,7 +117,7 @@ impl Spec {
     fn def(&self) -> TableDef {
         let u = ColumnDef::new("U", DataType::Int).not_null();
         let v = ColumnDef::new("V", DataType::Int).not_null();
-        let p = ColumnDef::new("P", DataType::VarChar(MAX_PAYLOAD as u16)).not_null();
+        let p = ColumnDef::new("P", DataType::VarChar(MAX_PAGE_SIZED_PAYLOAD as u16)).not_null();
         let k = ColumnDef::new("K", DataType::Int).not_null();
         let mut def = TableDef::new(self.name);
         let mut unique_columns = vec!["U"];
@@ -447,7 +450,9 @@ impl Writer {
     }
 
     fn payload_len(&mut self) -> usize {
-        if self.rng.random_bool(0.2) {
+        if self.rng.random_bool(0.02) {
+            self.rng.random_range(2500..=MAX_PAGE_SIZED_PAYLOAD)
+        } else if self.rng.random_bool(0.2) {
             self.rng.random_range(0..=40)
         } else {
             self.rng.random_range(100..=MAX_PAYLOAD)
