@@ -838,6 +838,16 @@ impl Writer {
             for (index, tree) in &check.indexes {
                 *entries.entry(index.as_str()).or_default() += tree.rows;
             }
+            // Spare leaves wait for the next splits of the last leaf: a page or two per tree,
+            // not a pile (see the regression test at the end).
+            if let Some((index, tree)) =
+                check.indexes.iter().find(|(_, tree)| tree.spare_leaves > 2)
+            {
+                self.fail(&format!(
+                    "{context}: {} keeps {} spare leaves in {index}",
+                    self.models[t].spec.name, tree.spare_leaves
+                ));
+            }
             // An empty table keeps only its last leaves (one per partition and index).
             let leaves: u64 = check.indexes.iter().map(|(_, tree)| tree.leaf_pages).sum();
             if want == 0 && leaves != check.indexes.len() as u64 {
