@@ -523,29 +523,13 @@ impl BTree {
         if key_len == 0 || key_len > PLACEHOLDER.len() {
             return None;
         }
-        // A spare leaf first: an own leaf that is not needed (the row fits on the last leaf,
-        // as every row does once deletes have emptied it) goes back to the spare leaves, and
-        // allocating afresh every time grew them by a page per such row, for ever (a queue
-        // of page-sized rows that drains filled a database to its page limit with spares).
-        let spare = sync::lock(&self.spare_leaves).pop();
-        let mut own = match spare {
-            Some(page) => match self.pool.latch_exclusive(page) {
-                Ok(mut own) => {
-                    own.page_mut()
-                        .format(page, PageKind::Leaf, 0, self.index_id);
-                    own
-                }
-                // It stays a spare (see `take_spare_leaf`); the row goes the ordinary way.
-                Err(_) => {
-                    sync::lock(&self.spare_leaves).push(page);
-                    return None;
-                }
-            },
-            None => self
-                .pool
-                .allocate(self.latch_policy, PageKind::Leaf, 0, self.index_id)
-                .ok()?,
-        };
+        // A spare leaf first (a formatted, empty leaf; one that cannot be read stays a spare
+        // and the row goes the ordinary way): an own leaf that is not needed (the row fits on
+        // the last leaf, as every row does once deletes have emptied it) goes back to the spare
+        // leaves, and allocating afresh every time grew them by a page per such row, for ever
+        // (a queue of page-sized rows that drains filled a database to its page limit with
+        // spares).
+        let mut own = self.take_spare_leaf().ok()?;
         if own
             .page_mut()
             .insert_leaf(0, &PLACEHOLDER[..key_len], value)
@@ -632,8 +616,9 @@ impl BTree {
         Ok(())
     }
 
-    /// A new leaf for a split of the last leaf: a prepared spare if there is one, else a fresh
-    /// allocation. The page is unreachable until linked, so its latch is free.
+    /// A new leaf for a split of the last leaf, or for a page-sized row's private leaf: a
+    /// prepared spare if there is one, else a fresh allocation. The page is unreachable until
+    /// linked, so its latch is free.
     pub(super) fn take_spare_leaf(&self) -> Result<ExclusiveGuard<'_>, BTreeError> {
         let spare = sync::lock(&self.spare_leaves).pop();
         match spare {
