@@ -33,10 +33,11 @@
 //! The checks make the hints safe to be stale: a hinted page that was freed is seen to be
 //! freed under its latch (`try_latch_exclusive_unless_freed`: the gate holder only *tries* a
 //! hinted page, which may have been handed out again to a thread that waits for the gate, see
-//! `latch_tail`), and one handed out again is checked like any other; the last leaf is never freed; a last leaf with key `k` at its end covers
-//! every key above `k`; and a level-1 page whose last child is the last leaf is that leaf's
-//! parent and covers every key above its own last separator. Freeing an emptied leaf only
-//! widens its neighbours' ranges (see `reclaim.rs`), which keeps all of that true.
+//! `latch_tail`), and one handed out again is checked like any other; the last leaf is never
+//! freed; a last leaf with key `k` at its end covers every key above `k`; and a level-1 page
+//! whose last child is the last leaf is that leaf's parent and covers every key above its own
+//! last separator. Freeing an emptied leaf only widens its neighbours' ranges (see
+//! `reclaim.rs`), which keeps all of that true.
 
 use super::{BTree, BTreeError, InsertPath, check_record_size};
 use crate::buffer::ExclusiveGuard;
