@@ -263,12 +263,19 @@ fn tree_of(policy: LatchPolicy, keys: &[u64]) -> Arc<BTree> {
 /// every page its pool has in use (a freed leaf neither lost nor freed twice).
 fn assert_holds_and_owns(tree: &BTree, expected: &[u64]) {
     assert_eq!(keys(tree), expected);
+    assert_owns_every_page(tree);
+}
+
+/// Runs the integrity check and asserts that the tree owns every page its pool has in use;
+/// returns the check.
+fn assert_owns_every_page(tree: &BTree) -> lastpage_storage::btree::TreeCheck {
     let check = tree.check_integrity().unwrap();
     let pool = tree.pool();
     assert_eq!(
         (pool.page_count() - pool.free_page_count()) as u64,
         check.leaf_pages + check.inner_pages + check.spare_leaves
     );
+    check
 }
 
 /// Runs a delete of `deleted`, which empties its leaf and frees it (`reclaim.rs`), in a thread
@@ -343,23 +350,36 @@ fn long_key(number: u64) -> Vec<u8> {
     key
 }
 
+/// Rows of [`long_key`]s: one fills a leaf.
+const LONG_KEY_ROW: usize = 6000;
+
+/// A tree of three levels: eight rows of [`long_key`]s 0 to 7, a leaf each, the first
+/// level-1 page holding leaves 0 to 4 and the next one 5 to 7.
+fn tree_of_long_keys(policy: LatchPolicy) -> BTree {
+    let tree = empty_tree(policy);
+    for number in 0..8u64 {
+        tree.insert(&long_key(number), &[1; LONG_KEY_ROW]).unwrap();
+    }
+    tree
+}
+
+/// A model builder for trees of [`long_key`]s: building the tree of eight rows takes more
+/// branches than loom allows by default.
+fn long_key_builder(preemption_bound: usize) -> loom::model::Builder {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemption_bound);
+    builder.max_branches = 100_000;
+    builder
+}
+
 /// Two deletes empty neighbouring leaves under different parents, so neither freeing holds
 /// the other's parent: the one on the right may find its left sibling freed under it (and
 /// start again), or the one on the left may find its right sibling's links changed. Both
 /// leaves go, and every other row stays.
 #[test]
 fn neighbouring_leaves_of_different_parents_freed_at_once() {
-    const ROW: usize = 6000;
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    // Building the tree of eight rows takes more branches than the default allows.
-    builder.max_branches = 100_000;
-    builder.check(|| {
-        let tree = empty_tree(LatchPolicy::Fifo);
-        for number in 0..8u64 {
-            tree.insert(&long_key(number), &[1; ROW]).unwrap();
-        }
-        let tree = Arc::new(tree);
+    long_key_builder(2).check(|| {
+        let tree = Arc::new(tree_of_long_keys(LatchPolicy::Fifo));
         assert_eq!(tree.check_integrity().unwrap().levels, 3);
         // The first level-1 page holds leaves 0 to 4, the next one 5 to 7.
         let deleters: Vec<_> = [4u64, 5]
@@ -377,12 +397,7 @@ fn neighbouring_leaves_of_different_parents_freed_at_once() {
             .map(|(key, _)| u64::from_be_bytes(key[..8].try_into().unwrap()))
             .collect();
         assert_eq!(left, [0, 1, 2, 3, 6, 7]);
-        let check = tree.check_integrity().unwrap();
-        let pool = tree.pool();
-        assert_eq!(
-            (pool.page_count() - pool.free_page_count()) as u64,
-            check.leaf_pages + check.inner_pages + check.spare_leaves
-        );
+        assert_owns_every_page(&tree);
         assert_eq!(tree.stats().leaves_freed, 2);
     });
 }
@@ -393,16 +408,8 @@ fn neighbouring_leaves_of_different_parents_freed_at_once() {
 /// and must see, under the latches, that the link changed and start again.
 #[test]
 fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
-    const ROW: usize = 6000;
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.max_branches = 100_000;
-    builder.check(|| {
-        let tree = empty_tree(LatchPolicy::Adaptive);
-        for number in 0..8u64 {
-            tree.insert(&long_key(number), &[1; ROW]).unwrap();
-        }
-        let tree = Arc::new(tree);
+    long_key_builder(2).check(|| {
+        let tree = Arc::new(tree_of_long_keys(LatchPolicy::Adaptive));
         let deleter = {
             let tree = tree.clone();
             loom::thread::spawn(move || tree.delete(&long_key(5)).unwrap().unwrap())
@@ -410,15 +417,9 @@ fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
         // Sorts between the keys of 4 and 5.
         let mut between = long_key(4);
         *between.last_mut().unwrap() = 1;
-        tree.insert(&between, &[2; ROW]).unwrap();
+        tree.insert(&between, &[2; LONG_KEY_ROW]).unwrap();
         deleter.join().unwrap();
-        let check = tree.check_integrity().unwrap();
-        assert_eq!(check.rows, 8);
-        let pool = tree.pool();
-        assert_eq!(
-            (pool.page_count() - pool.free_page_count()) as u64,
-            check.leaf_pages + check.inner_pages + check.spare_leaves
-        );
+        assert_eq!(assert_owns_every_page(&tree).rows, 8);
     });
 }
 
@@ -429,18 +430,11 @@ fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
 /// its link check has not vouched for while it holds the parent.
 #[test]
 fn a_freeing_never_waits_for_a_freed_left_sibling_reused_as_a_private_leaf() {
-    const ROW: usize = 6000;
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(1);
-    builder.max_branches = 100_000;
-    builder.check(|| {
-        let tree = empty_tree(LatchPolicy::Fifo);
-        for number in 0..8u64 {
-            tree.insert(&long_key(number), &[1; ROW]).unwrap();
-        }
+    long_key_builder(1).check(|| {
+        let tree = tree_of_long_keys(LatchPolicy::Fifo);
         // A generated key, so that the tree knows their length and copies a page-sized row
         // into a private leaf before the gate.
-        tree.insert_with_generated_key(&[1; ROW], |key| {
+        tree.insert_with_generated_key(&[1; LONG_KEY_ROW], |key| {
             key.extend_from_slice(&long_key(8));
             Ok::<(), ()>(())
         })
@@ -456,7 +450,7 @@ fn a_freeing_never_waits_for_a_freed_left_sibling_reused_as_a_private_leaf() {
                 tree.delete(&long_key(4)).unwrap().unwrap();
                 let mut between = long_key(5);
                 *between.last_mut().unwrap() = 1;
-                tree.insert_with_generated_key(&[2; ROW], |key| {
+                tree.insert_with_generated_key(&[2; LONG_KEY_ROW], |key| {
                     key.extend_from_slice(&between);
                     Ok::<(), ()>(())
                 })
@@ -465,12 +459,6 @@ fn a_freeing_never_waits_for_a_freed_left_sibling_reused_as_a_private_leaf() {
         };
         tree.delete(&long_key(5)).unwrap().unwrap();
         other.join().unwrap();
-        let check = tree.check_integrity().unwrap();
-        assert_eq!(check.rows, 8);
-        let pool = tree.pool();
-        assert_eq!(
-            (pool.page_count() - pool.free_page_count()) as u64,
-            check.leaf_pages + check.inner_pages + check.spare_leaves
-        );
+        assert_eq!(assert_owns_every_page(&tree).rows, 8);
     });
 }
