@@ -1643,17 +1643,12 @@ fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() 
     );
 }
 
-/// A checkpoint writes dirty pages ahead of its capture, after flushing the log (the WAL rule);
-/// an eviction does the same. When that flush fails, the log has failed for good, exactly as
-/// when a commit's flush fails: the database must stop at once, refusing reads as well as
-/// commits, and the checkpoint must say that the log failed and why.
-#[test]
-fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
-    let options = DatabaseOptions {
+/// Options for the before-write hook's tests: DELAYED commits, with no background flush
+/// between the commits and the failure the test injects.
+fn delayed_options_on(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
         file_system: Some(Arc::new(fs.clone())),
         durability: Durability::Delayed,
-        // No background flush comes between the commits and the checkpoint.
         delayed_flush_interval: Duration::from_secs(3600),
         wal: WalConfig {
             buffer_bytes: 1 << 20,
@@ -1661,17 +1656,31 @@ fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
             ..WalConfig::default()
         },
         ..DatabaseOptions::default()
-    };
-    let db = Database::open(DIR, options).unwrap();
-    let events = db.create_table(events_table()).unwrap();
-    let session = db.session();
-    for num in 0..50 {
+    }
+}
+
+/// Inserts `count` rows into the events table, numbered from 0, each with `payload`.
+fn insert_events(events: &Arc<Table>, session: &Session, count: i32, payload: &str) {
+    for num in 0..count {
         let row = InsertRow::new()
             .set(1, Value::Int(0))
             .set(2, Value::Int(num))
-            .set(3, Value::String("delayed".into()));
-        events.insert(&session, row).unwrap();
+            .set(3, Value::String(payload.into()));
+        events.insert(session, row).unwrap();
     }
+}
+
+/// A checkpoint writes dirty pages ahead of its capture, after flushing the log (the WAL rule);
+/// an eviction does the same. When that flush fails, the log has failed for good, exactly as
+/// when a commit's flush fails: the database must stop at once, refusing reads as well as
+/// commits, and the checkpoint must say that the log failed and why.
+#[test]
+fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+    let db = Database::open(DIR, delayed_options_on(&fs)).unwrap();
+    let events = db.create_table(events_table()).unwrap();
+    let session = db.session();
+    insert_events(&events, &session, 50, "delayed");
     fs.inject(FaultRule::sync_fails(1));
     let error = db.checkpoint().unwrap_err();
     assert!(
@@ -1704,31 +1713,17 @@ fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
 fn a_log_flush_that_fails_ahead_of_an_eviction_stops_the_database() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(12));
     let options = DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        durability: Durability::Delayed,
-        delayed_flush_interval: Duration::from_secs(3600),
         // No automatic checkpoint syncs anything meanwhile.
         checkpoint_log_bytes: u64::MAX,
         memory_budget_bytes: 16 * 8192,
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
-        ..DatabaseOptions::default()
+        ..delayed_options_on(&fs)
     };
     let db = Database::open(DIR, options).unwrap();
     let events = db.create_table(events_table()).unwrap();
     let session = db.session();
     // About 60 leaves: the first ones are evicted (clean, after a flush) while the last ones
     // are filled, and the last ones stay dirty, their commits in the log buffer only.
-    for num in 0..4000 {
-        let row = InsertRow::new()
-            .set(1, Value::Int(0))
-            .set(2, Value::Int(num))
-            .set(3, Value::String("e".repeat(90)));
-        events.insert(&session, row).unwrap();
-    }
+    insert_events(&events, &session, 4000, &"e".repeat(90));
     let evictions_before = db.pool().stats().evictions;
     fs.inject(FaultRule::syncs_fail_from(1));
     // Reading the first leaves back evicts the dirty last ones, after a log flush that fails.
