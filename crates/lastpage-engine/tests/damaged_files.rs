@@ -266,10 +266,10 @@ fn rewrite_catalog(fs: &FaultyFileSystem, change: impl FnOnce(&mut Vec<u8>)) {
         .filter(|&at| u32_at(&bytes, at + 12) == crc32c::crc32c(&bytes[at + 16..at + 64]))
         .max_by_key(|&at| u64_at(&bytes, at + 16))
         .unwrap();
-    let (page_count, mut next, stream_len) = (
-        u32_at(&bytes, meta_at + 24) as usize,
+    let (mut next, stream_len, blob_len) = (
         u32_at(&bytes, meta_at + 28) as usize,
         u64_at(&bytes, meta_at + 32) as usize,
+        u64_at(&bytes, meta_at + 44) as usize,
     );
     let mut stream = Vec::new();
     while stream.len() < stream_len {
@@ -277,7 +277,9 @@ fn rewrite_catalog(fs: &FaultyFileSystem, change: impl FnOnce(&mut Vec<u8>)) {
         stream.extend_from_slice(&bytes[next * SLOT + 4..next * SLOT + 4 + want]);
         next = u32_at(&bytes, next * SLOT) as usize;
     }
-    let mut blob = stream.split_off(page_count * 8);
+    // The blob ends the stream, whatever comes before it (the page map, and the pages' latch
+    // flavours from the data file's format version 2).
+    let mut blob = stream.split_off(stream_len - blob_len);
     change(&mut blob);
     let body = blob.len() - 20;
     blob[12..16].copy_from_slice(&(body as u32).to_le_bytes());

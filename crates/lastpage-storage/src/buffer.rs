@@ -401,16 +401,18 @@ impl BufferPool {
             if let Some((data_file, image)) = DataFile::open(file)? {
                 let pool =
                     Self::with_parts(budget_pages, Some(Arc::new(data_file)), config.max_pages);
-                let mut free = Vec::new();
-                for (index, &(slot, crc)) in image.map.iter().enumerate() {
+                let mut free = FreePages::default();
+                for (index, (&(slot, crc), &policy)) in
+                    image.map.iter().zip(&image.flavours).enumerate()
+                {
                     let page_id = index as PageId + 1;
-                    // The latch flavour is a property of the index, not of the file; pages
-                    // come back with the default one. (A later issue can persist it.)
-                    let policy = LatchPolicy::default();
                     // Slot 0: the image holds no bytes for the page, which a capture records
-                    // only for a free page (every other page was written by then).
+                    // only for a free page (every other page was written by then). A page
+                    // comes back with the latch flavour it had, so that an index keeps the
+                    // flavour it asked for across a restart, and a free page goes back on its
+                    // flavour's list.
                     let frame = if slot == 0 {
-                        free.push(page_id);
+                        free.of(policy).push(page_id);
                         Frame::new_free(policy)
                     } else {
                         Frame::new(policy, None, slot, crc)
@@ -418,9 +420,13 @@ impl BufferPool {
                     pool.install_frame(page_id, frame)?;
                 }
                 // Reversed, so that allocations take the lowest free ids first.
-                free.reverse();
-                pool.free_page_count.store(free.len(), Ordering::Relaxed);
-                *lock(&pool.free_pages).of(LatchPolicy::default()) = free;
+                let mut free_count = 0;
+                for policy in LatchPolicy::ALL {
+                    free.of(policy).reverse();
+                    free_count += free.of(policy).len();
+                }
+                pool.free_page_count.store(free_count, Ordering::Relaxed);
+                *lock(&pool.free_pages) = free;
                 pool.next_page_id
                     .store(image.map.len() as PageId + 1, Ordering::Relaxed);
                 return Ok((pool, image.blob));
@@ -575,13 +581,11 @@ impl BufferPool {
                     ((page_id as usize) <= max_pages).then_some(page_id + 1)
                 });
         let Ok(page_id) = taken else {
-            // At the page limit, a free page of the other latch flavour rather than none.
-            // Flavours are not persisted: every page reopened from the data file has the
-            // default flavour, free ones included, so after a reopen an index of the other
-            // flavour found no free page of its own, and a full database of such indexes stayed
-            // full after a drop with all the dropped table's pages free. Its pages in use
-            // already have the default flavour for the same reason, so one more changes
-            // nothing but the latch's fairness on that page.
+            // At the page limit, a free page of the other latch flavour rather than none: a
+            // full database whose free pages all have the other flavour (a dropped table of
+            // that flavour, or a file of format version 1, whose pages all reopen with the
+            // default flavour) would otherwise stay full with pages free. One page of the
+            // other flavour changes nothing but the latch's fairness on that page.
             let other = match policy {
                 LatchPolicy::Fifo => LatchPolicy::Adaptive,
                 LatchPolicy::Adaptive => LatchPolicy::Fifo,
@@ -1153,6 +1157,7 @@ impl BufferPool {
         let generation = file.begin_capture()?;
         let page_count = self.page_count();
         let mut map = Vec::with_capacity(page_count);
+        let mut flavours = Vec::with_capacity(page_count);
         let mut pages_written = 0;
         let hook_ok = self.run_before_write_hook();
         for page_id in 1..=page_count as PageId {
@@ -1160,8 +1165,12 @@ impl BufferPool {
                 // Only an allocation in flight, which quiesced writers cannot have. (Slot 0
                 // reads as a free page at the next open: a page nothing links to yet.)
                 map.push((0, 0));
+                flavours.push(LatchPolicy::default());
                 continue;
             };
+            // Every page's flavour, free ones included: a frame keeps its latch's flavour for
+            // ever, and the next open gives it back (a free page goes on its flavour's list).
+            flavours.push(frame.latch.policy());
             frame.latch.acquire(LatchMode::Shared);
             if frame.free.load(Ordering::Relaxed) {
                 // Slot 0, which the next open reads as a free page.
@@ -1199,6 +1208,7 @@ impl BufferPool {
             file: Arc::clone(file),
             generation,
             map,
+            flavours,
             pages_written,
             done: false,
         })
@@ -1213,6 +1223,8 @@ pub struct PendingCheckpoint {
     file: Arc<DataFile>,
     generation: u64,
     map: Vec<(u32, u32)>,
+    /// The latch flavour of every page of `map`.
+    flavours: Vec<LatchPolicy>,
     pages_written: usize,
     done: bool,
 }
@@ -1243,7 +1255,7 @@ impl PendingCheckpoint {
         }
         self.done = true;
         let file = &self.file;
-        match file.finish(self.generation, &self.map, user_blob) {
+        match file.finish(self.generation, &self.map, &self.flavours, user_blob) {
             Ok((slots_freed, file_slots)) => Ok(CheckpointStats {
                 generation: self.generation,
                 pages: self.map.len(),

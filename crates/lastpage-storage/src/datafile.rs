@@ -3,8 +3,9 @@
 //!
 //! Slots 0 and 1 are meta slots, written alternately (generation `g` goes to slot `g % 2`), so
 //! a torn meta write leaves the other, older meta slot intact. A meta slot names the image's
-//! *stream*: a chain of slots holding the page map (slot and CRC32C of every page id) followed
-//! by the caller's opaque user blob. Every other slot holds one page.
+//! *stream*: a chain of slots holding the page map (slot and CRC32C of every page id), the
+//! latch flavour of every page id, and the caller's opaque user blob. Every other slot holds one
+//! page.
 //!
 //! The shadow-paging rule: a slot that belongs to the last durable image (its pages, its
 //! stream) is never written until a newer image is durable, and a slot that belongs to a
@@ -21,13 +22,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use lastpage_io::File;
 
 use crate::buffer::PageError;
+use crate::latch::LatchPolicy;
 use crate::limits::{MAX_DATA_FILE_SLOTS, MAX_PAGES, PAGE_SIZE_BYTES, STREAM_RESERVE_BYTES};
 use crate::page::{PageBytes, PageId};
 
 /// Identifies a lastpage data file. The last byte is the major format version.
 pub(crate) const MAGIC: [u8; 8] = *b"LPDATAF\x01";
-/// The format version written into every meta slot.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The format version written into every meta slot. Version 2 added the pages' latch
+/// flavours to the stream; this build also reads [`FORMAT_VERSION_1`], whose pages all take
+/// the default flavour.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The first format version: a stream of page map and user blob only.
+pub(crate) const FORMAT_VERSION_1: u32 = 1;
 /// Bytes of a meta slot that carry fields; the rest of the slot is zero.
 const META_BYTES: usize = 64;
 /// Bytes at the start of every stream slot: the next slot of the chain (0 = none).
@@ -36,6 +42,12 @@ const STREAM_HEADER_BYTES: usize = 4;
 const STREAM_PAYLOAD_BYTES: usize = PAGE_SIZE_BYTES - STREAM_HEADER_BYTES;
 /// Bytes of one page map entry: slot (u32) and CRC32C (u32).
 const MAP_ENTRY_BYTES: usize = 8;
+/// Bytes of one page's latch flavour in the stream (format version 2 on): a tag byte.
+const FLAVOUR_ENTRY_BYTES: usize = 1;
+/// The tag of [`LatchPolicy::Adaptive`] in the stream.
+const FLAVOUR_TAG_ADAPTIVE: u8 = 0;
+/// The tag of [`LatchPolicy::Fifo`] in the stream.
+const FLAVOUR_TAG_FIFO: u8 = 1;
 /// The first slot that can hold a page or stream data.
 const FIRST_DATA_SLOT: u32 = 2;
 
@@ -47,6 +59,9 @@ const MARK_PENDING: u8 = 2;
 /// One decoded meta slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Meta {
+    /// The format version the slot was written in: [`FORMAT_VERSION`] for every slot this
+    /// build writes, except that an open writes the slot it read again as it read it.
+    pub format_version: u32,
     pub generation: u64,
     pub page_count: u32,
     pub stream_head: u32,
@@ -59,7 +74,7 @@ impl Meta {
     fn encode(&self) -> Box<PageBytes> {
         let mut bytes = zeroed_page();
         bytes[0..8].copy_from_slice(&MAGIC);
-        bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes[8..12].copy_from_slice(&self.format_version.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.generation.to_le_bytes());
         bytes[24..28].copy_from_slice(&self.page_count.to_le_bytes());
         bytes[28..32].copy_from_slice(&self.stream_head.to_le_bytes());
@@ -81,18 +96,21 @@ impl Meta {
         (u32_at(12) == crc32c::crc32c(&bytes[16..META_BYTES])).then(|| u32_at(8))
     }
 
-    /// The version of a meta slot that is intact but of another format version than this
-    /// build's, if `bytes` is one.
+    /// The version of a meta slot that is intact but of a format version this build does not
+    /// read, if `bytes` is one.
     fn other_version(bytes: &[u8]) -> Option<u32> {
-        Self::intact_version(bytes).filter(|&version| version != FORMAT_VERSION)
+        Self::intact_version(bytes).filter(|&version| !Self::is_readable(version))
+    }
+
+    /// Whether this build reads files of format version `version`.
+    fn is_readable(version: u32) -> bool {
+        (FORMAT_VERSION_1..=FORMAT_VERSION).contains(&version)
     }
 
     /// Decodes a meta slot; `None` if it is not a valid one (never written, torn, corrupt, or
-    /// of another format version).
+    /// of a format version this build does not read).
     fn decode(bytes: &[u8]) -> Option<Meta> {
-        if Self::intact_version(bytes) != Some(FORMAT_VERSION) {
-            return None;
-        }
+        let format_version = Self::intact_version(bytes).filter(|&v| Self::is_readable(v))?;
         let u32_at = |at: usize| {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
@@ -102,6 +120,7 @@ impl Meta {
             u64::from_le_bytes(word)
         };
         Some(Meta {
+            format_version,
             generation: u64_at(16),
             page_count: u32_at(24),
             stream_head: u32_at(28),
@@ -122,10 +141,30 @@ pub(crate) fn zeroed_page() -> Box<PageBytes> {
         .unwrap_or_else(|_| Box::new([0u8; PAGE_SIZE_BYTES]))
 }
 
+/// A page's latch flavour as the stream stores it.
+fn tag_of_flavour(policy: LatchPolicy) -> u8 {
+    match policy {
+        LatchPolicy::Adaptive => FLAVOUR_TAG_ADAPTIVE,
+        LatchPolicy::Fifo => FLAVOUR_TAG_FIFO,
+    }
+}
+
+/// The latch flavour a stream's tag stands for; `None` for a tag no build writes.
+fn flavour_of_tag(tag: u8) -> Option<LatchPolicy> {
+    match tag {
+        FLAVOUR_TAG_ADAPTIVE => Some(LatchPolicy::Adaptive),
+        FLAVOUR_TAG_FIFO => Some(LatchPolicy::Fifo),
+        _ => None,
+    }
+}
+
 /// What [`DataFile::open`] found: the last durable image.
 pub(crate) struct OpenedImage {
     /// Slot and CRC of pages `1..=map.len()`.
     pub map: Vec<(u32, u32)>,
+    /// The latch flavour of pages `1..=map.len()` (the default one for every page of a file of
+    /// format version 1).
+    pub flavours: Vec<LatchPolicy>,
     /// The user blob, `None` for a file that has never completed a checkpoint.
     pub blob: Option<Vec<u8>>,
 }
@@ -223,6 +262,7 @@ impl DataFile {
     /// The meta slot of a new file: generation 0, no pages, no blob.
     fn first_meta() -> Meta {
         Meta {
+            format_version: FORMAT_VERSION,
             generation: 0,
             page_count: 0,
             stream_head: 0,
@@ -284,8 +324,8 @@ impl DataFile {
                 return Err(corrupt(
                     0,
                     format!(
-                        "the data file has format version {version}; this build reads version \
-                         {FORMAT_VERSION}"
+                        "the data file has format version {version}; this build reads versions \
+                         {FORMAT_VERSION_1} to {FORMAT_VERSION}"
                     ),
                 ));
             }
@@ -318,10 +358,15 @@ impl DataFile {
             ));
         }
         let map_bytes = meta.page_count as u64 * MAP_ENTRY_BYTES as u64;
-        if map_bytes.checked_add(meta.blob_len) != Some(meta.stream_len) {
+        let flavour_bytes = if meta.format_version == FORMAT_VERSION_1 {
+            0
+        } else {
+            meta.page_count as u64 * FLAVOUR_ENTRY_BYTES as u64
+        };
+        if (map_bytes + flavour_bytes).checked_add(meta.blob_len) != Some(meta.stream_len) {
             return Err(corrupt(
                 0,
-                "the meta slot's stream length does not match its map and blob",
+                "the meta slot's stream length does not match its map, latch flavours and blob",
             ));
         }
         // The stream lives in the file's slots, one payload per slot: a length beyond what the
@@ -372,7 +417,8 @@ impl DataFile {
                 "the image's page map and blob fail their checksum",
             ));
         }
-        let (map_part, blob) = stream.split_at(map_bytes as usize);
+        let (map_part, rest) = stream.split_at(map_bytes as usize);
+        let (flavour_part, blob) = rest.split_at(flavour_bytes as usize);
         let mut map = Vec::with_capacity(meta.page_count as usize);
         for (index, entry) in map_part.chunks_exact(MAP_ENTRY_BYTES).enumerate() {
             let slot = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
@@ -390,6 +436,22 @@ impl DataFile {
             }
             map.push((slot, crc));
         }
+        let flavours = if flavour_part.is_empty() {
+            vec![LatchPolicy::default(); map.len()]
+        } else {
+            flavour_part
+                .iter()
+                .enumerate()
+                .map(|(index, &tag)| {
+                    flavour_of_tag(tag).ok_or_else(|| {
+                        corrupt(
+                            index as PageId + 1,
+                            format!("the image gives it latch flavour tag {tag}"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
         // The meta slot just read may not be durable: the process that wrote it may have been
         // killed before its fdatasync, or that fdatasync failed and left the page in the cache,
         // readable but marked clean (fsyncgate). Every slot of the image before it is free from
@@ -414,7 +476,11 @@ impl DataFile {
                 state: Mutex::new(state),
                 failed: AtomicBool::new(false),
             },
-            OpenedImage { map, blob },
+            OpenedImage {
+                map,
+                flavours,
+                blob,
+            },
         )))
     }
 
@@ -569,15 +635,22 @@ impl DataFile {
         self.failed.load(Ordering::Acquire)
     }
 
-    /// Makes a captured image durable: sync the pages, write map and blob, sync, write the meta
-    /// slot, sync; then free the slots of the previous image that the new one does not use.
-    /// Returns the number of slots freed and the file's size in slots.
+    /// Makes a captured image durable: sync the pages, write map, latch flavours (one per
+    /// map entry) and blob, sync, write the meta slot, sync; then free the slots of the
+    /// previous image that the new one does not use. Returns the number of slots freed and the
+    /// file's size in slots.
     pub(crate) fn finish(
         &self,
         generation: u64,
         map: &[(u32, u32)],
+        flavours: &[LatchPolicy],
         blob: &[u8],
     ) -> Result<(usize, u32), PageError> {
+        assert_eq!(
+            map.len(),
+            flavours.len(),
+            "a captured image has one latch flavour per page"
+        );
         if self.has_failed() {
             return Err(refused());
         }
@@ -590,11 +663,13 @@ impl DataFile {
             self.fail();
             io_error(0, "syncing the checkpoint's pages", error)
         })?;
-        let mut stream = Vec::with_capacity(map.len() * MAP_ENTRY_BYTES + blob.len());
+        let mut stream =
+            Vec::with_capacity(map.len() * (MAP_ENTRY_BYTES + FLAVOUR_ENTRY_BYTES) + blob.len());
         for (slot, crc) in map {
             stream.extend_from_slice(&slot.to_le_bytes());
             stream.extend_from_slice(&crc.to_le_bytes());
         }
+        stream.extend(flavours.iter().map(|&policy| tag_of_flavour(policy)));
         stream.extend_from_slice(blob);
         let chunks: Vec<&[u8]> = stream.chunks(STREAM_PAYLOAD_BYTES).collect();
         let stream_slots: Vec<u32> = {
@@ -628,6 +703,7 @@ impl DataFile {
             io_error(0, "syncing the checkpoint's page map", error)
         })?;
         let meta = Meta {
+            format_version: FORMAT_VERSION,
             generation,
             page_count: map.len() as u32,
             stream_head: stream_slots.first().copied().unwrap_or(0),
@@ -702,10 +778,11 @@ mod tests {
     #[test]
     fn meta_slots_round_trip_and_reject_damage() {
         let meta = Meta {
+            format_version: FORMAT_VERSION,
             generation: 7,
             page_count: 3,
             stream_head: 9,
-            stream_len: 24 + 5,
+            stream_len: 27 + 5,
             stream_crc: 42,
             blob_len: 5,
         };
@@ -738,6 +815,94 @@ mod tests {
             .unwrap();
         file.write_all_at(0, bytes).unwrap();
         file
+    }
+
+    /// A data file whose generation-1 image (in format version `format_version`) has
+    /// `page_count` free pages and the stream `stream` (map, flavours if any, blob) in one slot.
+    fn file_with_image(
+        format_version: u32,
+        page_count: u32,
+        stream: &[u8],
+        blob_len: u64,
+    ) -> Box<dyn File> {
+        let meta = Meta {
+            format_version,
+            generation: 1,
+            page_count,
+            stream_head: FIRST_DATA_SLOT,
+            stream_len: stream.len() as u64,
+            stream_crc: crc32c::crc32c(stream),
+            blob_len,
+        };
+        let file = file_with_meta(meta, 4);
+        let mut slot = zeroed_page();
+        slot[STREAM_HEADER_BYTES..STREAM_HEADER_BYTES + stream.len()].copy_from_slice(stream);
+        file.write_all_at(slot_offset(FIRST_DATA_SLOT), slot.as_slice())
+            .unwrap();
+        file
+    }
+
+    /// Two free pages (slot 0) in the page map, as a stream holds them.
+    const TWO_FREE_PAGES: [u8; 16] = [0; 16];
+
+    #[test]
+    fn a_file_of_format_version_1_opens_with_every_page_of_the_default_flavour() {
+        let stream = [&TWO_FREE_PAGES[..], b"blob"].concat();
+        let file = file_with_image(FORMAT_VERSION_1, 2, &stream, 4);
+        let (data_file, image) = DataFile::open(file).unwrap().expect("an image");
+        assert_eq!(image.map, vec![(0, 0), (0, 0)]);
+        assert_eq!(image.flavours, vec![LatchPolicy::default(); 2]);
+        assert_eq!(image.blob.as_deref(), Some(&b"blob"[..]));
+        // The open wrote the meta slot again as it read it: still version 1, whose stream has
+        // no flavours, so that the image stays readable.
+        let mut bytes = [0u8; META_BYTES];
+        data_file
+            .file
+            .read_exact_at(slot_offset(1), &mut bytes)
+            .unwrap();
+        assert_eq!(
+            Meta::decode(&bytes).map(|meta| meta.format_version),
+            Some(FORMAT_VERSION_1)
+        );
+    }
+
+    #[test]
+    fn a_file_of_format_version_2_gives_each_page_its_latch_flavour() {
+        let stream = [
+            &TWO_FREE_PAGES[..],
+            &[FLAVOUR_TAG_FIFO, FLAVOUR_TAG_ADAPTIVE],
+            b"blob",
+        ]
+        .concat();
+        let (_, image) = DataFile::open(file_with_image(2, 2, &stream, 4))
+            .unwrap()
+            .expect("an image");
+        assert_eq!(
+            image.flavours,
+            vec![LatchPolicy::Fifo, LatchPolicy::Adaptive]
+        );
+        assert_eq!(image.blob.as_deref(), Some(&b"blob"[..]));
+        // A tag no build writes is damage, named with its page.
+        let stream = [&TWO_FREE_PAGES[..], &[FLAVOUR_TAG_FIFO, 7], b"blob"].concat();
+        match DataFile::open(file_with_image(2, 2, &stream, 4)) {
+            Err(PageError::Corrupt { page, reason }) => {
+                assert_eq!(
+                    (page, reason.as_str()),
+                    (2, "the image gives it latch flavour tag 7")
+                );
+            }
+            Err(other) => panic!("not reported as corrupt: {other}"),
+            Ok(_) => panic!("opened"),
+        }
+        // A version-2 stream without its flavours does not match its meta slot's lengths.
+        let stream = [&TWO_FREE_PAGES[..], b"blob"].concat();
+        match DataFile::open(file_with_image(2, 2, &stream, 4)) {
+            Err(PageError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("latch flavours"), "{reason}");
+            }
+            Err(other) => panic!("not reported as corrupt: {other}"),
+            Ok(_) => panic!("opened"),
+        }
     }
 
     #[test]
@@ -801,8 +966,8 @@ mod tests {
                 Err(PageError::Corrupt { reason, .. }) => assert_eq!(
                     reason,
                     format!(
-                        "the data file has format version {other}; this build reads version \
-                         {FORMAT_VERSION}"
+                        "the data file has format version {other}; this build reads versions \
+                         {FORMAT_VERSION_1} to {FORMAT_VERSION}"
                     )
                 ),
                 Err(other) => panic!("not reported as corrupt: {other}"),
@@ -904,6 +1069,7 @@ mod tests {
         let at_the_bound = u64::from(MAX_DATA_FILE_SLOTS) * slot_bytes;
         let payload = [7u8; 8];
         let meta = |stream_len: u64, stream_crc| Meta {
+            format_version: FORMAT_VERSION,
             generation: 1,
             page_count: 0,
             stream_head: FIRST_DATA_SLOT,
@@ -936,20 +1102,23 @@ mod tests {
         // Checksummed meta slots whose lengths a bit flip could not produce but a hostile file
         // can: each must be an error, never a panic or an allocation of the length it claims.
         let wrapping = Meta {
+            format_version: FORMAT_VERSION,
             generation: 3,
             page_count: 2,
             stream_head: FIRST_DATA_SLOT,
-            // 16 map bytes plus this wrap around to exactly 8.
-            blob_len: 8u64.wrapping_sub(16),
+            // 16 map bytes and 2 latch flavour bytes plus this wrap around to exactly 8.
+            blob_len: 8u64.wrapping_sub(18),
             stream_len: 8,
             stream_crc: crc32c::crc32c(&[0u8; 8]),
         };
         let huge = Meta {
+            format_version: FORMAT_VERSION,
             generation: 3,
             page_count: 1,
             stream_head: FIRST_DATA_SLOT,
             blob_len: 1 << 41,
-            stream_len: 8 + (1 << 41),
+            // 8 map bytes and 1 latch flavour byte, and the blob.
+            stream_len: 9 + (1 << 41),
             stream_crc: 0,
         };
         for meta in [wrapping, huge] {

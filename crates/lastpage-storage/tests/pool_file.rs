@@ -804,3 +804,81 @@ fn a_failed_finish_frees_the_slots_of_pages_that_moved_since_the_capture() {
         sizes[1]
     );
 }
+
+/// An index keeps the latch flavour it asked for across a checkpoint and a restart, on every
+/// page, and a free page goes back on its own flavour's list. Until data files recorded the
+/// flavours (format version 2), every reopened page had the default flavour, so a FIFO index
+/// (the lab's convoy reproduction) silently ran on adaptive latches after a restart.
+#[test]
+fn pages_reopen_with_the_latch_flavour_they_had_free_ones_included() {
+    use lastpage_storage::latch::LatchPolicy;
+
+    for mode in [CrashMode::KeepUnsynced, CrashMode::LoseUnsynced] {
+        let fs = faulty(common::seed());
+        let (pool, _) = open(&fs, 64);
+        let tree_of = |policy| {
+            let options = TreeOptions {
+                latch_policy: policy,
+                ..options(InsertPath::Default)
+            };
+            BTree::create(Arc::clone(&pool), INDEX, options).unwrap()
+        };
+        let fifo = tree_of(LatchPolicy::Fifo);
+        let adaptive = tree_of(LatchPolicy::Adaptive);
+        for i in 0..3_000u32 {
+            let key = i.to_be_bytes();
+            fifo.insert(&key, &value_for(&key)).unwrap();
+            adaptive.insert(&key, &value_for(&key)).unwrap();
+        }
+        // Free pages of each flavour, to see which list each goes back on.
+        let spare: Vec<_> = [LatchPolicy::Fifo, LatchPolicy::Fifo, LatchPolicy::Adaptive]
+            .map(|policy| allocate_on(&pool, policy))
+            .to_vec();
+        pool.free_pages(&spare).unwrap();
+        let flavours_before: Vec<LatchPolicy> = (1..=pool.page_count() as u32)
+            .map(|page_id| pool.latch_policy(page_id))
+            .collect();
+        assert!(flavours_before.contains(&LatchPolicy::Fifo));
+        assert!(flavours_before.contains(&LatchPolicy::Adaptive));
+        let pending = pool.checkpoint_capture().unwrap();
+        let roots = [fifo.root(), adaptive.root()];
+        pending.finish(&pool, &[]).unwrap();
+        drop((fifo, adaptive, pool));
+
+        let crashed = fs.crash_with(mode);
+        let (pool, _) = open(&crashed, 64);
+        let flavours_after: Vec<LatchPolicy> = (1..=pool.page_count() as u32)
+            .map(|page_id| pool.latch_policy(page_id))
+            .collect();
+        assert_eq!(flavours_after, flavours_before, "{mode:?}");
+        // The trees read back whole through their pages' latches.
+        for (root, policy) in roots
+            .into_iter()
+            .zip([LatchPolicy::Fifo, LatchPolicy::Adaptive])
+        {
+            let options = TreeOptions {
+                latch_policy: policy,
+                ..options(InsertPath::Default)
+            };
+            let tree = BTree::open(Arc::clone(&pool), INDEX, root, options, 3_000);
+            assert_eq!(tree.check_integrity().unwrap().rows, 3_000);
+        }
+        // Each flavour's allocation reuses that flavour's free pages, lowest id first.
+        let fifo_reused: Vec<u32> = (0..2)
+            .map(|_| allocate_on(&pool, LatchPolicy::Fifo))
+            .collect();
+        assert_eq!(fifo_reused, spare[..2].to_vec(), "{mode:?}");
+        assert_eq!(
+            allocate_on(&pool, LatchPolicy::Adaptive),
+            spare[2],
+            "{mode:?}"
+        );
+    }
+}
+
+/// Allocates a leaf of `policy` latches in `pool`, lets its latch go and returns its id.
+fn allocate_on(pool: &BufferPool, policy: lastpage_storage::latch::LatchPolicy) -> u32 {
+    pool.allocate(policy, lastpage_storage::page::PageKind::Leaf, 0, INDEX)
+        .unwrap()
+        .page_id()
+}
