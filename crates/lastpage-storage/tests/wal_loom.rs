@@ -45,7 +45,7 @@ fn append(buffer: &LogBuffer, tag: u64, words: u64) -> u64 {
     for _ in 1..words {
         writer.put(&tag.to_le_bytes());
     }
-    // No leader stalls in this model, so nobody needs waking.
+    // No leader stalls in this model, so nobody needs waking, and nothing fails.
     let _ = writer.complete();
     reservation.start
 }
@@ -230,6 +230,43 @@ fn failed_flush(yield_wait_committers: usize) {
         assert!(other.join().unwrap());
         assert!(writer.is_failed());
         assert!(writer.append(&Record::Commit { txn: TxnId(3) }).is_err());
+    });
+}
+
+/// A DELAYED commit (an append nobody waits for) racing a failed flush. The flush's leader,
+/// once its commit has failed, counts the records completed so far: if the other one is not
+/// among them, it was completed after the failure, which no flush will ever write, and its
+/// append must fail with the writer's error rather than acknowledge the commit. Before the
+/// completion itself told the appender about the failure, an append that checked the failed
+/// flag just before the leader failed went on to return `Ok`.
+#[test]
+fn an_append_completed_after_a_failed_flush_is_refused() {
+    check(3, || {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(5));
+        // Sync 1 writes the segment header; sync 2 is the first flush.
+        fs.inject(FaultRule::syncs_fail_from(2));
+        let writer = open_writer(&fs, 64, 0);
+        let delayed = {
+            let writer = Arc::clone(&writer);
+            thread::spawn(move || {
+                writer
+                    .append(&Record::Commit { txn: TxnId(2) })
+                    .map_err(|error| error.to_string())
+            })
+        };
+        let failure = commit(&writer, 1).unwrap_err().to_string();
+        let completed_by_the_failure = writer.stats().appended_records;
+        let appended = delayed.join().unwrap();
+        if completed_by_the_failure == 1 {
+            assert!(
+                appended.is_err(),
+                "an append completed after the failure was acknowledged"
+            );
+        }
+        if let Err(error) = appended {
+            assert_eq!(error, failure, "the same error as the failed commit");
+        }
+        assert!(writer.is_failed());
     });
 }
 

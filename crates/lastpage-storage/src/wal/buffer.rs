@@ -35,6 +35,14 @@
 //! again), or the appender's `fetch_add` sees `STALLED` (and wakes the leader). No wake-up is
 //! lost, and no sequentially consistent fence is needed (which loom could not check).
 //!
+//! A writer that fails sets the top bit of the same word (`FAILED`) the same way, and an
+//! appender learns from its own completion's `fetch_add` whether its record was completed
+//! before the failure or after it. One completed after it is one no flush will ever write (the
+//! failed writer flushes no more), so its appender must report the failure instead of success:
+//! checking a flag before the copy, as the writer did alone, left a window between that check
+//! and the completion in which a failure went unseen and a DELAYED commit was acknowledged
+//! although its record was never going to be written.
+//!
 //! The type is public so that `tests/wal_loom.rs` can model-check the protocol directly.
 
 use crossbeam_utils::CachePadded;
@@ -44,6 +52,9 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// Bit 0 of `progress`: a leader is parked waiting for the next completion.
 const STALLED: u64 = 1;
+/// The top bit of `progress`: the writer has failed, and no record completed from now on will
+/// be written. (The count below it would need 2^62 completions to reach it.)
+const FAILED: u64 = 1 << 63;
 /// What one completion adds to `progress`.
 const ONE_COMPLETION: u64 = 2;
 const WORD: u64 = WAL_RECORD_ALIGN_BYTES as u64;
@@ -67,8 +78,19 @@ pub struct LogBuffer {
     /// Everything below this LSN has been taken out and zeroed; bytes below
     /// `released + capacity` may be written.
     released: CachePadded<AtomicU64>,
-    /// Completed records times two, plus [`STALLED`].
+    /// Completed records times two, plus [`STALLED`] and [`FAILED`].
     progress: CachePadded<AtomicU64>,
+}
+
+/// What [`RecordWriter::complete`] learned from its completion's read-modify-write of the
+/// progress word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a stalled leader must be woken, and a record completed after a failure is not logged"]
+pub struct Completion {
+    /// A leader is parked waiting for a completion: the appender must wake it.
+    pub wake_stalled_leader: bool,
+    /// The writer had failed before the record was completed, so no flush will write it.
+    pub after_failure: bool,
 }
 
 impl LogBuffer {
@@ -245,7 +267,14 @@ impl LogBuffer {
     /// of [`LogBuffer::progress`]), in which case the caller must not wait.
     pub fn mark_stalled(&self, seen: u64) -> bool {
         let before = self.progress.fetch_or(STALLED, Ordering::AcqRel);
-        before / ONE_COMPLETION != seen / ONE_COMPLETION
+        (before & !FAILED) / ONE_COMPLETION != (seen & !FAILED) / ONE_COMPLETION
+    }
+
+    /// Marks the buffer's writer failed: every record completed from now on learns so from its
+    /// [`Completion`]. The caller must flush nothing after this. A read-modify-write of the
+    /// progress word, so that every completion is ordered before or after it.
+    pub fn mark_failed(&self) {
+        self.progress.fetch_or(FAILED, Ordering::AcqRel);
     }
 
     /// Clears the stalled bit (by whoever removed the stalled leader from its slot).
@@ -255,7 +284,7 @@ impl LogBuffer {
 
     /// How many records have been completed since the buffer was created.
     pub fn completed_records(&self) -> u64 {
-        self.progress.load(Ordering::Relaxed) / ONE_COMPLETION
+        (self.progress.load(Ordering::Relaxed) & !FAILED) / ONE_COMPLETION
     }
 }
 
@@ -315,9 +344,9 @@ impl RecordWriter<'_> {
     }
 
     /// Pads the record with zeros, publishes it by storing its first word (release), and counts
-    /// the completion. Returns whether a stalled leader must be woken.
-    #[must_use = "a stalled leader must be woken"]
-    pub fn complete(mut self) -> bool {
+    /// the completion. Returns whether a stalled leader must be woken, and whether the writer
+    /// had failed before the completion (see [`LogBuffer::mark_failed`]).
+    pub fn complete(mut self) -> Completion {
         if self.pending_bytes > 0 {
             let word = self.pending;
             self.store(word);
@@ -332,7 +361,10 @@ impl RecordWriter<'_> {
             .buffer
             .progress
             .fetch_add(ONE_COMPLETION, Ordering::AcqRel);
-        before & STALLED != 0
+        Completion {
+            wake_stalled_leader: before & STALLED != 0,
+            after_failure: before & FAILED != 0,
+        }
     }
 }
 
@@ -368,7 +400,14 @@ mod tests {
                 writer.put(&rest[..piece]);
                 rest = &rest[piece..];
             }
-            assert!(!writer.complete(), "no leader is stalled");
+            assert_eq!(
+                writer.complete(),
+                Completion {
+                    wake_stalled_leader: false,
+                    after_failure: false
+                },
+                "no leader is stalled and nothing failed"
+            );
             let mut starts = Vec::new();
             let to = buffer.completed_prefix(from, &mut starts);
             assert_eq!((starts.as_slice(), to), (&[from][..], reservation.end));

@@ -44,7 +44,9 @@
 //! LSN that was not durable before the failure. The write is not retried: after a failed
 //! `fdatasync` Linux may have dropped the data and would report the next one as a success, so a
 //! retry could acknowledge a commit that is not on disk. A wait for an LSN that *was* durable
-//! before the failure still returns `Ok`, because that is true.
+//! before the failure still returns `Ok`, because that is true. An append whose record is
+//! completed after the failure fails too, although it passed the check before its copy: its
+//! record will never be written (see `FAILED` in [`super::buffer`]).
 //!
 //! # Segments
 //!
@@ -448,7 +450,7 @@ impl LogWriter {
         // separately to both costs more than the extra copy.
         let header = record::header_without_crc(record.kind(), Lsn(reservation.start), payload_len);
         let (start, end) = (reservation.start, reservation.end);
-        let stalled = with_scratch(&RECORD_IMAGE, WAL_KEPT_RECORD_IMAGE_BYTES, |image| {
+        let completion = with_scratch(&RECORD_IMAGE, WAL_KEPT_RECORD_IMAGE_BYTES, |image| {
             image.reserve_exact(total);
             image.extend_from_slice(&header);
             record.write_payload(&mut |piece| image.extend_from_slice(piece));
@@ -464,8 +466,18 @@ impl LogWriter {
             writer.put(&image[8..]);
             writer.complete()
         });
-        if stalled {
+        if completion.wake_stalled_leader {
             self.wake_stalled_leader();
+        }
+        if completion.after_failure {
+            // The writer failed between the check above and this completion, and flushes
+            // nothing any more: this record will never be written. Reporting success would
+            // acknowledge a DELAYED commit (which waits for nothing after its append) that no
+            // log holds, while every other commit is refused; so the append fails like any
+            // after the failure. Which side of the failure a record is on is decided by the
+            // completion's read-modify-write of the progress word, which the failure also
+            // changes (`LogBuffer::mark_failed`).
+            return Err(self.error());
         }
         Ok((Lsn(start), Lsn(end)))
     }
@@ -815,6 +827,12 @@ impl LogWriter {
                 group.error = Some(error);
             }
             self.failed.store(true, Ordering::Release);
+            // After the flag and the error, so that an appender whose completion sees the
+            // mark also finds the error (its read-modify-write reads this one's value, which
+            // orders both stores before whatever it does next). Nothing is flushed after
+            // this: the leader fails here and gives up, and no thread leads once the group
+            // holds an error.
+            self.buffer.mark_failed();
             self.leading.store(false, Ordering::Relaxed);
             group
                 .waiters
