@@ -962,11 +962,15 @@ impl Database {
         pending
             .finish(&self.inner.pool, &blob)
             .map_err(|error| self.fail_checkpoint(error))?;
+        // The image is durable: the automatic checkpoints count the log written since from
+        // here, also when the removal of the old log below fails. That removal is
+        // housekeeping: old segments left behind are read by no open or recovery, and the next
+        // checkpoint's removal, which lists every segment again, takes them.
+        *last = catalog.checkpoint_lsn;
         let segments_removed = durable
             .wal
             .remove_segments_before(Lsn(catalog.oldest_active_lsn))
             .map_err(|error| EngineError::Storage(error.to_string()))?;
-        *last = catalog.checkpoint_lsn;
         Ok(CheckpointStats {
             checkpoint_lsn: catalog.checkpoint_lsn,
             recovery_start_lsn: catalog.oldest_active_lsn,

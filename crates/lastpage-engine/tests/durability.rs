@@ -6,10 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use lastpage_engine::database::DATA_FILE_NAME;
+use lastpage_engine::database::{DATA_FILE_NAME, WAL_DIR_NAME};
 use lastpage_engine::{
     ColumnDef, CommitTicket, DataType, Database, DatabaseOptions, Direction, Durability,
     EngineError, IndexDef, InsertPath, InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
@@ -887,6 +888,139 @@ fn checkpoints_remove_old_log_and_bound_recovery() {
         recovery.log_bytes
     );
     assert_eq!(orders_rows(&db).len(), 10_010);
+}
+
+/// A file system whose removals and renames of log segments fail while `fail` is set: a
+/// truncation of the log after a checkpoint that cannot get rid of a single old segment.
+#[derive(Debug)]
+struct SegmentRemovalsFail {
+    inner: FaultyFileSystem,
+    fail: Arc<AtomicBool>,
+}
+
+impl SegmentRemovalsFail {
+    fn refuse(&self, path: &Path) -> std::io::Result<()> {
+        if self.fail.load(Ordering::Relaxed)
+            && path.extension().is_some_and(|extension| extension == "wal")
+        {
+            return Err(std::io::Error::other("removal refused by the test"));
+        }
+        Ok(())
+    }
+}
+
+impl FileSystem for SegmentRemovalsFail {
+    fn open(
+        &self,
+        path: &Path,
+        options: OpenOptions,
+    ) -> std::io::Result<Box<dyn lastpage_io::File>> {
+        self.inner.open(path, options)
+    }
+
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.refuse(path)?;
+        self.inner.remove(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.refuse(from)?;
+        self.inner.rename(from, to)
+    }
+
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        self.inner.exists(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+
+    fn list_dir(&self, path: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+        self.inner.list_dir(path)
+    }
+
+    fn sync_dir(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+}
+
+/// How many log segment files `fs` holds.
+fn log_segments(fs: &FaultyFileSystem) -> usize {
+    fs.list_dir(&Path::new(DIR).join(WAL_DIR_NAME))
+        .unwrap()
+        .iter()
+        .filter(|path| path.extension().is_some_and(|extension| extension == "wal"))
+        .count()
+}
+
+/// A checkpoint whose truncation of the log fails (no old segment can be removed or kept as a
+/// spare) is durable all the same: it reports the failure, but the database goes on, an open
+/// with every old segment still there recovers from that checkpoint (reading none of them),
+/// and the next checkpoint removes them. The failure costs only the next automatic checkpoint
+/// coming early, since the last checkpoint's LSN was not recorded.
+#[test]
+fn a_checkpoint_whose_log_truncation_fails_leaves_a_log_that_opens_and_is_truncated_later() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(43));
+    let fail = Arc::new(AtomicBool::new(false));
+    let options_on = |fs: &FaultyFileSystem| DatabaseOptions {
+        file_system: Some(Arc::new(SegmentRemovalsFail {
+            inner: fs.clone(),
+            fail: Arc::clone(&fail),
+        })),
+        ..options(fs)
+    };
+    let db = Database::open(DIR, options_on(&fs)).unwrap();
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let rows: Vec<InsertRow> = (0..500)
+        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
+        .collect();
+    for _ in 0..20 {
+        table.insert_batch(&session, rows.clone()).unwrap();
+    }
+    let segments = log_segments(&fs);
+    assert!(segments > 3, "{segments} segments");
+    fail.store(true, Ordering::Relaxed);
+    let error = db.checkpoint().unwrap_err();
+    println!("{error}");
+    assert_eq!(log_segments(&fs), segments, "a segment was removed");
+    // The database goes on, and so do checkpoints that fail the same way.
+    table.insert_batch(&session, rows[..10].to_vec()).unwrap();
+    db.checkpoint().unwrap_err();
+    table.insert_batch(&session, rows[..10].to_vec()).unwrap();
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    assert!(log_segments(&after) >= segments);
+    // The open replays the log after the checkpoint and takes a checkpoint of its own, whose
+    // removal of old log fails too, and so does the open; that checkpoint is durable, though,
+    // so the next open has nothing to replay, takes no checkpoint and succeeds.
+    let Err(error) = Database::open(DIR, options_on(&after)) else {
+        panic!("the open's checkpoint removed old log");
+    };
+    println!("{error}");
+    let db = Database::open(DIR, options_on(&after)).unwrap();
+    assert!(log_segments(&after) >= segments);
+    let recovery = db.recovery_stats().unwrap();
+    assert!(
+        recovery.log_bytes < 64 << 10,
+        "recovery read {} bytes of log after a checkpoint",
+        recovery.log_bytes
+    );
+    assert_eq!(orders_rows(&db).len(), 10_020);
+    // Once removals work again, the next checkpoint catches up with the truncation.
+    fail.store(false, Ordering::Relaxed);
+    let stats = db.checkpoint().unwrap();
+    assert!(stats.segments_removed >= segments - 2, "{stats:?}");
+    assert!(
+        log_segments(&after) <= 2,
+        "{} segments",
+        log_segments(&after)
+    );
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    table.insert_batch(&session, rows[..10].to_vec()).unwrap();
+    let again = crash(&after, CrashMode::LoseUnsynced, db, (session, table), ());
+    assert_eq!(orders_rows(&open(&again)).len(), 10_030);
 }
 
 #[test]
