@@ -957,8 +957,20 @@ impl Database {
         };
         // The image holds changes of transactions that may not have committed; the log must be
         // durable up to the checkpoint before the image is, or recovery could not undo them.
-        durable.wal.flush_now().map_err(|error| self.fail(error))?;
-        let blob = catalog.encode()?;
+        // A capture given up hands back the slots of pages written elsewhere since, which a
+        // mere drop would leak until the next open.
+        if let Err(error) = durable.wal.flush_now() {
+            let error = self.fail(error);
+            pending.abandon(&self.inner.pool);
+            return Err(error);
+        }
+        let blob = match catalog.encode() {
+            Ok(blob) => blob,
+            Err(error) => {
+                pending.abandon(&self.inner.pool);
+                return Err(error);
+            }
+        };
         pending
             .finish(&self.inner.pool, &blob)
             .map_err(|error| self.fail_checkpoint(error))?;

@@ -1216,7 +1216,8 @@ impl BufferPool {
 }
 
 /// A captured, not yet durable checkpoint image (see [`BufferPool::checkpoint_capture`]).
-/// Dropping it without [`PendingCheckpoint::finish`] abandons it.
+/// Dropping it without [`PendingCheckpoint::finish`] abandons it; [`PendingCheckpoint::abandon`]
+/// does so without leaking slots.
 pub struct PendingCheckpoint {
     /// The data file, shared rather than borrowed from the pool so that an abandoned capture
     /// can release its slots when dropped.
@@ -1278,12 +1279,35 @@ impl PendingCheckpoint {
     }
 }
 
+impl PendingCheckpoint {
+    /// Gives the capture up without finishing it (the log could not be made durable up to it,
+    /// say): its slots stop being protected, and those of pages that moved since (changed and
+    /// written elsewhere) go back to the free list, as after a failed [`PendingCheckpoint::finish`].
+    /// Nothing on disk names them: only a finish writes the meta slot that would name the
+    /// captured map, and the durable image's slots are never freed here (see
+    /// `DataFile::abandon`). Dropping the capture instead leaks those slots until the file is
+    /// reopened, since without `pool` nothing can tell which pages moved.
+    pub fn abandon(mut self, pool: &BufferPool) {
+        if pool
+            .file
+            .as_ref()
+            .is_some_and(|file| Arc::ptr_eq(file, &self.file))
+        {
+            self.done = true;
+            self.file
+                .abandon(&self.map, |index, slot| pool.page_moved(index, slot));
+        }
+        // Otherwise (a capture of another pool) the drop below abandons it the cautious way.
+    }
+}
+
 impl Drop for PendingCheckpoint {
     fn drop(&mut self) {
         if !self.done {
             // An abandoned capture: its slots stop being protected. Those still current for
             // their pages are reused in place by later writes; the others leak until the file
-            // is reopened (every slot outside the durable image is free then).
+            // is reopened (every slot outside the durable image is free then), which
+            // `PendingCheckpoint::abandon`, given the pool, avoids.
             self.file.abandon(&self.map, |_, _| false);
         }
     }
