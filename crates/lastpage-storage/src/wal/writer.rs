@@ -865,11 +865,16 @@ impl LogWriter {
     fn wake_stalled_leader(&self) {
         let stalled = {
             let mut group = sync::lock(&self.group);
-            let stalled = group.stalled.take();
-            if stalled.is_some() {
-                self.buffer.clear_stalled();
-            }
-            stalled
+            // The bit is cleared even when no leader is registered: then it is stale, and would
+            // send every append through this mutex until the next stall. That happens when an
+            // appender that saw the bit of an earlier stall wakes late: it takes the leader's
+            // next registration before the leader sets the bit for it, and the bit the leader
+            // then sets outlives the wake-up. With the group mutex held, no registration is in
+            // the slot, so no parked leader relies on the bit: a leader registers under this
+            // mutex and sets the bit after it (so after this clear), and one whose registration
+            // was taken has a signal on its way and waits for nothing else.
+            self.buffer.clear_stalled();
+            group.stalled.take()
         };
         if let Some(waiter) = stalled {
             waiter.signal(stats::now_ns());
