@@ -2102,3 +2102,62 @@ fn a_damaged_header_of_a_segment_inside_a_spanning_record_is_refused_not_cut_off
     assert_eq!(writer.start_lsn(), Lsn::ZERO);
     assert_eq!(segment_files(&fs).len(), 1);
 }
+
+/// A last segment that holds only the end of the last record, an acknowledged commit, and
+/// whose header is damaged. Nothing in it starts a record, so the open's check for log under a
+/// damaged header found none, took the segment for one whose creation a crash cut short, and
+/// removed it: the commit was gone, silently, and the log went on from its start. The reader
+/// now takes a record's end from such a segment if the record's checksum passes (bytes the
+/// writer made), and the open writes the segment's header again instead of removing it.
+#[test]
+fn a_damaged_header_over_only_the_end_of_the_last_record_keeps_that_record() {
+    let fs = faulty(FaultyConfig::new(15));
+    let segment_bytes = 64 << 10;
+    let writer = open(&fs, config(1 << 20, segment_bytes));
+    let mut txn = 0;
+    let mut acked = BTreeSet::new();
+    let last_end = loop {
+        commit(&writer, txn).unwrap();
+        acked.insert(txn);
+        txn += 1;
+        // Near the third segment, pad the log so that the last commit record ends 16 bytes
+        // into it (an insert takes 52 bytes and its value, a commit 32).
+        let left = 2 * segment_bytes - writer.durable_lsn().0;
+        if (128..4096).contains(&left) {
+            let value = vec![7u8; (left + 16) as usize - 52 - 32];
+            let end = append_insert_and_commit(&writer, txn, &value).unwrap();
+            writer.wait_durable(end).unwrap();
+            acked.insert(txn);
+            txn += 1;
+            assert_eq!(end.0, 2 * segment_bytes + 16);
+            break end;
+        }
+    };
+    drop(writer);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    let names = segment_files(&fs);
+    assert_eq!(names.len(), 3);
+    assert_eq!(commits_from(&fs, Lsn::ZERO), acked);
+    flip_bit(&fs, &names[2], 4);
+    let writer = LogWriter::open(Arc::new(fs.clone()), DIR, config(1 << 20, segment_bytes))
+        .unwrap_or_else(|error| panic!("open refused: {error}"));
+    assert_eq!(
+        writer.start_lsn(),
+        last_end,
+        "the open cut the last record off with its segment: {:?}",
+        segment_files(&fs)
+    );
+    assert_eq!(commits_from(&fs, Lsn::ZERO), acked);
+    // The header was written again, and the log goes on after the record.
+    for _ in 0..20 {
+        commit(&writer, txn).unwrap();
+        acked.insert(txn);
+        txn += 1;
+    }
+    drop(writer);
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    assert_eq!(segment_files(&fs).len(), 3);
+    let writer = open(&fs, config(1 << 20, segment_bytes));
+    assert_eq!(writer.start_lsn(), writer.durable_lsn());
+    assert_eq!(commits_from(&fs, Lsn::ZERO), acked);
+}

@@ -117,6 +117,15 @@ pub struct LogReader {
     end: Option<LogEnd>,
     /// Why the last `fill` came up short.
     short: TailKind,
+    /// The LSN and end (padding excluded) of the record being read, or of its header while
+    /// that is read.
+    record: (u64, u64),
+    /// The start of a segment with an invalid header that the record being read continues
+    /// into, read on the condition that the record's checksum passes (see
+    /// [`LogReader::headerless_segment`]).
+    tentative_headerless: Option<u64>,
+    /// Such a segment once that record passed: its start, and the record's LSN.
+    headerless: Option<(u64, u64)>,
 }
 
 impl LogReader {
@@ -139,7 +148,24 @@ impl LogReader {
             position: from.0,
             end: None,
             short: TailKind::EndOfFiles,
+            record: (from.0, from.0),
+            tentative_headerless: None,
+            headerless: None,
         })
+    }
+
+    /// A segment whose header is invalid but from whose body the reader took the end of the
+    /// last record it returned: its start and that record's LSN. The writer syncs a segment's
+    /// header before it writes log into it, so an invalid header over the rest of a record
+    /// whose checksum passes is a header damaged after the fact (or, after a crash, one never
+    /// written over a body that already held exactly those bytes): either way the record's
+    /// bytes are the ones its writer made. Without this, such a segment, holding only the end
+    /// of the last record, was taken for one whose creation a crash cut short, and the open
+    /// removed it, and with it an acknowledged commit. The reader reads no record that starts
+    /// in such a segment; `LogWriter::open` writes its header again.
+    pub fn headerless_segment(&self) -> Option<(Lsn, Lsn)> {
+        self.headerless
+            .map(|(start, record)| (Lsn(start), Lsn(record)))
     }
 
     /// The directory being read.
@@ -164,6 +190,11 @@ impl LogReader {
             return Ok(None);
         }
         let position = self.position;
+        if self.headerless.is_some_and(|(start, _)| position >= start) {
+            // No record starts in a segment whose header is invalid.
+            return Ok(self.stop(TailKind::BadSegment));
+        }
+        self.record = (position, position + WAL_RECORD_HEADER_BYTES as u64);
         let mut header_bytes = [0u8; WAL_RECORD_HEADER_BYTES];
         let got = self.fill(position, &mut header_bytes)?;
         if got < header_bytes.len() {
@@ -172,21 +203,25 @@ impl LogReader {
             } else {
                 TailKind::Truncated
             };
-            return Ok(self.stop(kind));
+            return Ok(self.stop_tentative(kind));
         }
         let header = RecordHeader::parse(&header_bytes);
         if let Some(problem) = header.problem(Lsn(position)) {
-            return Ok(self.stop(TailKind::InvalidHeader(problem)));
+            return Ok(self.stop_tentative(TailKind::InvalidHeader(problem)));
         }
+        self.record.1 = position + u64::from(header.total_len);
         let mut payload = vec![0u8; header.payload_len as usize];
         let got = self.fill(position + WAL_RECORD_HEADER_BYTES as u64, &mut payload)?;
         if got < payload.len() {
-            return Ok(self.stop(TailKind::Truncated));
+            return Ok(self.stop_tentative(TailKind::Truncated));
         }
         let crc =
             super::record::seeded_checksum(self.checksum_seed, &header_bytes, [payload.as_slice()]);
         if crc != header.crc {
-            return Ok(self.stop(TailKind::BadChecksum));
+            return Ok(self.stop_tentative(TailKind::BadChecksum));
+        }
+        if let Some(start) = self.tentative_headerless.take() {
+            self.headerless = Some((start, position));
         }
         let end = position + align_up(header.total_len as usize) as u64;
         self.position = end;
@@ -209,6 +244,17 @@ impl LogReader {
             end: raw.end,
             record,
         }))
+    }
+
+    /// [`LogReader::stop`] for a record that may have been read on into a segment with an
+    /// invalid header: if it was and did not pass, the record ends as it did before such
+    /// segments were read at all, cut short where that segment begins (`Truncated`: it starts
+    /// before it, so some of it was there).
+    fn stop_tentative(&mut self, kind: TailKind) -> Option<RawRecord> {
+        if self.tentative_headerless.take().is_some() {
+            return self.stop(TailKind::Truncated);
+        }
+        self.stop(kind)
     }
 
     fn stop(&mut self, kind: TailKind) -> Option<RawRecord> {
@@ -273,6 +319,11 @@ impl LogReader {
         {
             return Ok(true);
         }
+        if self.tentative_headerless.is_some() {
+            // A record read on into a segment with an invalid header must end there.
+            self.short = TailKind::BadSegment;
+            return Ok(false);
+        }
         self.current = None;
         // The last segment starting at or before `lsn`.
         let index = self.segments.partition_point(|(start, _)| *start <= lsn);
@@ -281,6 +332,29 @@ impl LogReader {
             return Ok(false);
         };
         let Some(header) = segment::read_header(self.fs.as_ref(), &path)? else {
+            // A record that started in the segment before may end in this one: read its end
+            // here, on the condition that its checksum passes (see `headerless_segment`).
+            let (record_start, record_end) = self.record;
+            if let Some((segment_bytes, _)) = self.geometry
+                && lsn == start
+                && record_start < start
+                && start.is_multiple_of(segment_bytes)
+                && record_end <= start + segment_bytes
+                && self.headerless.is_none()
+            {
+                let file = self
+                    .fs
+                    .open(&path, OpenOptions::existing())
+                    .map_err(|error| WalError::io(format!("opening {}", path.display()), error))?;
+                self.tentative_headerless = Some(start);
+                self.current = Some(OpenSegment {
+                    start,
+                    file,
+                    window_offset: 0,
+                    window: Vec::new(),
+                });
+                return Ok(true);
+            }
             self.short = TailKind::BadSegment;
             return Ok(false);
         };

@@ -185,8 +185,9 @@ pub(crate) fn holds_records_from(
 /// The first record that starts in a segment starts within `MAX_WAL_RECORD_BYTES` of its start
 /// (a record spanning into it is no longer), so only the body's first `2 × MAX_WAL_RECORD_BYTES`
 /// bytes are searched, at every multiple of 8. Not found: a segment holding only the end of a
-/// record spanning into it, or a record too long to end within those bytes (segments smaller
-/// than a record).
+/// record spanning into it (the reader takes that end from the segment's body if the record's
+/// checksum passes: `LogReader::headerless_segment`), or a record too long to end within those
+/// bytes (segments smaller than a record).
 pub(crate) fn holds_records_of_log(
     fs: &dyn FileSystem,
     path: &Path,

@@ -1186,6 +1186,12 @@ fn recover_end(
     let mut reader = LogReader::open(StdArc::clone(fs), dir, Lsn(header.first_record_lsn))?;
     while reader.next_raw()?.is_some() {}
     let end = reader.position().0;
+    // A segment after the last valid one whose header is invalid, from which the reader took
+    // the end of the last record (its checksum passed): a damaged header, kept and written
+    // again below rather than removed with that record (see `LogReader::headerless_segment`).
+    let headerless = reader
+        .headerless_segment()
+        .map(|(start, record)| (start.0, record.0));
     let end_segment = end - end % segment_bytes;
     let holder = segments.iter().position(|(start, _)| *start == end_segment);
     if end < header.start_lsn {
@@ -1279,7 +1285,9 @@ fn recover_end(
     // Segments after the one that holds the end go. The end may also be exactly at the start
     // of a segment that was never created, or whose header never became durable: the next flush
     // creates it afresh, so an invalid one goes too.
-    let holder = holder.filter(|&index| index <= last_index);
+    let holder = holder.filter(|&index| {
+        index <= last_index || headerless.is_some_and(|(start, _)| start == segments[index].0)
+    });
     let keep_up_to = match holder {
         Some(_) => Some(end_segment),
         None => end_segment.checked_sub(1),
@@ -1315,8 +1323,20 @@ fn recover_end(
             .open(path, OpenOptions::existing())
             .map_err(io_error(format!("opening {}", path.display())))?;
         if rewrite {
-            // The reader read through both segments, so both headers are valid.
-            let Some(header) = headers[index] else {
+            // The reader read through both segments, so both headers are valid, but for one
+            // whose header is damaged over the end of the last record: that one is written
+            // anew, as the writer made it.
+            let header = headers[index].or_else(|| {
+                headerless
+                    .filter(|(headerless_start, _)| headerless_start == start)
+                    .map(|(_, record)| SegmentHeader {
+                        segment_bytes,
+                        start_lsn: *start,
+                        first_record_lsn: record,
+                        log_id: header.log_id,
+                    })
+            });
+            let Some(header) = header else {
                 return Err(WalError::Corrupt {
                     lsn: Lsn(*start),
                     reason: format!("the header of log segment {} is invalid", path.display()),
