@@ -907,6 +907,7 @@ impl Database {
             // database that creates and drops no more tables would otherwise never get them
             // back. It has no capture for the free to race, so no gate is needed.
             self.reclaim_dropped_tables();
+            self.free_left_empty_leaves();
             return Ok(CheckpointStats::default());
         };
         let started = Instant::now();
@@ -914,12 +915,14 @@ impl Database {
         // Again once the checkpoint is this one's: a checkpoint queued behind a close would
         // write an image after the close's clean one, not marked clean.
         self.check_usable()?;
-        // Dropped tables nothing uses any more give their pages back first, inside the gate
+        // Dropped tables nothing uses any more give their pages back first, and so do the
+        // empty leaves deletes had to leave (see `free_left_empty_leaves`), inside the gate
         // (see `reclaim_dropped_tables`) but not while the writers are stopped: freeing a
-        // tree reads its inner pages.
+        // tree or a leaf reads pages.
         {
             let _gate = self.enter_gate();
             self.reclaim_dropped_tables();
+            self.free_left_empty_leaves();
         }
         // Most pages are written before the writers are stopped, so that the pause below only
         // writes those dirtied meanwhile.
@@ -1100,6 +1103,23 @@ impl Database {
             None => true,
         });
         trees.retain_mut(|tree| tree.free_all_pages().is_err());
+    }
+
+    /// Retries, in every tree of every table, freeing the empty leaves whose freeing a delete
+    /// gave up on (`BTree::free_left_empty_leaves`), so that they are gone from the image this
+    /// checkpoint writes. Those a delete in the tree retried already are gone too; this is for
+    /// trees that see no more deletes. The caller is inside the checkpoint gate, as a delete
+    /// is: freeing changes pages, which a capture must see whole. A freeing that fails leaves
+    /// its leaf listed for the next try and fails nothing: the leaf is a page late, no row is
+    /// lost, and the page that cannot be read fails the next operation that needs it.
+    fn free_left_empty_leaves(&self) {
+        for table in self.tables() {
+            for (_, trees) in table.trees() {
+                for tree in trees {
+                    let _freed = tree.free_left_empty_leaves();
+                }
+            }
+        }
     }
 
     /// The buffer pool.

@@ -385,6 +385,18 @@ pub const COMPUTED_EXPRESSION_MAX_DEPTH: usize = 32;
 /// empty (see `btree/reclaim.rs`). An attempt fails only when the leaf's left sibling changed
 /// between two latches (it split, or was freed itself) or was busy (latched by a reader or a
 /// writer right beside it: it is then waited for with nothing held before the next attempt);
-/// the leaf is then freed only if rows go into it and a delete empties it again, or never,
-/// which costs a page and loses nothing.
+/// the delete then lists the leaf for a later retry ([`LEFTOVER_EMPTY_LEAVES_MAX`]).
 pub const EMPTY_LEAF_FREE_ATTEMPTS: usize = 4;
+
+/// How many emptied leaves a tree lists for a later retry after the freeing gave up on them
+/// (or failed) (see `btree/reclaim.rs`): the next delete in the tree retries the oldest one,
+/// and [`BTree::free_left_empty_leaves`] (which the engine calls at every checkpoint) retries
+/// them all. Each entry is a key of at most [`MAX_KEY_BYTES`], so the list stays small. A
+/// leaf left while the list is full is not listed (counted in
+/// `TreeStats::empty_leaves_not_listed`): it stays, empty, until rows go into it and a delete
+/// empties it again, or its tree is freed, which costs a page and loses nothing. Give-ups are
+/// rare (a left sibling that changes or is busy four times running), so a full list means
+/// something keeps the freeing from working, and more entries would not help.
+///
+/// [`BTree::free_left_empty_leaves`]: crate::btree::BTree::free_left_empty_leaves
+pub const LEFTOVER_EMPTY_LEAVES_MAX: usize = 16;

@@ -1,7 +1,9 @@
 //! Leaves that deletes empty are freed (`btree/reclaim.rs`): a queue (rows appended at the end
 //! of the index and deleted from its start) runs in a bounded number of pages, deleting every
 //! row leaves one leaf under the root, and freeing races neither inserts beside the leaf, nor
-//! appends, nor sequence lanes, nor scans. Checked against oracles, with the integrity
+//! appends, nor sequence lanes, nor scans. A leaf whose freeing gives up is freed later, by
+//! the next delete or the sweep (forced deterministically with the `test-hooks` feature's
+//! `BTree::fail_next_empty_leaf_free_attempts`). Checked against oracles, with the integrity
 //! checker, and by counting pages: every page in use must belong to the tree. Every
 //! randomized test prints its seed; rerun one with `LASTPAGE_SEED=<seed>`.
 
@@ -16,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use lastpage_storage::btree::{BTree, Direction, InsertPath, TreeCheck};
 use lastpage_storage::latch::LatchPolicy;
+use lastpage_storage::limits::{EMPTY_LEAF_FREE_ATTEMPTS, LEFTOVER_EMPTY_LEAVES_MAX};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -761,4 +764,230 @@ fn run_page_sized_queue(seed: u64, policy: LatchPolicy) {
     let stats = tree.stats();
     println!("{context}: {stats:?}, {} pages", tree.pool().page_count());
     assert!(stats.leaves_freed > 1000, "{context}: {stats:?}");
+}
+
+/// A tree of `leaves` full leaves of four rows each, numbered from 0 in key order (leaf `l`
+/// holds rows `4l..4l + 4`), and the oracle of its rows.
+fn tree_of_full_leaves(
+    policy: LatchPolicy,
+    path: InsertPath,
+    leaves: u64,
+) -> (BTree, BTreeMap<Vec<u8>, Vec<u8>>) {
+    const ROW: usize = 2000; // four rows on a leaf
+    let tree = tree_with(policy, path);
+    let mut oracle = BTreeMap::new();
+    for number in 0..4 * leaves {
+        tree.insert(&key_of(number), &[number as u8; ROW]).unwrap();
+        oracle.insert(key_of(number).to_vec(), vec![number as u8; ROW]);
+    }
+    let check = assert_owns_every_page(&tree, "the full tree");
+    assert_eq!(check.leaf_pages, leaves, "four rows fill a leaf: {check:?}");
+    (tree, oracle)
+}
+
+/// Deletes row `number` from the tree and the oracle.
+fn delete_row(tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, number: u64) {
+    let key = key_of(number);
+    assert_eq!(
+        tree.delete(&key).unwrap(),
+        oracle.remove(key.as_slice()),
+        "row {number}"
+    );
+}
+
+/// Empties leaf `leaf` of a [`tree_of_full_leaves`] with its freeing made to give up (every
+/// attempt reports that the links changed, as a split of the left sibling or a busy left
+/// sibling makes it report), plus `extra_failures` more failed attempts for what comes next.
+/// Only the last delete empties the leaf; the three before it may retry listed leaves.
+fn empty_leaf_giving_up(
+    tree: &BTree,
+    oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    leaf: u64,
+    extra_failures: usize,
+) {
+    for number in 4 * leaf..4 * leaf + 3 {
+        delete_row(tree, oracle, number);
+    }
+    give_up_on_the_next_freeing(tree, extra_failures);
+    delete_row(tree, oracle, 4 * leaf + 3);
+}
+
+fn give_up_on_the_next_freeing(tree: &BTree, extra_failures: usize) {
+    tree.fail_next_empty_leaf_free_attempts(EMPTY_LEAF_FREE_ATTEMPTS + extra_failures);
+}
+
+/// A delete that empties a leaf and whose freeing gives up leaves the leaf linked and empty,
+/// and lists it: the next delete in the tree, which empties nothing, frees it. The checker
+/// passes throughout, and the pages in use are exactly the tree's. Without the retry the
+/// empty leaf stayed for ever (nothing deletes from it again).
+#[test]
+fn a_leaf_whose_freeing_gave_up_is_freed_by_the_next_delete() {
+    for (policy, path) in configurations() {
+        for next_delete_finds_its_row in [true, false] {
+            let context = format!("{policy:?}, {path:?}, row found {next_delete_finds_its_row}");
+            let (tree, mut oracle) = tree_of_full_leaves(policy, path, 6);
+            empty_leaf_giving_up(&tree, &mut oracle, 2, 0);
+            let stats = tree.stats();
+            assert_eq!(
+                (stats.empty_leaves_left, stats.leaves_freed),
+                (1, 0),
+                "{context}: {stats:?}"
+            );
+            assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
+            let left = assert_owns_every_page(&tree, &context);
+            assert_eq!(left.leaf_pages, 6, "{context}: the empty leaf stays linked");
+            let free_before = tree.pool().free_page_count();
+            // Any delete retries, one that finds nothing to delete too.
+            let next = if next_delete_finds_its_row { 0 } else { 1000 };
+            delete_row(&tree, &mut oracle, next);
+            let stats = tree.stats();
+            assert_eq!(
+                (stats.leaves_freed, stats.empty_leaves_retried_freed),
+                (1, 1),
+                "{context}: the next delete should have freed the leaf left empty: {stats:?}"
+            );
+            assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
+            assert_eq!(tree.pool().free_page_count(), free_before + 1, "{context}");
+            let freed = assert_owns_every_page(&tree, &context);
+            assert_eq!(freed.leaf_pages, 5, "{context}");
+            common::assert_tree_holds(&tree, &oracle, &context);
+        }
+    }
+}
+
+/// The sweep the engine runs at checkpoints frees every listed leaf: here the first leaf (no
+/// left sibling) and one in the middle, both left by deletes that retried nothing since (a
+/// delete that just left its own leaf does not retry).
+#[test]
+fn the_sweep_frees_every_leaf_whose_freeing_gave_up() {
+    for (policy, path) in configurations() {
+        let context = format!("{policy:?}, {path:?}");
+        let (tree, mut oracle) = tree_of_full_leaves(policy, path, 6);
+        for number in [0, 1, 2, 12, 13, 14] {
+            delete_row(&tree, &mut oracle, number);
+        }
+        for number in [3, 15] {
+            give_up_on_the_next_freeing(&tree, 0);
+            delete_row(&tree, &mut oracle, number);
+        }
+        assert_eq!(tree.left_empty_leaves_listed(), 2, "{context}");
+        assert_eq!(tree.stats().empty_leaves_left, 2, "{context}");
+        assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, 6);
+        let free_before = tree.pool().free_page_count();
+        assert_eq!(tree.free_left_empty_leaves(), Ok(2), "{context}");
+        let stats = tree.stats();
+        assert_eq!(
+            (stats.leaves_freed, stats.empty_leaves_retried_freed),
+            (2, 2),
+            "{context}: {stats:?}"
+        );
+        assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
+        assert_eq!(tree.pool().free_page_count(), free_before + 2, "{context}");
+        assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, 4);
+        common::assert_tree_holds(&tree, &oracle, &context);
+        // Nothing is listed any more: another sweep has nothing to do.
+        assert_eq!(tree.free_left_empty_leaves(), Ok(0), "{context}");
+    }
+}
+
+/// A retry that gives up again lists the leaf again, and a later delete frees it; a listed
+/// leaf that holds rows again is dropped from the list, and freed as any leaf is when a delete
+/// empties it.
+#[test]
+fn a_retry_lists_a_leaf_again_or_drops_it_if_it_holds_rows() {
+    for (policy, path) in configurations() {
+        let context = format!("{policy:?}, {path:?}");
+        let (tree, mut oracle) = tree_of_full_leaves(policy, path, 6);
+        // The first delete after the give-up retries and gives up again.
+        empty_leaf_giving_up(&tree, &mut oracle, 2, EMPTY_LEAF_FREE_ATTEMPTS);
+        delete_row(&tree, &mut oracle, 0);
+        let stats = tree.stats();
+        assert_eq!(
+            (stats.empty_leaves_left, stats.leaves_freed),
+            (1, 0),
+            "{context}: {stats:?}"
+        );
+        assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
+        assert_owns_every_page(&tree, &context);
+        delete_row(&tree, &mut oracle, 1);
+        assert_eq!(tree.stats().empty_leaves_retried_freed, 1, "{context}");
+        assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
+        assert_owns_every_page(&tree, &context);
+
+        // Leaf 4 (rows 16..20) is left, then row 17 goes back into it before the sweep.
+        empty_leaf_giving_up(&tree, &mut oracle, 4, 0);
+        assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
+        tree.insert(&key_of(17), &[17; 100]).unwrap();
+        oracle.insert(key_of(17).to_vec(), vec![17; 100]);
+        let leaves = assert_owns_every_page(&tree, &context).leaf_pages;
+        assert_eq!(tree.free_left_empty_leaves(), Ok(0), "{context}");
+        assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
+        assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, leaves);
+        // Its next emptying frees it at once.
+        delete_row(&tree, &mut oracle, 17);
+        assert_eq!(tree.stats().leaves_freed, 2, "{context}");
+        assert_eq!(
+            assert_owns_every_page(&tree, &context).leaf_pages,
+            leaves - 1
+        );
+        common::assert_tree_holds(&tree, &oracle, &context);
+    }
+}
+
+/// The list holds at most `LEFTOVER_EMPTY_LEAVES_MAX` leaves; more are counted as not listed
+/// and stay, empty and linked (the checker accepts them and the pages stay the tree's), until
+/// rows go into them and a delete empties them again.
+#[test]
+fn leaves_left_beyond_the_list_are_counted_and_stay() {
+    const BEYOND: u64 = 2;
+    let listed = LEFTOVER_EMPTY_LEAVES_MAX as u64;
+    for (policy, path) in configurations() {
+        let context = format!("{policy:?}, {path:?}");
+        // Every other leaf is emptied, from leaf 1 on, and the last leaf stays.
+        let emptied: Vec<u64> = (0..listed + BEYOND).map(|index| 2 * index + 1).collect();
+        let leaves = 2 * (listed + BEYOND) + 2;
+        let (tree, mut oracle) = tree_of_full_leaves(policy, path, leaves);
+        // Three rows of each first, so that the deletes that leave the leaves (which do not
+        // retry) come last, one after another.
+        for &leaf in &emptied {
+            for number in 4 * leaf..4 * leaf + 3 {
+                delete_row(&tree, &mut oracle, number);
+            }
+        }
+        for &leaf in &emptied {
+            give_up_on_the_next_freeing(&tree, 0);
+            delete_row(&tree, &mut oracle, 4 * leaf + 3);
+        }
+        let stats = tree.stats();
+        assert_eq!(
+            (stats.empty_leaves_left, stats.empty_leaves_not_listed),
+            (listed + BEYOND, BEYOND),
+            "{context}: {stats:?}"
+        );
+        assert_eq!(tree.left_empty_leaves_listed() as u64, listed, "{context}");
+        assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, leaves);
+        assert_eq!(
+            tree.free_left_empty_leaves(),
+            Ok(listed as usize),
+            "{context}"
+        );
+        assert_eq!(
+            assert_owns_every_page(&tree, &context).leaf_pages,
+            leaves - listed,
+            "{context}: the leaves not listed stay"
+        );
+        // The newest ones were not listed; a row in and out again frees each.
+        for &leaf in &emptied[emptied.len() - BEYOND as usize..] {
+            tree.insert(&key_of(4 * leaf), &[1; 100]).unwrap();
+            assert!(
+                tree.delete(&key_of(4 * leaf)).unwrap().is_some(),
+                "{context}"
+            );
+        }
+        assert_eq!(
+            assert_owns_every_page(&tree, &context).leaf_pages,
+            leaves - listed - BEYOND
+        );
+        common::assert_tree_holds(&tree, &oracle, &context);
+    }
 }

@@ -81,6 +81,8 @@ impl BTree {
         self.tail_hint.store(NO_PAGE, Ordering::Relaxed);
         self.tail_parent_hint.store(NO_PAGE, Ordering::Relaxed);
         self.lanes = super::lanes::Lanes::default();
+        // Their keys named leaves of the pages just freed.
+        self.forget_leftover_empty_leaves();
         Ok(pages.len())
     }
 }

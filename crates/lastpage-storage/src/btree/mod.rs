@@ -7,7 +7,8 @@
 //! - Inner pages hold separators; a child to the right of separator `s` holds keys `>= s`.
 //! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.
 //! - A delete that empties a leaf other than the last one frees it, with any inner page left
-//!   without a child (`reclaim.rs`); the last leaf and the root stay. A whole tree's pages are
+//!   without a child (`reclaim.rs`); the last leaf and the root stay, and a leaf whose freeing
+//!   gave up is listed and retried by a later delete or `BTree::free_left_empty_leaves`. A whole tree's pages are
 //!   freed with `BTree::free_all_pages`, for a dropped table.
 //!
 //! The latch protocol (see `docs/latch-protocol.md`):
@@ -190,6 +191,14 @@ pub struct TreeStats {
     pub leaves_freed: u64,
     /// Inner pages freed with them, having lost their only child.
     pub inner_pages_freed: u64,
+    /// Leaves that deletes emptied and whose freeing gave up (the left sibling changed or was
+    /// busy at every attempt) or failed, leaving them linked and empty, to be retried.
+    pub empty_leaves_left: u64,
+    /// Leaves of those that a retry freed (they count in `leaves_freed` too).
+    pub empty_leaves_retried_freed: u64,
+    /// Leaves left while the list of leaves to retry was full, which stay, empty, until rows
+    /// go into them and a delete empties them again (see `limits::LEFTOVER_EMPTY_LEAVES_MAX`).
+    pub empty_leaves_not_listed: u64,
 }
 
 impl std::ops::AddAssign for TreeStats {
@@ -200,6 +209,9 @@ impl std::ops::AddAssign for TreeStats {
         self.split_restarts += other.split_restarts;
         self.leaves_freed += other.leaves_freed;
         self.inner_pages_freed += other.inner_pages_freed;
+        self.empty_leaves_left += other.empty_leaves_left;
+        self.empty_leaves_retried_freed += other.empty_leaves_retried_freed;
+        self.empty_leaves_not_listed += other.empty_leaves_not_listed;
     }
 }
 
@@ -238,6 +250,8 @@ pub struct BTree {
     /// How many leaves deletes emptied and `reclaim.rs` freed. Sequence lanes compare it to
     /// trust a page id they remember (see `lanes.rs`).
     leaves_freed: AtomicU64,
+    /// Emptied leaves whose freeing gave up, to be retried (see `reclaim.rs`).
+    leftover_empty_leaves: reclaim::LeftoverEmptyLeaves,
     /// The root's level as last seen. Levels only grow, so a stale value is only ever too low;
     /// it saves a shared-then-exclusive double latch while the root is still a leaf.
     root_level_hint: AtomicU8,
@@ -290,6 +304,7 @@ impl BTree {
                 options.optimize_for_sequential_key,
             ),
             leaves_freed: AtomicU64::new(0),
+            leftover_empty_leaves: reclaim::LeftoverEmptyLeaves::new(),
             root_level_hint: AtomicU8::new(0),
             rows,
             stats: write::SplitCounters::default(),
@@ -570,24 +585,32 @@ impl BTree {
     }
 
     /// Removes `key` and returns its value, or `None` if it was not there. A leaf the delete
-    /// empties is freed (see `reclaim.rs`), unless it is the last leaf.
+    /// empties is freed (see `reclaim.rs`), unless it is the last leaf; if that freeing gives
+    /// up, the leaf is listed and a later delete frees it. Then, with no latch held, the delete
+    /// retries the oldest leaf an earlier delete had to leave, if any.
     pub fn delete(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BTreeError> {
-        let mut leaf = self.leaf_exclusive(key)?;
-        let Ok(index) = leaf.page().search(key) else {
-            return Ok(None);
+        let (old, emptied) = {
+            let mut leaf = self.leaf_exclusive(key)?;
+            match leaf.page().search(key) {
+                Err(_) => (None, false),
+                Ok(index) => {
+                    let old = leaf.page().value(index).to_vec();
+                    leaf.page_mut().remove(index);
+                    let emptied = leaf.page().slot_count() == 0 && leaf.page().next() != NO_PAGE;
+                    (Some(old), emptied)
+                }
+            }
         };
-        let old = leaf.page().value(index).to_vec();
-        leaf.page_mut().remove(index);
-        let emptied = leaf.page().slot_count() == 0 && leaf.page().next() != NO_PAGE;
-        drop(leaf);
-        self.rows.add(-1);
-        if emptied {
-            // The row is gone whatever happens here. Freeing the leaf reads its neighbours; if
-            // one cannot be read, the leaf stays linked, empty, which is what every emptied
-            // leaf did before they were freed, and the page that cannot be read fails the
-            // next operation that needs it, with its own error.
-            let _freed = self.free_empty_leaf(key);
+        if old.is_some() {
+            self.rows.add(-1);
         }
-        Ok(Some(old))
+        // The row is gone whatever the freeing comes to (see `BTree::free_emptied_leaf`). A
+        // delete that just had to leave its own leaf does not retry older ones: whatever kept
+        // changing under its attempts is likely still at work.
+        let left_its_leaf = emptied && self.free_emptied_leaf(key);
+        if !left_its_leaf {
+            self.retry_oldest_leftover_empty_leaf();
+        }
+        Ok(old)
     }
 }

@@ -44,6 +44,21 @@
 //! (see `append.rs`), except the sequence lanes' "the leaf has not split" test, which compares
 //! page ids and so also requires that no leaf of the tree was freed since (`leaves_freed`).
 //!
+//! A freeing that gives up (the left sibling changed or was busy at every attempt) or fails
+//! (a neighbour could not be read) leaves the leaf linked and empty. Nothing deletes from an
+//! empty leaf, so no later delete would have a reason to try again: the tree lists a key of the
+//! leaf's range instead ([`LeftoverEmptyLeaves`], at most [`LEFTOVER_EMPTY_LEAVES_MAX`] of
+//! them), the next delete in the tree retries the oldest one once its own work is done, and
+//! [`BTree::free_left_empty_leaves`] retries them all (the engine calls it at every
+//! checkpoint). A retry is an ordinary freeing of whatever leaf covers the key then: if that
+//! leaf holds rows again, is the last leaf, or was freed already, there is nothing to do and the
+//! key is dropped; if the retry gives up again, the key is listed again. The list lives in
+//! memory only: a leaf still listed when the process stops stays, empty, in the data file
+//! (unless the log the next open replays holds the delete that emptied it, whose replay frees
+//! it), until rows go into it and a delete empties it again, or its tree is freed. The list's
+//! mutex is taken with no latch held and nothing is taken under it, so it adds no latch-order
+//! edge.
+//!
 //! Removing a child widens the range of a neighbour: the left sibling's range, under the same
 //! parent, now reaches up to the removed child's upper fence; a low child's removal lowers the
 //! new low child's lower fence to the parent's. Ranges only widen and no separator is made, so
@@ -52,11 +67,49 @@
 //!
 //! [`BufferPool::latch_exclusive_unless_freed`]: crate::buffer::BufferPool::latch_exclusive_unless_freed
 
+use std::collections::VecDeque;
+
 use super::{BTree, BTreeError, corrupt};
 use crate::buffer::ExclusiveGuard;
-use crate::limits::EMPTY_LEAF_FREE_ATTEMPTS;
+use crate::limits::{EMPTY_LEAF_FREE_ATTEMPTS, LEFTOVER_EMPTY_LEAVES_MAX};
 use crate::page::{NO_PAGE, PageId};
-use crate::sync::Ordering;
+use crate::sync::{self, AtomicUsize, Mutex, Ordering};
+
+/// The emptied leaves a tree's freeing gave up on, each known by a key that lay in its range
+/// when it was left, oldest first (see the module documentation).
+pub(super) struct LeftoverEmptyLeaves {
+    keys: Mutex<VecDeque<Vec<u8>>>,
+    /// How many keys `keys` holds, stored under its lock and read without it, so that a delete
+    /// takes the lock only when there is something to retry: deletes from many threads would
+    /// otherwise all meet on it. A stale count only moves a retry to a later delete.
+    listed: AtomicUsize,
+    /// Test-only (`test-hooks` feature): how many more attempts that would free a leaf report
+    /// that the links changed instead (see [`BTree::fail_next_empty_leaf_free_attempts`]).
+    #[cfg(feature = "test-hooks")]
+    forced_failures: AtomicUsize,
+}
+
+impl LeftoverEmptyLeaves {
+    pub(super) fn new() -> LeftoverEmptyLeaves {
+        LeftoverEmptyLeaves {
+            keys: Mutex::new(VecDeque::new()),
+            listed: AtomicUsize::new(0),
+            #[cfg(feature = "test-hooks")]
+            forced_failures: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// What freeing the leaf covering a key came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Freeing {
+    /// The leaf was freed.
+    Freed,
+    /// There was nothing to free (see [`Attempt::Kept`]).
+    NothingToFree,
+    /// Every attempt found the links changed or the left sibling busy; the leaf stays.
+    GaveUp,
+}
 
 /// What one attempt to free an emptied leaf came to.
 enum Attempt {
@@ -70,13 +123,161 @@ enum Attempt {
 }
 
 impl BTree {
-    /// Frees the leaf covering `key` if it is empty, after a delete emptied it (see the module
-    /// documentation). Returns whether a leaf was freed. Giving up after a few attempts, or
-    /// on an error, loses nothing: the empty leaf stays linked, as every emptied leaf did
-    /// before leaves were freed. Only a delete that empties it is a reason to try: it is freed
-    /// if rows go into it again and a later delete empties it again, else never (until the
-    /// whole tree is freed).
-    pub(super) fn free_empty_leaf(&self, key: &[u8]) -> Result<bool, BTreeError> {
+    /// After a delete emptied the leaf covering `key` (and let go of every latch): frees the
+    /// leaf, or lists `key` for a retry if the freeing gives up or fails. Returns whether the
+    /// leaf was left. Either way the row is gone: a leaf left empty loses nothing, and a page
+    /// that could not be read fails the next operation that needs it, with its own error.
+    pub(super) fn free_emptied_leaf(&self, key: &[u8]) -> bool {
+        match self.free_empty_leaf(key) {
+            Ok(Freeing::Freed | Freeing::NothingToFree) => false,
+            Ok(Freeing::GaveUp) | Err(_) => {
+                self.stats.empty_leaves_left.add(1);
+                self.list_leftover_empty_leaf(key.to_vec());
+                true
+            }
+        }
+    }
+
+    /// Retries freeing the oldest listed leftover empty leaf, if any: what a delete does once
+    /// its own work is done, with no latch held. One per delete keeps a delete's cost bounded;
+    /// a tree with leaves left sees deletes, or it would not have left them. Errors are
+    /// swallowed for the reason [`BTree::free_emptied_leaf`] gives, and the key listed again.
+    pub(super) fn retry_oldest_leftover_empty_leaf(&self) {
+        if self.leftover_empty_leaves.listed.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let key = {
+            let mut keys = sync::lock(&self.leftover_empty_leaves.keys);
+            let key = keys.pop_front();
+            self.leftover_empty_leaves
+                .listed
+                .store(keys.len(), Ordering::Relaxed);
+            key
+        };
+        if let Some(key) = key {
+            let _freed = self.retry_leftover_empty_leaf(key);
+        }
+    }
+
+    /// Retries freeing every empty leaf a delete had to leave (see the module documentation)
+    /// and returns how many were freed. A listed leaf that holds rows again, or is gone, is
+    /// simply dropped from the list; one whose freeing gives up or fails again is listed
+    /// again. Must be called with no latch held, as a delete is. The engine calls it for every
+    /// tree at each checkpoint. An error is the first one met, after every listed leaf was
+    /// tried.
+    pub fn free_left_empty_leaves(&self) -> Result<usize, BTreeError> {
+        if self.leftover_empty_leaves.listed.load(Ordering::Relaxed) == 0 {
+            return Ok(0);
+        }
+        let keys = {
+            let mut keys = sync::lock(&self.leftover_empty_leaves.keys);
+            self.leftover_empty_leaves
+                .listed
+                .store(0, Ordering::Relaxed);
+            std::mem::take(&mut *keys)
+        };
+        let mut freed = 0;
+        let mut first_error = None;
+        for key in keys {
+            match self.retry_leftover_empty_leaf(key) {
+                Ok(true) => freed += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(freed), Err)
+    }
+
+    /// How many empty leaves are listed for a retry now (see
+    /// [`BTree::free_left_empty_leaves`]).
+    pub fn left_empty_leaves_listed(&self) -> usize {
+        sync::lock(&self.leftover_empty_leaves.keys).len()
+    }
+
+    /// Test-only (`test-hooks` feature): makes the next `attempts` attempts to free an emptied
+    /// leaf that would succeed report that the links changed under them instead, as a split or
+    /// a busy left sibling makes a real attempt report. Setting it to
+    /// [`EMPTY_LEAF_FREE_ATTEMPTS`] makes the next freeing give up, deterministically, which
+    /// real contention cannot be made to do. Behind a feature rather than `cfg(test)` because
+    /// the integration tests are another crate; hidden and off by default so that no user of
+    /// the crate can reach it.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn fail_next_empty_leaf_free_attempts(&self, attempts: usize) {
+        self.leftover_empty_leaves
+            .forced_failures
+            .store(attempts, Ordering::Relaxed);
+    }
+
+    /// Whether the test hook asks this attempt to fail (see
+    /// [`BTree::fail_next_empty_leaf_free_attempts`]); always `false` without the feature.
+    #[inline]
+    fn attempt_forced_to_fail(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        {
+            self.leftover_empty_leaves
+                .forced_failures
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok()
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        {
+            false
+        }
+    }
+
+    /// One retry of a listed key: frees the leaf covering it if it is empty, drops the key if
+    /// there is nothing to free, and lists it again if the freeing gives up or fails. Returns
+    /// whether a leaf was freed.
+    fn retry_leftover_empty_leaf(&self, key: Vec<u8>) -> Result<bool, BTreeError> {
+        match self.free_empty_leaf(&key) {
+            Ok(Freeing::Freed) => {
+                self.stats.empty_leaves_retried_freed.add(1);
+                Ok(true)
+            }
+            Ok(Freeing::NothingToFree) => Ok(false),
+            Ok(Freeing::GaveUp) => {
+                self.list_leftover_empty_leaf(key);
+                Ok(false)
+            }
+            Err(error) => {
+                self.list_leftover_empty_leaf(key);
+                Err(error)
+            }
+        }
+    }
+
+    /// Lists `key` (of a leaf left empty) for a retry, unless the list is full: then the leaf
+    /// is counted as not listed and stays (see [`LEFTOVER_EMPTY_LEAVES_MAX`]). Called with no
+    /// latch held.
+    fn list_leftover_empty_leaf(&self, key: Vec<u8>) {
+        let mut keys = sync::lock(&self.leftover_empty_leaves.keys);
+        if keys.len() >= LEFTOVER_EMPTY_LEAVES_MAX {
+            self.stats.empty_leaves_not_listed.add(1);
+            return;
+        }
+        keys.push_back(key);
+        self.leftover_empty_leaves
+            .listed
+            .store(keys.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets every listed key, for a tree whose pages were all freed.
+    pub(super) fn forget_leftover_empty_leaves(&mut self) {
+        sync::lock(&self.leftover_empty_leaves.keys).clear();
+        self.leftover_empty_leaves
+            .listed
+            .store(0, Ordering::Relaxed);
+    }
+
+    /// Frees the leaf covering `key` if it is empty (see the module documentation), in at most
+    /// [`EMPTY_LEAF_FREE_ATTEMPTS`] attempts. Giving up, or an error, loses nothing: the empty
+    /// leaf stays linked, and the caller lists it for a retry.
+    fn free_empty_leaf(&self, key: &[u8]) -> Result<Freeing, BTreeError> {
         for _ in 0..EMPTY_LEAF_FREE_ATTEMPTS {
             match self.try_free_empty_leaf(key)? {
                 Attempt::Freed { inner_pages } => {
@@ -84,13 +285,13 @@ impl BTree {
                     self.stats
                         .inner_pages_freed
                         .add(i64::try_from(inner_pages).unwrap_or(i64::MAX));
-                    return Ok(true);
+                    return Ok(Freeing::Freed);
                 }
-                Attempt::Kept => return Ok(false),
+                Attempt::Kept => return Ok(Freeing::NothingToFree),
                 Attempt::Again => {}
             }
         }
-        Ok(false)
+        Ok(Freeing::GaveUp)
     }
 
     fn try_free_empty_leaf(&self, key: &[u8]) -> Result<Attempt, BTreeError> {
@@ -143,7 +344,7 @@ impl BTree {
             && left
                 .as_ref()
                 .is_none_or(|left| left.page().next() == leaf_id);
-        if !linked || !is_freeable(&leaf) {
+        if !linked || !is_freeable(&leaf) || self.attempt_forced_to_fail() {
             return Ok(Attempt::Again);
         }
         let right_id = leaf.page().next();

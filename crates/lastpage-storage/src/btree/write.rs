@@ -69,6 +69,9 @@ pub(super) struct SplitCounters {
     split_restarts: StripedCounter,
     pub(super) leaves_freed: StripedCounter,
     pub(super) inner_pages_freed: StripedCounter,
+    pub(super) empty_leaves_left: StripedCounter,
+    pub(super) empty_leaves_retried_freed: StripedCounter,
+    pub(super) empty_leaves_not_listed: StripedCounter,
 }
 
 impl SplitCounters {
@@ -81,6 +84,9 @@ impl SplitCounters {
             split_restarts: read(&self.split_restarts),
             leaves_freed: read(&self.leaves_freed),
             inner_pages_freed: read(&self.inner_pages_freed),
+            empty_leaves_left: read(&self.empty_leaves_left),
+            empty_leaves_retried_freed: read(&self.empty_leaves_retried_freed),
+            empty_leaves_not_listed: read(&self.empty_leaves_not_listed),
         }
     }
 }
