@@ -3,7 +3,8 @@
 //! fill a page each, so every insert splits the last leaf and the split protocol (try the
 //! cached parent, fall back to the classic path) is exercised in every interleaving. Then the
 //! freeing of leaves that deletes empty (`reclaim.rs`) against a split of the left sibling, an
-//! append beside it, a scan, and another freeing next to it under another parent.
+//! append beside it, a scan, and another freeing next to it under another parent; and the
+//! retry of a leaf whose freeing gave up against a delete that empties it again.
 //!
 //! Run with:
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom cargo test -p lastpage-storage --release --test btree_loom`
@@ -338,6 +339,43 @@ fn a_scan_races_a_freed_leaf() {
         assert!(seen == [30, 20, 10, 0] || seen == [30, 20, 0], "{seen:?}");
         deleter.join().unwrap();
         assert_holds_and_owns(&tree, &[0, 20, 30]);
+    });
+}
+
+/// A leaf whose freeing gave up (forced with the `test-hooks` feature) is listed; the sweep
+/// retries it in one thread while the model's thread inserts a row into its range and deletes
+/// it again (that delete frees the leaf itself if the row went into it, and retries the listed
+/// leaf once its own work is done). Whichever comes first, no empty leaf stays, nothing stays
+/// listed, and the tree owns every page in use.
+#[test]
+fn a_listed_leaf_is_retried_while_a_delete_empties_it_again() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    // The setup's give-up runs four attempts, each a descent and three latches.
+    builder.max_branches = 100_000;
+    builder.check(|| {
+        let tree = tree_of(LatchPolicy::Fifo, &[0, 10, 20, 30]);
+        tree.fail_next_empty_leaf_free_attempts(lastpage_storage::limits::EMPTY_LEAF_FREE_ATTEMPTS);
+        tree.delete(&10u64.to_be_bytes()).unwrap().unwrap();
+        assert_eq!(tree.left_empty_leaves_listed(), 1);
+        let sweeper = {
+            let tree = tree.clone();
+            loom::thread::spawn(move || tree.free_left_empty_leaves().unwrap())
+        };
+        tree.insert(&15u64.to_be_bytes(), &[2; BIG]).unwrap();
+        tree.delete(&15u64.to_be_bytes()).unwrap().unwrap();
+        let swept = sweeper.join().unwrap();
+        assert_eq!(keys(&tree), [0, 20, 30]);
+        // No empty leaf stays: the one left, and the one a split makes for 15 if the sweep
+        // freed the empty leaf first (15 then goes to the full leaf of 0), are both gone.
+        let check = assert_owns_every_page(&tree);
+        assert_eq!(
+            check.leaf_pages,
+            3,
+            "{check:?}, {:?}, the sweep freed {swept}",
+            tree.stats()
+        );
+        assert_eq!(tree.left_empty_leaves_listed(), 0);
     });
 }
 

@@ -8,8 +8,8 @@
 //! - Leaves are linked both ways (`prev`, `next`); the integrity checker verifies the links.
 //! - A delete that empties a leaf other than the last one frees it, with any inner page left
 //!   without a child (`reclaim.rs`); the last leaf and the root stay, and a leaf whose freeing
-//!   gave up is listed and retried by a later delete or `BTree::free_left_empty_leaves`. A whole tree's pages are
-//!   freed with `BTree::free_all_pages`, for a dropped table.
+//!   gave up is listed and retried by a later delete or `BTree::free_left_empty_leaves`. A
+//!   whole tree's pages are freed with `BTree::free_all_pages`, for a dropped table.
 //!
 //! The latch protocol (see `docs/latch-protocol.md`):
 //! - Latches are taken top-down, and at one level only left to right, so no two threads can

@@ -84,9 +84,11 @@ pub(super) struct LeftoverEmptyLeaves {
     /// otherwise all meet on it. A stale count only moves a retry to a later delete.
     listed: AtomicUsize,
     /// Test-only (`test-hooks` feature): how many more attempts that would free a leaf report
-    /// that the links changed instead (see [`BTree::fail_next_empty_leaf_free_attempts`]).
+    /// that the links changed instead (see [`BTree::fail_next_empty_leaf_free_attempts`]). A
+    /// std atomic rather than one of `sync`'s: it is a test's knob, not part of any protocol,
+    /// and a loom atomic would add a step to every freeing in every loom model.
     #[cfg(feature = "test-hooks")]
-    forced_failures: AtomicUsize,
+    forced_failures: std::sync::atomic::AtomicUsize,
 }
 
 impl LeftoverEmptyLeaves {
@@ -95,7 +97,7 @@ impl LeftoverEmptyLeaves {
             keys: Mutex::new(VecDeque::new()),
             listed: AtomicUsize::new(0),
             #[cfg(feature = "test-hooks")]
-            forced_failures: AtomicUsize::new(0),
+            forced_failures: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -131,7 +133,7 @@ impl BTree {
         match self.free_empty_leaf(key) {
             Ok(Freeing::Freed | Freeing::NothingToFree) => false,
             Ok(Freeing::GaveUp) | Err(_) => {
-                self.stats.empty_leaves_left.add(1);
+                self.stats.empty_leaves_left.fetch_add(1, Ordering::Relaxed);
                 self.list_leftover_empty_leaf(key.to_vec());
                 true
             }
@@ -208,7 +210,7 @@ impl BTree {
     pub fn fail_next_empty_leaf_free_attempts(&self, attempts: usize) {
         self.leftover_empty_leaves
             .forced_failures
-            .store(attempts, Ordering::Relaxed);
+            .store(attempts, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the test hook asks this attempt to fail (see
@@ -219,9 +221,11 @@ impl BTree {
         {
             self.leftover_empty_leaves
                 .forced_failures
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                    left.checked_sub(1)
-                })
+                .fetch_update(
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                    |left| left.checked_sub(1),
+                )
                 .is_ok()
         }
         #[cfg(not(feature = "test-hooks"))]
@@ -236,7 +240,9 @@ impl BTree {
     fn retry_leftover_empty_leaf(&self, key: Vec<u8>) -> Result<bool, BTreeError> {
         match self.free_empty_leaf(&key) {
             Ok(Freeing::Freed) => {
-                self.stats.empty_leaves_retried_freed.add(1);
+                self.stats
+                    .empty_leaves_retried_freed
+                    .fetch_add(1, Ordering::Relaxed);
                 Ok(true)
             }
             Ok(Freeing::NothingToFree) => Ok(false),
@@ -257,7 +263,9 @@ impl BTree {
     fn list_leftover_empty_leaf(&self, key: Vec<u8>) {
         let mut keys = sync::lock(&self.leftover_empty_leaves.keys);
         if keys.len() >= LEFTOVER_EMPTY_LEAVES_MAX {
-            self.stats.empty_leaves_not_listed.add(1);
+            self.stats
+                .empty_leaves_not_listed
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         keys.push_back(key);
