@@ -1,0 +1,1008 @@
+//! A randomized, model-based hunt over `Table::update`: updates that move a row (a new
+//! clustered key, across partitions too), that change a unique or a non-unique nonclustered
+//! key (to the same value, to a value another row holds, swapping two rows' values inside one
+//! transaction), that change a column a persisted computed column and its unique index depend
+//! on, in tables with an IDENTITY column, and updates that must fail and leave nothing behind
+//! (a duplicate key, a value too long, a NULL in a NOT NULL column, a read-only column).
+//!
+//! Two tables of the same columns live in one database:
+//! `Id BIGINT IDENTITY, K INT, H AS ABS(K % 3) PERSISTED, U INT NOT NULL, V INT NULL, X INT NOT
+//! NULL, W AS ABS(X % 50) PERSISTED, P VARCHAR(12) NOT NULL`. `Flat` is clustered on K with a
+//! unique index on U, a non-unique one on V and a unique one on the computed W; `Split` is
+//! clustered on (H, K), hash-partitioned on H, with the unique indexes on (H, U) and (H, W), so
+//! that a key change that moves a row to another partition moves its entries there too.
+//!
+//! The single-threaded model runs transactions (autocommit statements, or explicit ones that
+//! commit or roll back) of random updates, inserts and deletes against an oracle (the rows by
+//! K, and from them every unique key), predicts each statement's outcome (a row found or not,
+//! success or failure), and compares every row of the table, index lookups, and the integrity
+//! check with it. Its durable variant checkpoints, closes cleanly and crashes
+//! (`common::crash`) with a transaction open, and expects exactly the committed rows back.
+//!
+//! The concurrent part runs threads that each lock rows by updating them, then increment a
+//! counter (read under the lock: no update may be lost), swap two rows' unique values, move rows
+//! between two keys, and try to take a unique value another row holds (which must fail, after
+//! waiting for its holder if it has to); at the end every row is where one of its keys says, the
+//! counters add up to the committed increments, the unique values are the ones the table began
+//! with, and the integrity check passes.
+//!
+//! Each test prints its seed; rerun one with `LASTPAGE_SEED=<seed>`, and scale the number of
+//! cases with `LASTPAGE_TEST_CASES`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, EngineError, Expr, IndexDef, InsertRow,
+    Session, Table, TableDef, Uniqueness, Value,
+};
+use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const ID: usize = 0;
+const K: usize = 1;
+const H: usize = 2;
+const U: usize = 3;
+const V: usize = 4;
+const X: usize = 5;
+const W: usize = 6;
+const P: usize = 7;
+
+/// The longest payload the column holds; the model writes up to two more characters, which
+/// must fail the statement.
+const MAX_P: usize = 12;
+/// Keys are drawn from `0..KEY_SPACE`, and `U` from `0..U_SPACE`: with about 30 rows per
+/// table, a random new key or `U` often belongs to another row.
+const KEY_SPACE: i32 = 60;
+const U_SPACE: i32 = 45;
+/// `X` is drawn from `0..X_SPACE`; its computed `W` (`X % 50`) collides far more often.
+const X_SPACE: i32 = 200;
+
+fn h_of(k: i32) -> i32 {
+    (k % 3).abs()
+}
+
+fn w_of(x: i32) -> i32 {
+    (x % 50).abs()
+}
+
+/// The columns both tables share, and their indexes: on `Split`, H leads the clustered key and
+/// each unique index, as its partitioning requires.
+fn table_def(name: &str, split: bool) -> TableDef {
+    let mut def = TableDef::new(name)
+        .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+        .column(ColumnDef::new("K", DataType::Int).not_null())
+        .column(
+            ColumnDef::new("H", DataType::Int)
+                .not_null()
+                .computed_expression(Expr::column("K").modulo(3).abs()),
+        )
+        .column(ColumnDef::new("U", DataType::Int).not_null())
+        .column(ColumnDef::new("V", DataType::Int))
+        .column(ColumnDef::new("X", DataType::Int).not_null())
+        .column(
+            ColumnDef::new("W", DataType::Int)
+                .not_null()
+                .computed_expression(Expr::column("X").modulo(50).abs()),
+        )
+        .column(ColumnDef::new("P", DataType::VarChar(MAX_P as u16)).not_null());
+    if split {
+        def = def
+            .clustered(IndexDef::new("PK", &["H", "K"], Uniqueness::PrimaryKey))
+            .partitioned("H", 3)
+            .nonclustered(IndexDef::new("UX_U", &["H", "U"], Uniqueness::UniqueIndex))
+            .nonclustered(IndexDef::new(
+                "UQ_W",
+                &["H", "W"],
+                Uniqueness::UniqueConstraint,
+            ));
+    } else {
+        def = def
+            .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+            .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex))
+            .nonclustered(IndexDef::new("UQ_W", &["W"], Uniqueness::UniqueConstraint));
+    }
+    def.nonclustered(IndexDef::new("IX_V", &["V"], Uniqueness::NonUnique))
+}
+
+/// A row as the model keeps it (H and W follow from K and X).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Row {
+    id: i64,
+    k: i32,
+    u: i32,
+    v: Option<i32>,
+    x: i32,
+    p: String,
+}
+
+impl Row {
+    fn values(&self) -> Vec<Value> {
+        vec![
+            Value::BigInt(self.id),
+            Value::Int(self.k),
+            Value::Int(h_of(self.k)),
+            Value::Int(self.u),
+            self.v.map_or(Value::Null, Value::Int),
+            Value::Int(self.x),
+            Value::Int(w_of(self.x)),
+            Value::String(self.p.clone()),
+        ]
+    }
+}
+
+/// One table's model: its rows by K.
+#[derive(Clone, Debug)]
+struct Model {
+    name: &'static str,
+    split: bool,
+    rows: BTreeMap<i32, Row>,
+}
+
+impl Model {
+    /// The unique keys a row has, one per unique nonclustered index (`Split`'s lead with H).
+    fn unique_keys(&self, row: &Row) -> [(i32, i32); 2] {
+        let h = if self.split { h_of(row.k) } else { 0 };
+        [(h, row.u), (h, w_of(row.x))]
+    }
+
+    /// Whether `row` (replacing the row keyed `old_k`, if any) would break a unique key.
+    fn conflicts(&self, old_k: Option<i32>, row: &Row) -> bool {
+        let mine = self.unique_keys(row);
+        self.rows.values().any(|other| {
+            Some(other.k) != old_k
+                && (other.k == row.k
+                    || self
+                        .unique_keys(other)
+                        .iter()
+                        .zip(&mine)
+                        .any(|(a, b)| a == b))
+        })
+    }
+
+    fn search_key(&self, k: i32) -> Vec<Value> {
+        if self.split {
+            vec![Value::Int(h_of(k)), Value::Int(k)]
+        } else {
+            vec![Value::Int(k)]
+        }
+    }
+}
+
+/// One change an update statement makes.
+#[derive(Clone, Debug)]
+enum Change {
+    K(i32),
+    U(Option<i32>),
+    V(Option<i32>),
+    X(i32),
+    P(String),
+    /// A column that cannot be set (identity or computed): the statement fails.
+    ReadOnly(usize),
+}
+
+impl Change {
+    fn column(&self) -> usize {
+        match self {
+            Change::K(_) => K,
+            Change::U(_) => U,
+            Change::V(_) => V,
+            Change::X(_) => X,
+            Change::P(_) => P,
+            Change::ReadOnly(column) => *column,
+        }
+    }
+
+    fn value(&self) -> Value {
+        match self {
+            Change::K(k) => Value::Int(*k),
+            Change::U(u) | Change::V(u) => u.map_or(Value::Null, Value::Int),
+            Change::X(x) => Value::Int(*x),
+            Change::P(p) => Value::String(p.clone()),
+            Change::ReadOnly(_) => Value::Int(1),
+        }
+    }
+}
+
+/// What the model expects of a statement.
+#[derive(Debug, PartialEq, Eq)]
+enum Expected {
+    Found,
+    Missing,
+    Fails,
+}
+
+fn payload(rng: &mut StdRng, max: usize) -> String {
+    let len = rng.random_range(0..=max);
+    (0..len)
+        .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+        .collect()
+}
+
+/// Whether an error is one a statement of this model may fail with: a broken constraint, a
+/// value that does not fit, or a column that cannot be set. Anything else (a storage error, a
+/// failed database) fails the test.
+fn expected_failure(error: &EngineError) -> bool {
+    matches!(
+        error,
+        EngineError::DuplicateKey { .. }
+            | EngineError::DuplicateIndexKey { .. }
+            | EngineError::Value(_)
+            | EngineError::NullNotAllowed { .. }
+            | EngineError::ReadOnlyColumn { .. }
+            | EngineError::DuplicateUpdateColumn { .. }
+    )
+}
+
+/// The single-threaded run: the database, its two tables and their models (`committed` as of
+/// the last commit, `current` as the open transaction sees it).
+struct Run {
+    rng: StdRng,
+    db: Database,
+    session: Session,
+    tables: Vec<Arc<Table>>,
+    committed: Vec<Model>,
+    current: Vec<Model>,
+    in_txn: bool,
+    /// Every identity value handed out, to check that none is handed out twice (across
+    /// crashes too: both tables are logged).
+    ids: Vec<BTreeSet<i64>>,
+    /// What happened, for the failure message.
+    log: Vec<String>,
+    /// How many updates were expected to find their row, miss it, or fail: printed, so that a
+    /// change of the mix that stops exercising one of them shows.
+    outcomes: BTreeMap<String, usize>,
+}
+
+impl Run {
+    fn note(&mut self, what: String) {
+        self.log.push(what);
+        if self.log.len() > 40 {
+            self.log.remove(0);
+        }
+    }
+
+    fn context(&self) -> String {
+        self.log.join("\n  ")
+    }
+
+    /// An update of the row keyed `k` in table `t`, predicted and checked.
+    fn update(&mut self, t: usize, k: i32, changes: &[Change]) {
+        let model = &self.current[t];
+        let expected = if changes.iter().any(|c| matches!(c, Change::ReadOnly(_)))
+            || changes
+                .iter()
+                .enumerate()
+                .any(|(i, c)| changes[..i].iter().any(|e| e.column() == c.column()))
+        {
+            Expected::Fails
+        } else if let Some(old) = model.rows.get(&k) {
+            let mut new = old.clone();
+            let mut fits = true;
+            for change in changes {
+                match change {
+                    Change::K(k) => new.k = *k,
+                    Change::U(Some(u)) => new.u = *u,
+                    Change::U(None) => fits = false,
+                    Change::V(v) => new.v = *v,
+                    Change::X(x) => new.x = *x,
+                    Change::P(p) => {
+                        fits &= p.len() <= MAX_P;
+                        new.p = p.clone();
+                    }
+                    Change::ReadOnly(_) => unreachable!(),
+                }
+            }
+            if !fits || model.conflicts(Some(k), &new) {
+                Expected::Fails
+            } else {
+                self.current[t].rows.remove(&k);
+                self.current[t].rows.insert(new.k, new);
+                Expected::Found
+            }
+        } else {
+            Expected::Missing
+        };
+        let search = self.current[t].search_key(k);
+        let values: Vec<(usize, Value)> = changes.iter().map(|c| (c.column(), c.value())).collect();
+        self.note(format!(
+            "{}: update K={k} {changes:?} (expect {expected:?})",
+            self.current[t].name
+        ));
+        *self
+            .outcomes
+            .entry(format!("{expected:?}"))
+            .or_default() += 1;
+        let result = self.tables[t].update(&self.session, &search, &values);
+        let outcome = match &result {
+            Ok(true) => Expected::Found,
+            Ok(false) => Expected::Missing,
+            Err(error) if expected_failure(error) => Expected::Fails,
+            Err(error) => panic!("unexpected error {error}\n  {}", self.context()),
+        };
+        assert_eq!(
+            outcome,
+            expected,
+            "{result:?}\n  {}",
+            self.context()
+        );
+    }
+
+    fn insert(&mut self, t: usize) {
+        let row = Row {
+            id: 0,
+            k: self.rng.random_range(0..KEY_SPACE),
+            u: self.rng.random_range(0..U_SPACE),
+            v: self.rng.random_bool(0.8).then(|| self.rng.random_range(0..10)),
+            x: self.rng.random_range(0..X_SPACE),
+            p: payload(&mut self.rng, MAX_P),
+        };
+        let expected = !self.current[t].conflicts(None, &row);
+        self.note(format!(
+            "{}: insert {row:?} (expect ok: {expected})",
+            self.current[t].name
+        ));
+        let mut insert = InsertRow::new();
+        for column in [K, U, V, X, P] {
+            insert = insert.set(column, row.values()[column].clone());
+        }
+        match self.tables[t].insert(&self.session, insert) {
+            Ok(id) => {
+                assert!(expected, "insert succeeded\n  {}", self.context());
+                let id = id.expect("an identity table returns the value");
+                assert!(
+                    self.ids[t].insert(id),
+                    "identity {id} handed out twice\n  {}",
+                    self.context()
+                );
+                self.current[t].rows.insert(row.k, Row { id, ..row });
+            }
+            Err(error) if expected_failure(&error) => {
+                assert!(!expected, "insert failed: {error}\n  {}", self.context());
+            }
+            Err(error) => panic!("unexpected error {error}\n  {}", self.context()),
+        }
+    }
+
+    fn delete(&mut self, t: usize, k: i32) {
+        let expected = self.current[t].rows.remove(&k).is_some();
+        self.note(format!("{}: delete K={k}", self.current[t].name));
+        let search = self.current[t].search_key(k);
+        let deleted = self.tables[t].delete(&self.session, &search).unwrap();
+        assert_eq!(deleted, expected, "delete\n  {}", self.context());
+    }
+
+    /// A key: usually one a row has.
+    fn some_key(&mut self, t: usize) -> i32 {
+        let keys: Vec<i32> = self.current[t].rows.keys().copied().collect();
+        if keys.is_empty() || self.rng.random_bool(0.1) {
+            self.rng.random_range(0..KEY_SPACE)
+        } else {
+            keys[self.rng.random_range(0..keys.len())]
+        }
+    }
+
+    /// A `U` another row has (or this row's own, or a fresh one).
+    fn some_u(&mut self, t: usize) -> i32 {
+        let k = self.some_key(t);
+        match self.current[t].rows.get(&k) {
+            Some(row) if self.rng.random_bool(0.5) => row.u,
+            _ => self.rng.random_range(0..U_SPACE),
+        }
+    }
+
+    fn random_change(&mut self, t: usize) -> Change {
+        match self.rng.random_range(0..12) {
+            0..=2 => Change::U(Some(self.some_u(t))),
+            3 => Change::U(None),
+            4..=5 => Change::K(if self.rng.random_bool(0.5) {
+                self.some_key(t)
+            } else {
+                self.rng.random_range(0..KEY_SPACE)
+            }),
+            6 => Change::V(self.rng.random_bool(0.8).then(|| self.rng.random_range(0..10))),
+            7..=8 => Change::X(self.rng.random_range(0..X_SPACE)),
+            9..=10 => Change::P(payload(&mut self.rng, MAX_P + 2)),
+            _ => Change::ReadOnly([ID, H, W][self.rng.random_range(0..3)]),
+        }
+    }
+
+    /// One statement of a transaction.
+    fn statement(&mut self) {
+        let t = self.rng.random_range(0..self.tables.len());
+        match self.rng.random_range(0..20) {
+            0..=1 => self.insert(t),
+            2 => {
+                let k = self.some_key(t);
+                self.delete(t, k);
+            }
+            3..=4 => self.swap_unique(t),
+            5 => self.swap_keys(t),
+            6 => {
+                // The same value again: changes nothing, and must not trip over its own keys.
+                let k = self.some_key(t);
+                if let Some(row) = self.current[t].rows.get(&k).cloned() {
+                    self.update(
+                        t,
+                        k,
+                        &[Change::U(Some(row.u)), Change::K(row.k), Change::X(row.x)],
+                    );
+                }
+            }
+            _ => {
+                let k = self.some_key(t);
+                let count = self.rng.random_range(1..=3);
+                let changes: Vec<Change> = (0..count).map(|_| self.random_change(t)).collect();
+                self.update(t, k, &changes);
+            }
+        }
+    }
+
+    /// Swaps two rows' `U` through a value outside the others' range, as T-SQL would in three
+    /// statements (a unique index is checked per statement). A step fails (and leaves the
+    /// transaction as it was) when its value is taken.
+    fn swap_unique(&mut self, t: usize) {
+        let (a, b) = (self.some_key(t), self.some_key(t));
+        let (Some(ra), Some(rb)) = (
+            self.current[t].rows.get(&a).cloned(),
+            self.current[t].rows.get(&b).cloned(),
+        ) else {
+            return;
+        };
+        self.update(t, a, &[Change::U(Some(U_SPACE + 7))]);
+        self.update(t, b, &[Change::U(Some(ra.u))]);
+        self.update(t, a, &[Change::U(Some(rb.u))]);
+    }
+
+    /// Swaps two rows' clustered keys (moving both, across partitions in `Split`).
+    fn swap_keys(&mut self, t: usize) {
+        let (a, b) = (self.some_key(t), self.some_key(t));
+        let spare = KEY_SPACE + 1;
+        self.update(t, a, &[Change::K(spare)]);
+        self.update(t, b, &[Change::K(a)]);
+        self.update(t, spare, &[Change::K(b)]);
+    }
+
+    fn begin(&mut self) {
+        self.note("begin".into());
+        self.session.begin().unwrap();
+        self.in_txn = true;
+    }
+
+    fn commit(&mut self) {
+        self.note("commit".into());
+        self.session.commit().unwrap();
+        self.in_txn = false;
+        self.committed = self.current.clone();
+    }
+
+    fn rollback(&mut self) {
+        self.note("rollback".into());
+        self.session.rollback().unwrap();
+        self.in_txn = false;
+        self.current = self.committed.clone();
+    }
+
+    /// Every row of every table, index lookups and the integrity check against the model.
+    fn check(&mut self, what: &str) {
+        for (t, table) in self.tables.iter().enumerate() {
+            let model = &self.current[t];
+            let rows = common::rows(table, &self.session);
+            // `Split` is ordered by (H, K); compare as sets keyed by K.
+            let mut by_k = BTreeMap::new();
+            for row in rows {
+                let Value::Int(k) = row[K] else {
+                    panic!("K {:?}", row[K])
+                };
+                assert!(by_k.insert(k, row).is_none(), "K {k} twice");
+            }
+            let expected: BTreeMap<i32, Vec<Value>> =
+                model.rows.iter().map(|(k, r)| (*k, r.values())).collect();
+            assert_eq!(
+                by_k,
+                expected,
+                "{what}: {} differs from the model\n  {}",
+                model.name,
+                self.context()
+            );
+            // A lookup through each unique index of a few values, held or not.
+            for _ in 0..3 {
+                let u = self.rng.random_range(0..U_SPACE);
+                let x = self.rng.random_range(0..X_SPACE);
+                for (index, column, value) in [("UX_U", U, u), ("UQ_W", W, w_of(x))] {
+                    for h in 0..if model.split { 3 } else { 1 } {
+                        let key = if model.split {
+                            vec![Value::Int(h), Value::Int(value)]
+                        } else {
+                            vec![Value::Int(value)]
+                        };
+                        let found = table.get_by_index(&self.session, index, &key).unwrap();
+                        let expected: Vec<Vec<Value>> = model
+                            .rows
+                            .values()
+                            .filter(|r| {
+                                (!model.split || h_of(r.k) == h)
+                                    && r.values()[column] == Value::Int(value)
+                            })
+                            .map(Row::values)
+                            .collect();
+                        assert_eq!(
+                            found,
+                            expected,
+                            "{what}: {} lookup {index} = {key:?}\n  {}",
+                            model.name,
+                            self.context()
+                        );
+                    }
+                }
+            }
+            if let Err(error) = table.check_integrity() {
+                panic!("{what}: integrity: {error}\n  {}", self.context());
+            }
+        }
+    }
+
+    /// One transaction: autocommit statements, or an explicit transaction that commits or rolls
+    /// back.
+    fn transaction(&mut self) {
+        if self.rng.random_bool(0.3) {
+            for _ in 0..self.rng.random_range(1..=4) {
+                self.statement();
+                self.committed = self.current.clone();
+            }
+            self.check("after autocommit statements");
+            return;
+        }
+        self.begin();
+        for _ in 0..self.rng.random_range(1..=8) {
+            self.statement();
+        }
+        self.check("inside a transaction");
+        if self.rng.random_bool(0.6) {
+            self.commit();
+        } else {
+            self.rollback();
+        }
+        self.check("after the transaction");
+    }
+}
+
+fn open_tables(db: &Database) -> Vec<Arc<Table>> {
+    vec![db.table("Flat").unwrap(), db.table("Split").unwrap()]
+}
+
+fn create_tables(db: &Database) -> Vec<Model> {
+    db.create_table(table_def("Flat", false)).unwrap();
+    db.create_table(table_def("Split", true)).unwrap();
+    vec![
+        Model {
+            name: "Flat",
+            split: false,
+            rows: BTreeMap::new(),
+        },
+        Model {
+            name: "Split",
+            split: true,
+            rows: BTreeMap::new(),
+        },
+    ]
+}
+
+fn new_run(seed: u64, db: Database) -> Run {
+    let models = create_tables(&db);
+    Run {
+        rng: StdRng::seed_from_u64(seed),
+        session: db.session(),
+        tables: open_tables(&db),
+        committed: models.clone(),
+        current: models,
+        in_txn: false,
+        ids: vec![BTreeSet::new(); 2],
+        log: Vec::new(),
+        outcomes: BTreeMap::new(),
+        db,
+    }
+}
+
+/// Fills both tables with about 30 rows each, committed.
+fn fill(run: &mut Run) {
+    for _ in 0..45 {
+        for t in 0..2 {
+            run.insert(t);
+        }
+    }
+    run.committed = run.current.clone();
+    run.check("after the fill");
+}
+
+#[test]
+fn updates_in_memory_match_the_model() {
+    let (seed, _) = common::seeded_rng();
+    for case in 0..common::cases(3) {
+        let seed = seed.wrapping_add(case as u64);
+        println!("case seed {seed}");
+        let mut run = new_run(seed, Database::create(DatabaseOptions::default()).unwrap());
+        fill(&mut run);
+        for _ in 0..60 {
+            run.transaction();
+        }
+        println!("updates: {:?}", run.outcomes);
+    }
+}
+
+#[test]
+fn updates_survive_checkpoints_closes_and_crashes() {
+    let (seed, _) = common::seeded_rng();
+    for case in 0..common::cases(2) {
+        let seed = seed.wrapping_add(case as u64);
+        println!("case seed {seed}");
+        let mut fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        let mut run = new_run(seed, common::open(&fs));
+        fill(&mut run);
+        for round in 0..6 {
+            for _ in 0..8 {
+                run.transaction();
+            }
+            if run.rng.random_bool(0.5) {
+                run.db.checkpoint().unwrap();
+            }
+            // Leave a transaction open with updates of its own, and stop the database: cleanly
+            // (the open transaction is rolled back by the next open) or by a crash.
+            run.begin();
+            for _ in 0..run.rng.random_range(1..=6) {
+                run.statement();
+            }
+            let crash = run.rng.random_bool(0.7);
+            run.note(format!("round {round}: stop (crash: {crash})"));
+            let placeholder = Database::create(DatabaseOptions::default()).unwrap();
+            let db = std::mem::replace(&mut run.db, placeholder);
+            let session = std::mem::replace(&mut run.session, run.db.session());
+            let tables = std::mem::take(&mut run.tables);
+            if crash {
+                let mode = [
+                    CrashMode::Random,
+                    CrashMode::LoseUnsynced,
+                    CrashMode::KeepUnsynced,
+                ][run.rng.random_range(0..3)];
+                fs = common::crash(&fs, mode, db, tables, session);
+            } else {
+                // The session's drop rolls its transaction back; the close checkpoints.
+                drop(session);
+                drop(tables);
+                db.close().unwrap();
+            }
+            run.in_txn = false;
+            run.current = run.committed.clone();
+            run.db = common::open(&fs);
+            run.session = run.db.session();
+            run.tables = open_tables(&run.db);
+            run.check(&format!("after reopen {round}"));
+            common::assert_every_page_owned(&run.db, "after reopen");
+        }
+        println!("updates: {:?}", run.outcomes);
+    }
+}
+
+/// Rows of the concurrent part: slot `s` lives at key `s` or `s + MOVED`.
+const SLOTS: i32 = 12;
+const MOVED: i32 = 1000;
+const THREADS: usize = 3;
+
+/// What one thread of the concurrent part saw commit.
+#[derive(Default)]
+struct Outcome {
+    /// Committed increments per slot.
+    increments: BTreeMap<i32, i64>,
+    commits: usize,
+    rollbacks: usize,
+    /// Attempts to take a unique value another row held, all refused.
+    refused_takes: usize,
+    /// Transactions that ended in a deadlock or a lock timeout.
+    conflicts: usize,
+}
+
+/// Whether an error is the end of a transaction a thread of the concurrent part may meet: a
+/// deadlock victim or a lock timeout. The thread rolls its transaction back.
+fn lock_conflict(error: &EngineError) -> bool {
+    matches!(error, EngineError::Lock(_))
+}
+
+/// Locks slot `s`'s row by updating its payload, and returns the key the row has (the row
+/// cannot move while the lock is held). `None` if it moved between the two lookups.
+fn lock_slot(
+    table: &Arc<Table>,
+    session: &Session,
+    s: i32,
+    tag: &str,
+) -> Result<Option<i32>, EngineError> {
+    for k in [s, s + MOVED] {
+        if table.update(
+            session,
+            &[Value::Int(k)],
+            &[(P, Value::String(tag.to_owned()))],
+        )? {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
+}
+
+fn get_int(table: &Table, session: &Session, k: i32, column: usize) -> i32 {
+    let row = table
+        .get(session, &[Value::Int(k)])
+        .unwrap()
+        .expect("a row this transaction has locked is there");
+    match row[column] {
+        Value::Int(value) => value,
+        ref other => panic!("column {column}: {other:?}"),
+    }
+}
+
+/// One transaction of thread `me`: returns the slots it incremented if it is to commit, or an
+/// error (a lock conflict) after which it is rolled back.
+fn concurrent_transaction(
+    rng: &mut StdRng,
+    table: &Arc<Table>,
+    session: &Session,
+    me: usize,
+    outcome: &mut Outcome,
+) -> Result<Vec<i32>, EngineError> {
+    let tag = format!("t{me}");
+    let mut incremented = Vec::new();
+    for _ in 0..rng.random_range(1..=3) {
+        let s = rng.random_range(0..SLOTS);
+        let Some(k) = lock_slot(table, session, s, &tag)? else {
+            continue;
+        };
+        match rng.random_range(0..4) {
+            0 => {
+                // Read under the lock, then write: no other transaction can change V meanwhile.
+                let v = get_int(table, session, k, V);
+                assert!(table.update(session, &[Value::Int(k)], &[(V, Value::Int(v + 1))])?);
+                incremented.push(s);
+            }
+            1 => {
+                let t = rng.random_range(0..SLOTS);
+                let Some(kt) = lock_slot(table, session, t, &tag)? else {
+                    continue;
+                };
+                if kt == k {
+                    continue;
+                }
+                let (us, ut) = (get_int(table, session, k, U), get_int(table, session, kt, U));
+                // Each thread's spare value is its own, so that swaps side by side never need
+                // the same one.
+                let spare = -1 - me as i32;
+                for (key, u) in [(k, spare), (kt, us), (k, ut)] {
+                    assert!(table.update(session, &[Value::Int(key)], &[(U, Value::Int(u))])?);
+                }
+            }
+            2 => {
+                let to = if k < MOVED { k + MOVED } else { k - MOVED };
+                assert!(table.update(session, &[Value::Int(k)], &[(K, Value::Int(to))])?);
+            }
+            _ => {
+                // Every committed state holds every U of the initial permutation, so taking
+                // another slot's U must fail, whatever its holder is doing (it may have to wait
+                // for the holder's transaction first).
+                let u = (s + rng.random_range(1..SLOTS)) % SLOTS * 7;
+                match table.update(session, &[Value::Int(k)], &[(U, Value::Int(u))]) {
+                    Err(EngineError::DuplicateIndexKey { .. }) => outcome.refused_takes += 1,
+                    Err(error) if lock_conflict(&error) => return Err(error),
+                    other => {
+                        // The row may hold `u` itself (its own value, mid-permutation).
+                        let own = get_int(table, session, k, U);
+                        assert!(
+                            own == u && matches!(other, Ok(true)),
+                            "thread {me}: taking U={u} for slot {s} gave {other:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(incremented)
+}
+
+#[test]
+fn concurrent_updates_lose_nothing_and_keep_unique_values() {
+    let (seed, _) = common::seeded_rng();
+    for case in 0..common::cases(2) {
+        let seed = seed.wrapping_add(case as u64);
+        println!("case seed {seed}");
+        let db = common::in_memory_with_lock_timeout(Duration::from_secs(20));
+        let table = db.create_table(table_def("Flat", false)).unwrap();
+        let session = db.session();
+        // U is a permutation of the multiples of 7 below 7 * SLOTS; X (and so W) is the slot.
+        for s in 0..SLOTS {
+            let row = InsertRow::new()
+                .set(K, s)
+                .set(U, s * 7)
+                .set(V, 0)
+                .set(X, s)
+                .set(P, "start");
+            table.insert(&session, row).unwrap();
+        }
+        let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|me| {
+                    let (db, table) = (&db, &table);
+                    scope.spawn(move || {
+                        let mut rng = StdRng::seed_from_u64(seed ^ (me as u64 + 1) << 32);
+                        let session = db.session();
+                        let mut outcome = Outcome::default();
+                        for _ in 0..60 {
+                            session.begin().unwrap();
+                            let result =
+                                concurrent_transaction(&mut rng, table, &session, me, &mut outcome);
+                            match result {
+                                Ok(incremented) if rng.random_bool(0.8) => {
+                                    session.commit().unwrap();
+                                    outcome.commits += 1;
+                                    for s in incremented {
+                                        *outcome.increments.entry(s).or_default() += 1;
+                                    }
+                                }
+                                Ok(_) => {
+                                    session.rollback().unwrap();
+                                    outcome.rollbacks += 1;
+                                }
+                                Err(error) if lock_conflict(&error) => {
+                                    session.rollback().unwrap();
+                                    outcome.rollbacks += 1;
+                                    outcome.conflicts += 1;
+                                }
+                                Err(error) => panic!("thread {me}: {error}"),
+                            }
+                        }
+                        outcome
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut expected = BTreeMap::new();
+        for (me, outcome) in outcomes.iter().enumerate() {
+            println!(
+                "thread {me}: {} commits, {} rollbacks ({} after a lock conflict), {} refused takes",
+                outcome.commits, outcome.rollbacks, outcome.conflicts, outcome.refused_takes
+            );
+            for (s, n) in &outcome.increments {
+                *expected.entry(*s).or_insert(0i64) += n;
+            }
+        }
+        let rows = common::rows(&table, &session);
+        assert_eq!(rows.len(), SLOTS as usize, "{rows:?}");
+        let mut us = BTreeSet::new();
+        for row in &rows {
+            let (Value::Int(k), Value::Int(u), Value::Int(v), Value::Int(x)) =
+                (&row[K], &row[U], &row[V], &row[X])
+            else {
+                panic!("{row:?}")
+            };
+            assert!(*k == *x || *k == *x + MOVED, "slot {x} at key {k}");
+            assert_eq!(
+                i64::from(*v),
+                expected.get(x).copied().unwrap_or(0),
+                "slot {x}: an increment was lost or invented"
+            );
+            us.insert(*u);
+        }
+        assert_eq!(
+            us,
+            (0..SLOTS).map(|s| s * 7).collect::<BTreeSet<_>>(),
+            "the unique values are not the ones the table began with"
+        );
+        table.check_integrity().unwrap();
+    }
+}
+
+/// `Flat` in an in-memory database with rows K=1 (U=10, X=1) and K=2 (U=20, X=2), committed.
+fn two_rows() -> (Database, Arc<Table>) {
+    let db = common::in_memory_with_lock_timeout(Duration::from_secs(20));
+    let table = db.create_table(table_def("Flat", false)).unwrap();
+    let session = db.session();
+    for (k, u) in [(1, 10), (2, 20)] {
+        let row = InsertRow::new()
+            .set(K, k)
+            .set(U, u)
+            .set(X, k)
+            .set(P, "p");
+        table.insert(&session, row).unwrap();
+    }
+    (db, table)
+}
+
+fn set_u(table: &Arc<Table>, session: &Session, k: i32, u: i32) -> Result<bool, EngineError> {
+    table.update(session, &[Value::Int(k)], &[(U, Value::Int(u))])
+}
+
+fn u_values(table: &Table, session: &Session) -> Vec<(i32, i32)> {
+    common::rows(table, session)
+        .into_iter()
+        .map(|row| match (&row[K], &row[U]) {
+            (Value::Int(k), Value::Int(u)) => (*k, *u),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+/// A unique value another transaction gave up (by an update or a delete it has not committed)
+/// is waited for: its rollback keeps the value taken (the update fails), its commit frees it
+/// (the update succeeds). A value it took is waited for the other way round.
+#[test]
+fn a_unique_value_another_transaction_holds_is_waited_for() {
+    for (gives_up_by_delete, commits) in [(false, false), (false, true), (true, false), (true, true)]
+    {
+        let (db, table) = two_rows();
+        let holder = db.session();
+        holder.begin().unwrap();
+        if gives_up_by_delete {
+            assert!(table.delete(&holder, &[Value::Int(1)]).unwrap());
+        } else {
+            assert!(set_u(&table, &holder, 1, 11).unwrap());
+        }
+        let result = common::while_blocked(
+            &db,
+            "the update of U to a value given up by an open transaction did not wait",
+            || set_u(&table, &db.session(), 2, 10),
+            || {
+                if commits {
+                    holder.commit().unwrap();
+                } else {
+                    holder.rollback().unwrap();
+                }
+            },
+        );
+        let context = format!("delete: {gives_up_by_delete}, commit: {commits}");
+        if commits {
+            assert!(result.unwrap(), "{context}");
+        } else {
+            assert!(
+                matches!(result, Err(EngineError::DuplicateIndexKey { .. })),
+                "{context}: {result:?}"
+            );
+        }
+        let expected = match (gives_up_by_delete, commits) {
+            (false, false) | (true, false) => vec![(1, 10), (2, 20)],
+            (false, true) => vec![(1, 11), (2, 10)],
+            (true, true) => vec![(2, 10)],
+        };
+        assert_eq!(u_values(&table, &db.session()), expected, "{context}");
+        table.check_integrity().unwrap();
+    }
+    // A value an open transaction took: waited for, then refused if it committed.
+    for commits in [false, true] {
+        let (db, table) = two_rows();
+        let holder = db.session();
+        holder.begin().unwrap();
+        assert!(set_u(&table, &holder, 1, 30).unwrap());
+        let result = common::while_blocked(
+            &db,
+            "the update of U to a value an open transaction took did not wait",
+            || set_u(&table, &db.session(), 2, 30),
+            || {
+                if commits {
+                    holder.commit().unwrap();
+                } else {
+                    holder.rollback().unwrap();
+                }
+            },
+        );
+        if commits {
+            assert!(
+                matches!(result, Err(EngineError::DuplicateIndexKey { .. })),
+                "{result:?}"
+            );
+            assert_eq!(u_values(&table, &db.session()), [(1, 30), (2, 20)]);
+        } else {
+            assert!(result.unwrap());
+            assert_eq!(u_values(&table, &db.session()), [(1, 10), (2, 30)]);
+        }
+        table.check_integrity().unwrap();
+    }
+}
