@@ -72,9 +72,18 @@ fn w_of(x: i32) -> i32 {
     (x % 50).abs()
 }
 
-/// The columns both tables share, and their indexes: on `Split`, H leads the clustered key and
-/// each unique index, as its partitioning requires.
-fn table_def(name: &str, split: bool) -> TableDef {
+/// The shapes of the tables: clustered on K, on (H, K) and partitioned, or on K not unique.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Flat,
+    Split,
+    Dup,
+}
+
+/// The columns every table shares, and its indexes: on `Split`, H leads the clustered key and
+/// each unique index, as its partitioning requires; `Dup`'s clustered index is not unique (its
+/// keys end in hidden uniquifiers, and a key change takes a new one).
+fn table_def(name: &str, shape: Shape) -> TableDef {
     let mut def = TableDef::new(name)
         .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
         .column(ColumnDef::new("K", DataType::Int).not_null())
@@ -92,7 +101,7 @@ fn table_def(name: &str, split: bool) -> TableDef {
                 .computed_expression(Expr::column("X").modulo(50).abs()),
         )
         .column(ColumnDef::new("P", DataType::VarChar(MAX_P as u16)).not_null());
-    if split {
+    if shape == Shape::Split {
         def = def
             .clustered(IndexDef::new("PK", &["H", "K"], Uniqueness::PrimaryKey))
             .partitioned("H", 3)
@@ -104,7 +113,11 @@ fn table_def(name: &str, split: bool) -> TableDef {
             ));
     } else {
         def = def
-            .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+            .clustered(if shape == Shape::Dup {
+                IndexDef::new("CX", &["K"], Uniqueness::NonUnique)
+            } else {
+                IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey)
+            })
             .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex))
             .nonclustered(IndexDef::new("UQ_W", &["W"], Uniqueness::UniqueConstraint));
     }
@@ -137,12 +150,16 @@ impl Row {
     }
 }
 
-/// One table's model: its rows by K.
+/// One table's model: its rows by K and, for `Dup`, the order of their uniquifiers (0 in the
+/// other tables). A row takes the next number when it gets its key (inserted, or moved): one
+/// thread's uniquifiers ascend, so `Dup`'s rows of one K are in the order they got it.
 #[derive(Clone, Debug)]
 struct Model {
     name: &'static str,
     split: bool,
-    rows: BTreeMap<i32, Row>,
+    dup: bool,
+    rows: BTreeMap<(i32, u64), Row>,
+    next_uniquifier: u64,
 }
 
 impl Model {
@@ -152,18 +169,37 @@ impl Model {
         [(h, row.u), (h, w_of(row.x))]
     }
 
-    /// Whether `row` (replacing the row keyed `old_k`, if any) would break a unique key.
-    fn conflicts(&self, old_k: Option<i32>, row: &Row) -> bool {
+    /// Whether `row` (replacing the row keyed `old`, if any) would break a unique key.
+    fn conflicts(&self, old: Option<(i32, u64)>, row: &Row) -> bool {
         let mine = self.unique_keys(row);
-        self.rows.values().any(|other| {
-            Some(other.k) != old_k
-                && (other.k == row.k
+        self.rows.iter().any(|(key, other)| {
+            Some(*key) != old
+                && ((!self.dup && other.k == row.k)
                     || self
                         .unique_keys(other)
                         .iter()
                         .zip(&mine)
                         .any(|(a, b)| a == b))
         })
+    }
+
+    /// The row an update or a delete of `k` finds: a `Dup` key's first.
+    fn first(&self, k: i32) -> Option<((i32, u64), Row)> {
+        self.rows
+            .range((k, 0)..=(k, u64::MAX))
+            .next()
+            .map(|(key, row)| (*key, row.clone()))
+    }
+
+    /// Puts a row in under a new key: a `Dup` row takes the next uniquifier.
+    fn put(&mut self, row: Row) {
+        let uniquifier = if self.dup {
+            self.next_uniquifier += 1;
+            self.next_uniquifier
+        } else {
+            0
+        };
+        self.rows.insert((row.k, uniquifier), row);
     }
 
     fn search_key(&self, k: i32) -> Vec<Value> {
@@ -282,7 +318,7 @@ impl Run {
                 .any(|(i, c)| changes[..i].iter().any(|e| e.column() == c.column()))
         {
             Expected::Fails
-        } else if let Some(old) = model.rows.get(&k) {
+        } else if let Some((old_key, old)) = model.first(k) {
             let mut new = old.clone();
             let mut fits = true;
             for change in changes {
@@ -299,11 +335,17 @@ impl Run {
                     Change::ReadOnly(_) => unreachable!(),
                 }
             }
-            if !fits || model.conflicts(Some(k), &new) {
+            if !fits || model.conflicts(Some(old_key), &new) {
                 Expected::Fails
             } else {
-                self.current[t].rows.remove(&k);
-                self.current[t].rows.insert(new.k, new);
+                let model = &mut self.current[t];
+                model.rows.remove(&old_key);
+                if new.k == old.k {
+                    // In place: the key, and a `Dup` row's uniquifier, stay.
+                    model.rows.insert(old_key, new);
+                } else {
+                    model.put(new);
+                }
                 Expected::Found
             }
         } else {
@@ -356,7 +398,7 @@ impl Run {
                     "identity {id} handed out twice\n  {}",
                     self.context()
                 );
-                self.current[t].rows.insert(row.k, Row { id, ..row });
+                self.current[t].put(Row { id, ..row });
             }
             Err(error) if expected_failure(&error) => {
                 assert!(!expected, "insert failed: {error}\n  {}", self.context());
@@ -366,7 +408,10 @@ impl Run {
     }
 
     fn delete(&mut self, t: usize, k: i32) {
-        let expected = self.current[t].rows.remove(&k).is_some();
+        let expected = match self.current[t].first(k) {
+            Some((key, _)) => self.current[t].rows.remove(&key).is_some(),
+            None => false,
+        };
         self.note(format!("{}: delete K={k}", self.current[t].name));
         let search = self.current[t].search_key(k);
         let deleted = self.tables[t].delete(&self.session, &search).unwrap();
@@ -375,7 +420,7 @@ impl Run {
 
     /// A key: usually one a row has.
     fn some_key(&mut self, t: usize) -> i32 {
-        let keys: Vec<i32> = self.current[t].rows.keys().copied().collect();
+        let keys: Vec<i32> = self.current[t].rows.keys().map(|(k, _)| *k).collect();
         if keys.is_empty() || self.rng.random_bool(0.1) {
             self.rng.random_range(0..KEY_SPACE)
         } else {
@@ -386,8 +431,8 @@ impl Run {
     /// A `U` another row has (or this row's own, or a fresh one).
     fn some_u(&mut self, t: usize) -> i32 {
         let k = self.some_key(t);
-        match self.current[t].rows.get(&k) {
-            Some(row) if self.rng.random_bool(0.5) => row.u,
+        match self.current[t].first(k) {
+            Some((_, row)) if self.rng.random_bool(0.5) => row.u,
             _ => self.rng.random_range(0..U_SPACE),
         }
     }
@@ -426,7 +471,7 @@ impl Run {
             6 => {
                 // The same value again: changes nothing, and must not trip over its own keys.
                 let k = self.some_key(t);
-                if let Some(row) = self.current[t].rows.get(&k).cloned() {
+                if let Some((_, row)) = self.current[t].first(k) {
                     self.update(
                         t,
                         k,
@@ -448,10 +493,8 @@ impl Run {
     /// transaction as it was) when its value is taken.
     fn swap_unique(&mut self, t: usize) {
         let (a, b) = (self.some_key(t), self.some_key(t));
-        let (Some(ra), Some(rb)) = (
-            self.current[t].rows.get(&a).cloned(),
-            self.current[t].rows.get(&b).cloned(),
-        ) else {
+        let (Some((_, ra)), Some((_, rb))) = (self.current[t].first(a), self.current[t].first(b))
+        else {
             return;
         };
         self.update(t, a, &[Change::U(Some(U_SPACE + 7))]);
@@ -492,24 +535,40 @@ impl Run {
     fn check(&mut self, what: &str) {
         for (t, table) in self.tables.iter().enumerate() {
             let model = &self.current[t];
+            // The model's rows in the table's order: `Split`'s by (H, K) (partition by
+            // partition, also through an index), `Dup`'s by K and then uniquifier.
+            let mut ordered: Vec<(&(i32, u64), &Row)> = model.rows.iter().collect();
+            ordered.sort_by_key(|((k, uniquifier), _)| {
+                (if model.split { h_of(*k) } else { 0 }, *k, *uniquifier)
+            });
+            let expected: Vec<Vec<Value>> = ordered.iter().map(|(_, row)| row.values()).collect();
             let rows = common::rows(table, &self.session);
-            // `Split` is ordered by (H, K); compare as sets keyed by K.
-            let mut by_k = BTreeMap::new();
-            for row in rows {
-                let Value::Int(k) = row[K] else {
-                    panic!("K {:?}", row[K])
-                };
-                assert!(by_k.insert(k, row).is_none(), "K {k} twice");
-            }
-            let expected: BTreeMap<i32, Vec<Value>> =
-                model.rows.iter().map(|(k, r)| (*k, r.values())).collect();
             assert_eq!(
-                by_k,
+                rows,
                 expected,
                 "{what}: {} differs from the model\n  {}",
                 model.name,
                 self.context()
             );
+            let mut backward = common::scan(
+                table,
+                &self.session,
+                &lastpage_engine::KeyRange::all(),
+                lastpage_engine::Direction::Backward,
+            );
+            backward.reverse();
+            assert_eq!(backward, expected, "{what}: {} backward", model.name);
+            // Through the non-unique index on V.
+            let v = self.rng.random_range(0..10);
+            let found = table
+                .get_by_index(&self.session, "IX_V", &[Value::Int(v)])
+                .unwrap();
+            let with_v: Vec<Vec<Value>> = expected
+                .iter()
+                .filter(|row| row[V] == Value::Int(v))
+                .cloned()
+                .collect();
+            assert_eq!(found, with_v, "{what}: {} lookup IX_V = {v}", model.name);
             // A lookup through each unique index of a few values, held or not.
             for _ in 0..3 {
                 let u = self.rng.random_range(0..U_SPACE);
@@ -572,25 +631,33 @@ impl Run {
     }
 }
 
+const SHAPES: [(&str, Shape); 3] = [
+    ("Flat", Shape::Flat),
+    ("Split", Shape::Split),
+    ("Dup", Shape::Dup),
+];
+
 fn open_tables(db: &Database) -> Vec<Arc<Table>> {
-    vec![db.table("Flat").unwrap(), db.table("Split").unwrap()]
+    SHAPES
+        .iter()
+        .map(|(name, _)| db.table(name).unwrap())
+        .collect()
 }
 
 fn create_tables(db: &Database) -> Vec<Model> {
-    db.create_table(table_def("Flat", false)).unwrap();
-    db.create_table(table_def("Split", true)).unwrap();
-    vec![
-        Model {
-            name: "Flat",
-            split: false,
-            rows: BTreeMap::new(),
-        },
-        Model {
-            name: "Split",
-            split: true,
-            rows: BTreeMap::new(),
-        },
-    ]
+    SHAPES
+        .iter()
+        .map(|&(name, shape)| {
+            db.create_table(table_def(name, shape)).unwrap();
+            Model {
+                name,
+                split: shape == Shape::Split,
+                dup: shape == Shape::Dup,
+                rows: BTreeMap::new(),
+                next_uniquifier: 0,
+            }
+        })
+        .collect()
 }
 
 fn new_run(seed: u64, db: Database) -> Run {
@@ -602,7 +669,7 @@ fn new_run(seed: u64, db: Database) -> Run {
         committed: models.clone(),
         current: models,
         in_txn: false,
-        ids: vec![BTreeSet::new(); 2],
+        ids: vec![BTreeSet::new(); SHAPES.len()],
         log: Vec::new(),
         outcomes: BTreeMap::new(),
         db,
@@ -612,7 +679,7 @@ fn new_run(seed: u64, db: Database) -> Run {
 /// Fills both tables with about 30 rows each, committed.
 fn fill(run: &mut Run) {
     for _ in 0..45 {
-        for t in 0..2 {
+        for t in 0..SHAPES.len() {
             run.insert(t);
         }
     }
@@ -926,8 +993,16 @@ fn read_committed(table: &Table, session: &Session, rng: &mut StdRng, done: &Ato
 
 /// The concurrent part: `THREADS` writers and a reader on `Flat` with `SLOTS` rows; durable,
 /// with checkpoints side by side, and a crash at the end with a transaction of every writer
-/// still open (their updates must be undone, and every commit must survive).
+/// still open (their updates must be undone, and every commit must survive). Every other seed
+/// makes the table's clustered index non-unique (`Dup`), so that a move takes a new uniquifier
+/// and its lock.
 fn concurrent_updates(seed: u64, durable: bool) {
+    let shape = if seed % 2 == 0 {
+        Shape::Flat
+    } else {
+        Shape::Dup
+    };
+    println!("{shape:?}");
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
     let db = if durable {
         Database::open(
@@ -941,7 +1016,7 @@ fn concurrent_updates(seed: u64, durable: bool) {
     } else {
         common::in_memory_with_lock_timeout(Duration::from_secs(20))
     };
-    let table = db.create_table(table_def("Flat", false)).unwrap();
+    let table = db.create_table(table_def("Slots", shape)).unwrap();
     let session = db.session();
     // U is a permutation of the multiples of 7 below 7 * SLOTS; X (and so W) is the slot.
     for s in 0..SLOTS {
@@ -1062,7 +1137,7 @@ fn concurrent_updates(seed: u64, durable: bool) {
     ][(seed % 3) as usize];
     let fs = common::crash(&fs, mode, db, (table, session), open);
     let db = common::open(&fs);
-    let table = db.table("Flat").unwrap();
+    let table = db.table("Slots").unwrap();
     check_slots(&table, &db.session(), &expected, "after the crash");
     common::assert_every_page_owned(&db, "after the crash");
 }
@@ -1090,7 +1165,7 @@ fn concurrent_updates_survive_checkpoints_and_a_crash() {
 /// `Flat` in an in-memory database with rows K=1 (U=10, X=1) and K=2 (U=20, X=2), committed.
 fn two_rows() -> (Database, Arc<Table>) {
     let db = common::in_memory_with_lock_timeout(Duration::from_secs(20));
-    let table = db.create_table(table_def("Flat", false)).unwrap();
+    let table = db.create_table(table_def("Flat", Shape::Flat)).unwrap();
     let session = db.session();
     for (k, u) in [(1, 10), (2, 20)] {
         let row = InsertRow::new().set(K, k).set(U, u).set(X, k).set(P, "p");
@@ -1186,6 +1261,110 @@ fn a_unique_value_another_transaction_holds_is_waited_for() {
             assert!(result.unwrap());
             assert_eq!(u_values(&table, &db.session()), [(1, 10), (2, 30)]);
         }
+        table.check_integrity().unwrap();
+    }
+}
+
+/// Updates that grow rows on the leaves sequence lanes and the tail are filling: such an
+/// update is the one write that splits a leaf of an identity-keyed tree outside the append
+/// path (a classic split under the lane's or the tail's feet). Inserters append small rows on
+/// their lanes while an updater grows (and shrinks, and grows and rolls back) the newest rows;
+/// every row must be there once, in order, with the payload last committed, every session's
+/// identities must ascend, and the trees must check.
+#[test]
+fn growing_updates_beside_lane_appends_keep_every_row() {
+    let (seed, _) = common::seeded_rng();
+    for case in 0..common::cases(2) {
+        let seed = seed.wrapping_add(case as u64);
+        println!("case seed {seed}");
+        let db = Database::create(DatabaseOptions::default()).unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("Grow")
+                    .column(ColumnDef::new("Id", DataType::BigInt).identity(1, 1))
+                    .column(ColumnDef::new("Payload", DataType::VarChar(4000)).not_null())
+                    .clustered(IndexDef::new("PK_Grow", &["Id"], Uniqueness::PrimaryKey)),
+            )
+            .unwrap();
+        let payloads = std::sync::Mutex::new(BTreeMap::<i64, String>::new());
+        let inserting = AtomicUsize::new(THREADS);
+        std::thread::scope(|scope| {
+            for me in 0..THREADS {
+                let (db, table, payloads, inserting) = (&db, &table, &payloads, &inserting);
+                scope.spawn(move || {
+                    let session = db.session();
+                    let mut last = 0;
+                    for n in 0..1500 {
+                        let text = format!("{me}-{n}");
+                        let id = table
+                            .insert(&session, InsertRow::new().set(1, text.as_str()))
+                            .unwrap()
+                            .unwrap();
+                        assert!(id > last, "thread {me}: {id} after {last}");
+                        last = id;
+                        payloads.lock().unwrap().insert(id, text);
+                    }
+                    inserting.fetch_sub(1, Ordering::AcqRel);
+                });
+            }
+            let (db, table, payloads, inserting) = (&db, &table, &payloads, &inserting);
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let session = db.session();
+                while inserting.load(Ordering::Acquire) > 0 {
+                    let newest: Vec<i64> = payloads
+                        .lock()
+                        .unwrap()
+                        .keys()
+                        .rev()
+                        .take(40)
+                        .copied()
+                        .collect();
+                    let Some(&id) = newest.get(rng.random_range(0..newest.len().max(1))) else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    let len = if rng.random_bool(0.5) {
+                        rng.random_range(1500..4000)
+                    } else {
+                        rng.random_range(1..20)
+                    };
+                    let text: String = std::iter::repeat_n('x', len).collect();
+                    let rolls_back = rng.random_bool(0.2);
+                    if rolls_back {
+                        session.begin().unwrap();
+                    }
+                    assert!(
+                        table
+                            .update(
+                                &session,
+                                &[Value::BigInt(id)],
+                                &[(1, Value::from(text.as_str()))]
+                            )
+                            .unwrap()
+                    );
+                    if rolls_back {
+                        session.rollback().unwrap();
+                    } else {
+                        payloads.lock().unwrap().insert(id, text);
+                    }
+                }
+            });
+        });
+        let session = db.session();
+        let rows: BTreeMap<i64, String> = common::rows(&table, &session)
+            .into_iter()
+            .map(|row| match (&row[0], &row[1]) {
+                (Value::BigInt(id), Value::String(text)) => (*id, text.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected = payloads.into_inner().unwrap();
+        assert_eq!(rows.len(), expected.len());
+        assert!(
+            rows == expected,
+            "the rows differ from the payloads written"
+        );
         table.check_integrity().unwrap();
     }
 }
