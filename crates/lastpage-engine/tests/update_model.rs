@@ -1368,3 +1368,231 @@ fn growing_updates_beside_lane_appends_keep_every_row() {
         table.check_integrity().unwrap();
     }
 }
+
+/// A key whose new value differs from the old one only in trailing spaces is the same key
+/// (SQL Server compares text padded with spaces): the update changes the row in place and must
+/// still return the value as written, through the clustered key and a unique index on text, and
+/// through a rollback and a crash.
+#[test]
+fn trailing_spaces_change_a_text_key_in_place() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(7));
+    let db = common::open(&fs);
+    let table = db
+        .create_table(
+            TableDef::new("Names")
+                .column(ColumnDef::new("Name", DataType::VarChar(20)).not_null())
+                .column(ColumnDef::new("Code", DataType::VarChar(20)).not_null())
+                .column(ColumnDef::new("N", DataType::Int).not_null())
+                .clustered(IndexDef::new("PK", &["Name"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new("UX_Code", &["Code"], Uniqueness::UniqueIndex)),
+        )
+        .unwrap();
+    let session = db.session();
+    for (name, code, n) in [("a", "x", 1), ("b", "y", 2)] {
+        let row = InsertRow::new().set(0, name).set(1, code).set(2, n);
+        table.insert(&session, row).unwrap();
+    }
+    let texts = |session: &Session, table: &Table| -> Vec<(String, String)> {
+        common::rows(table, session)
+            .into_iter()
+            .map(|row| match (&row[0], &row[1]) {
+                (Value::String(name), Value::String(code)) => (name.clone(), code.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let set = |key: &str, column: usize, value: &str| {
+        table.update(
+            &session,
+            &[Value::from(key)],
+            &[(column, Value::from(value))],
+        )
+    };
+    // The same keys with trailing spaces: in place, the spaces kept.
+    assert!(set("a", 0, "a  ").unwrap());
+    assert!(set("a", 1, "x ").unwrap());
+    // Taking the other row's code with trailing spaces is a duplicate.
+    assert!(matches!(
+        set("b", 1, "x   "),
+        Err(EngineError::DuplicateIndexKey { .. })
+    ));
+    let spaced = vec![
+        ("a  ".to_owned(), "x ".to_owned()),
+        ("b".to_owned(), "y".to_owned()),
+    ];
+    assert_eq!(texts(&session, &table), spaced);
+    table.check_integrity().unwrap();
+    // In a transaction that rolls back: a move to a new key, back to the old one spelled
+    // differently, and a code swap.
+    session.begin().unwrap();
+    assert!(set("a", 0, "c").unwrap());
+    assert!(set("c", 0, "a").unwrap());
+    assert!(set("a", 1, "z").unwrap());
+    assert!(set("b", 1, "x").unwrap());
+    assert!(set("a", 1, "y ").unwrap());
+    assert_eq!(
+        texts(&session, &table),
+        [
+            ("a".to_owned(), "y ".to_owned()),
+            ("b".to_owned(), "x".to_owned())
+        ]
+    );
+    session.rollback().unwrap();
+    assert_eq!(texts(&session, &table), spaced);
+    table.check_integrity().unwrap();
+    // The same once committed, then a crash with it undone again in an open transaction.
+    session.begin().unwrap();
+    assert!(set("a", 0, "c").unwrap());
+    assert!(set("c", 0, "a").unwrap());
+    session.commit().unwrap();
+    let moved = vec![
+        ("a".to_owned(), "x ".to_owned()),
+        ("b".to_owned(), "y".to_owned()),
+    ];
+    assert_eq!(texts(&session, &table), moved);
+    session.begin().unwrap();
+    assert!(set("a", 0, "a ").unwrap());
+    assert!(set("b", 1, "q").unwrap());
+    let fs = common::crash(&fs, CrashMode::KeepUnsynced, db, table, session);
+    let db = common::open(&fs);
+    let table = db.table("Names").unwrap();
+    assert_eq!(texts(&db.session(), &table), moved);
+    table.check_integrity().unwrap();
+}
+
+/// Updates that grow rows to about a page and shrink them again, in a durable database: leaves
+/// split under in-place updates and moves, a row too large for a page fails its statement
+/// (which must leave nothing), transactions roll back, and a crash with one open must bring
+/// back exactly the committed rows.
+#[test]
+fn page_sized_updates_split_leaves_and_fail_whole() {
+    let (seed, mut rng) = common::seeded_rng();
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+    let db = common::open(&fs);
+    let def = |name: &str| {
+        TableDef::new(name)
+            .column(ColumnDef::new("K", DataType::Int).not_null())
+            .column(ColumnDef::new("U", DataType::Int).not_null())
+            .column(ColumnDef::new("P", DataType::VarChar(8000)).not_null())
+            .column(ColumnDef::new("Q", DataType::VarChar(8000)))
+            .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+            .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex))
+    };
+    let table = db.create_table(def("Big")).unwrap();
+    let session = db.session();
+    // K -> (U, the length of P and of Q).
+    type Rows = BTreeMap<i32, (i32, usize, usize)>;
+    let read = |table: &Table, session: &Session| -> Rows {
+        common::rows(table, session)
+            .into_iter()
+            .map(|row| match (&row[0], &row[1], &row[2], &row[3]) {
+                (Value::Int(k), Value::Int(u), Value::String(p), Value::String(q)) => {
+                    (*k, (*u, p.len(), q.len()))
+                }
+                (Value::Int(k), Value::Int(u), Value::String(p), Value::Null) => {
+                    (*k, (*u, p.len(), 0))
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let mut committed: Rows = BTreeMap::new();
+    for k in 0..40 {
+        let len = rng.random_range(0..3000);
+        let row = InsertRow::new()
+            .set(0, k * 2)
+            .set(1, k)
+            .set(2, "p".repeat(len).as_str());
+        table.insert(&session, row).unwrap();
+        committed.insert(k * 2, (k, len, 0));
+    }
+    let (mut grew, mut too_large) = (0, 0);
+    for round in 0..200 {
+        session.begin().unwrap();
+        let mut current = committed.clone();
+        for _ in 0..rng.random_range(1..6) {
+            let k = rng.random_range(0..90);
+            let mut changes = Vec::new();
+            let len = if rng.random_bool(0.5) {
+                rng.random_range(3000..8000)
+            } else {
+                rng.random_range(0..50)
+            };
+            changes.push((2, Value::from("q".repeat(len).as_str())));
+            // Now and then a second long column, which makes the row too large for a page
+            // when the first one is long too: the statement fails and leaves nothing.
+            if rng.random_bool(0.15) {
+                changes.push((
+                    3,
+                    Value::from("z".repeat(rng.random_range(1000..5000)).as_str()),
+                ));
+            }
+            if rng.random_bool(0.3) {
+                changes.push((0, Value::Int(rng.random_range(0..90))));
+            }
+            if rng.random_bool(0.2) {
+                changes.push((1, Value::Int(rng.random_range(0..60))));
+            }
+            let result = table.update(&session, &[Value::Int(k)], &changes);
+            match result {
+                Ok(found) => {
+                    assert_eq!(found, current.contains_key(&k), "round {round}: K={k}");
+                    if let Some((u, _, q)) = current.remove(&k) {
+                        let new_q = changes
+                            .iter()
+                            .find_map(|(c, v)| (*c == 3).then(|| v.clone()))
+                            .map_or(q, |v| match v {
+                                Value::String(q) => q.len(),
+                                _ => unreachable!(),
+                            });
+                        let new_k = changes
+                            .iter()
+                            .find_map(|(c, v)| (*c == 0).then(|| v.clone()))
+                            .map_or(k, |v| match v {
+                                Value::Int(k) => k,
+                                _ => unreachable!(),
+                            });
+                        let new_u = changes
+                            .iter()
+                            .find_map(|(c, v)| (*c == 1).then(|| v.clone()))
+                            .map_or(u, |v| match v {
+                                Value::Int(u) => u,
+                                _ => unreachable!(),
+                            });
+                        assert!(
+                            current.insert(new_k, (new_u, len, new_q)).is_none(),
+                            "round {round}: K={new_k} twice"
+                        );
+                        grew += usize::from(len >= 3000);
+                    }
+                }
+                Err(EngineError::RowTooLarge { .. }) => too_large += 1,
+                Err(EngineError::DuplicateKey { .. } | EngineError::DuplicateIndexKey { .. }) => {}
+                Err(error) => panic!("round {round}: {error}"),
+            }
+            assert_eq!(read(&table, &session), current, "round {round}");
+        }
+        if rng.random_bool(0.6) {
+            session.commit().unwrap();
+            committed = current;
+        } else {
+            session.rollback().unwrap();
+        }
+        assert_eq!(read(&table, &session), committed, "round {round}");
+        table.check_integrity().unwrap();
+    }
+    println!("{grew} rows grew, {too_large} updates too large for a page");
+    session.begin().unwrap();
+    for k in 0..90 {
+        let _ = table.update(
+            &session,
+            &[Value::Int(k)],
+            &[(2, Value::from("r".repeat(4000).as_str()))],
+        );
+    }
+    let fs = common::crash(&fs, CrashMode::Random, db, table, session);
+    let db = common::open(&fs);
+    let table = db.table("Big").unwrap();
+    assert_eq!(read(&table, &db.session()), committed);
+    common::assert_every_page_owned(&db, "after the crash");
+}
