@@ -2727,51 +2727,72 @@ impl Table {
                 || self.index_candidates(index, &encoded),
                 missed,
             )?;
-            // The index is read a leaf at a time, so a row whose entry moved from one end of
-            // the search key's range to the other meanwhile can be found twice: each row is
-            // returned once.
-            let mut seen = std::collections::HashSet::with_capacity(candidates.len());
-            let mut rows = Vec::with_capacity(candidates.len());
-            // Whether this pass waited for a writer, and whether what it found after that may
-            // be out of date.
-            let (mut waited, mut look_again) = (false, false);
-            for (partition, record_key, read) in candidates {
-                if !seen.insert((partition, record_key.clone())) {
-                    continue;
-                }
-                let value = self.committed_value_noting_waits(
-                    session,
-                    partition,
-                    &record_key,
-                    read.clone(),
-                    None,
-                    &mut waited,
-                )?;
-                let Some(value) = value else {
-                    // Gone. After a wait (for this row or an earlier one), the row may have
-                    // moved to another clustered key with the same entry here meanwhile: read
-                    // the index again, as `get` does. Without one, this pass's read was recent:
-                    // a writer that had ended deleted it, and it is skipped.
-                    look_again |= waited;
-                    continue;
-                };
-                let row = self.decode_record(&record_key, &value)?;
-                if self.row_in_index_prefix(index, &row, &record_key, &encoded)? {
-                    rows.push(row);
-                } else {
-                    // Changed after a wait: its entries may have moved too.
-                    look_again |= waited && value != read;
-                }
-            }
+            let (rows, look_again) =
+                self.committed_index_matches(session, index, &encoded, candidates)?;
             // Another pass reads everything again (rows this one returned may have moved
-            // since), but only after a wait found a row gone or changed, and at most a few
-            // times, so writers that never stop cannot starve the lookup: a row moved more
-            // often than that may be missed, as a scan may miss it.
+            // since), but only when a row was found gone or changed, and at most a few times,
+            // so writers that never stop cannot starve the lookup: a row moved more often than
+            // that may be missed, as a scan may miss it.
             if !look_again || pass >= INDEX_LOOKUP_MAX_PASSES {
                 return Ok(rows);
             }
         }
         unreachable!("the passes end by returning")
+    }
+
+    /// The rows among one pass's `candidates` (read through `index`) whose committed values
+    /// have an entry there that starts with `prefix`, and whether the index must be read
+    /// again: a candidate found gone, or changed so that it no longer matches, may have taken
+    /// its entry elsewhere (a row moved to another clustered key keeps its entry here).
+    fn committed_index_matches(
+        &self,
+        session: &Session,
+        index: &Index,
+        prefix: &[u8],
+        candidates: Vec<FoundRecord>,
+    ) -> Result<(Vec<Row>, bool)> {
+        // The index is read a leaf at a time, so a row whose entry moved from one end of the
+        // search key's range to the other meanwhile can be found twice: each row is returned
+        // once.
+        let mut seen = std::collections::HashSet::with_capacity(candidates.len());
+        let mut rows = Vec::with_capacity(candidates.len());
+        // Whether this pass waited for a writer (only `committed_value_noting_waits` needs it),
+        // and whether what it found may be out of date.
+        let (mut waited, mut look_again) = (false, false);
+        for (partition, record_key, read) in candidates {
+            if !seen.insert((partition, record_key.clone())) {
+                continue;
+            }
+            let value = self.committed_value_noting_waits(
+                session,
+                partition,
+                &record_key,
+                read.clone(),
+                None,
+                &mut waited,
+            )?;
+            let Some(value) = value else {
+                // Gone: deleted, or moved to another clustered key with the same entry here
+                // (an update of its key), by a writer that may have ended before this check
+                // without this lookup waiting for it. Read the index again, as `get` does. This
+                // once looked again only after a wait, taking a row gone without one for a
+                // deleted one: a row moved (and committed) between the index read and this
+                // check was skipped, and a lookup of a unique value a committed row held all
+                // along found nothing (`tests/update_model.rs`, concurrent part).
+                look_again = true;
+                continue;
+            };
+            let row = self.decode_record(&record_key, &value)?;
+            if self.row_in_index_prefix(index, &row, &record_key, prefix)? {
+                rows.push(row);
+            } else if value != read {
+                // Changed since the index was read, waited for or not: its entry may have moved
+                // and another row may have taken this one's (a swap of two rows' unique
+                // values commits both at once), so the index is read again, as for a row gone.
+                look_again = true;
+            }
+        }
+        Ok((rows, look_again))
     }
 
     /// The clustered records whose entries in `index` start with `prefix`, in every partition,
@@ -4008,5 +4029,94 @@ mod tests {
         assert_eq!(prefix_end(&[1, 0xFF]), Some(vec![2]));
         assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
         assert_eq!(prefix_end(&[]), None);
+    }
+}
+
+#[cfg(test)]
+mod index_lookup_tests {
+    use crate::{
+        ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, TableDef, Uniqueness,
+        Value,
+    };
+
+    /// A lookup through a unique index found the entry of a row, and the row moved to another
+    /// clustered key (its U unchanged) and committed before the lookup checked it: the
+    /// lookup's pass must say to read the index again, where the entry now leads to the row at
+    /// its new key. It skipped the row instead, as if it had been deleted, and the lookup
+    /// returned nothing for a value a committed row held all along
+    /// (`tests/update_model.rs`'s concurrent part found it; this is that interleaving, its
+    /// steps run one after another).
+    #[test]
+    fn an_index_lookup_reads_again_when_a_row_moved_after_it_was_found() {
+        let db = Database::create(DatabaseOptions::default()).unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .column(ColumnDef::new("U", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex)),
+            )
+            .unwrap();
+        let (reader, writer) = (db.session(), db.session());
+        let row = |k: i32| InsertRow::new().set(0, k).set(1, 10);
+        table.insert(&writer, row(1)).unwrap();
+        let index = table.index("UX_U").unwrap();
+        let encoded = table
+            .encode_lookup_key(index, &[Value::Int(10)])
+            .unwrap()
+            .unwrap();
+        let candidates = table.index_candidates(index, &encoded).unwrap();
+        assert_eq!(candidates.len(), 1);
+        // The row moves (autocommit) between the index read and the check.
+        assert!(
+            table
+                .update(&writer, &[Value::Int(1)], &[(0, Value::Int(2))])
+                .unwrap()
+        );
+        let (rows, look_again) = table
+            .committed_index_matches(&reader, index, &encoded, candidates)
+            .unwrap();
+        assert!(
+            rows.is_empty(),
+            "the row is no longer at the key the pass found"
+        );
+        assert!(
+            look_again,
+            "a row gone since the index was read must send the lookup back to the index"
+        );
+        // And the whole lookup finds it at its new key.
+        let found = table
+            .get_by_index(&reader, "UX_U", &[Value::Int(10)])
+            .unwrap();
+        assert_eq!(found, [vec![Value::Int(2), Value::Int(10)]]);
+
+        // The same for a row whose U moved to another row in one commit: the pass read the
+        // first row's entry, and the second row holds the value once the check comes.
+        table
+            .insert(&writer, InsertRow::new().set(0, 5).set(1, 20))
+            .unwrap();
+        let candidates = table.index_candidates(index, &encoded).unwrap();
+        writer.begin().unwrap();
+        for (k, u) in [(2, -1), (5, 10), (2, 20)] {
+            assert!(
+                table
+                    .update(&writer, &[Value::Int(k)], &[(1, Value::Int(u))])
+                    .unwrap()
+            );
+        }
+        writer.commit().unwrap();
+        let (rows, look_again) = table
+            .committed_index_matches(&reader, index, &encoded, candidates)
+            .unwrap();
+        assert!(rows.is_empty());
+        assert!(
+            look_again,
+            "a row changed since the index was read must send the lookup back to the index"
+        );
+        let found = table
+            .get_by_index(&reader, "UX_U", &[Value::Int(10)])
+            .unwrap();
+        assert_eq!(found, [vec![Value::Int(5), Value::Int(10)]]);
     }
 }

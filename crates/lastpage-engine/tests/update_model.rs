@@ -5,26 +5,33 @@
 //! on, in tables with an IDENTITY column, and updates that must fail and leave nothing behind
 //! (a duplicate key, a value too long, a NULL in a NOT NULL column, a read-only column).
 //!
-//! Two tables of the same columns live in one database:
+//! Three tables of the same columns live in one database:
 //! `Id BIGINT IDENTITY, K INT, H AS ABS(K % 3) PERSISTED, U INT NOT NULL, V INT NULL, X INT NOT
 //! NULL, W AS ABS(X % 50) PERSISTED, P VARCHAR(12) NOT NULL`. `Flat` is clustered on K with a
 //! unique index on U, a non-unique one on V and a unique one on the computed W; `Split` is
 //! clustered on (H, K), hash-partitioned on H, with the unique indexes on (H, U) and (H, W), so
-//! that a key change that moves a row to another partition moves its entries there too.
+//! that a key change that moves a row to another partition moves its entries there too; `Dup`
+//! is `Flat` with a non-unique clustered index on K (hidden uniquifiers: an update finds a key's
+//! first row, and a moved row takes a new uniquifier).
 //!
 //! The single-threaded model runs transactions (autocommit statements, or explicit ones that
 //! commit or roll back) of random updates, inserts and deletes against an oracle (the rows by
 //! K, and from them every unique key), predicts each statement's outcome (a row found or not,
-//! success or failure), and compares every row of the table, index lookups, and the integrity
-//! check with it. Its durable variant checkpoints, closes cleanly and crashes
-//! (`common::crash`) with a transaction open, and expects exactly the committed rows back.
+//! success or failure), and compares every row of the table (scanned both ways), lookups through
+//! every nonclustered index, and the integrity check with it. Its durable variant checkpoints,
+//! closes cleanly and crashes (`common::crash`) with a transaction open, and expects exactly the
+//! committed rows back.
 //!
 //! The concurrent part runs threads that each lock rows by updating them, then increment a
 //! counter (read under the lock: no update may be lost), swap two rows' unique values, move rows
 //! between two keys, and try to take a unique value another row holds (which must fail, after
 //! waiting for its holder if it has to); at the end every row is where one of its keys says, the
 //! counters add up to the committed increments, the unique values are the ones the table began
-//! with, and the integrity check passes.
+//! with, and the integrity check passes. Durable, it checkpoints meanwhile and crashes with a
+//! transaction of every writer open. A READ COMMITTED reader runs beside the writers (see
+//! `read_committed`). Smaller tests: waits for a unique value another transaction holds, text
+//! keys changed only in trailing spaces, page-sized updates, and growing updates beside
+//! sequence-lane appends.
 //!
 //! Each test prints its seed; rerun one with `LASTPAGE_SEED=<seed>`, and scale the number of
 //! cases with `LASTPAGE_TEST_CASES`.
@@ -676,7 +683,7 @@ fn new_run(seed: u64, db: Database) -> Run {
     }
 }
 
-/// Fills both tables with about 30 rows each, committed.
+/// Fills every table with about 30 rows, committed.
 fn fill(run: &mut Run) {
     for _ in 0..45 {
         for t in 0..SHAPES.len() {
@@ -952,9 +959,21 @@ fn check_slots(table: &Table, session: &Session, expected: &BTreeMap<i32, i64>, 
 /// A READ COMMITTED reader beside the writers: it must never see a value only an uncommitted
 /// transaction wrote (a negative U is a swap's spare value, a negative V a transaction that
 /// rolls back), and a lookup of a unique value finds at most the one row that holds it.
-/// Returns how many lookups found the value's row.
-fn read_committed(table: &Table, session: &Session, rng: &mut StdRng, done: &AtomicBool) -> usize {
-    let mut found = 0;
+/// Returns how many lookups of a unique value found its row, and how many found none.
+///
+/// Every committed state holds every value of the permutation, so a lookup should always find
+/// one row; but a lookup reads the index again only a few times (`INDEX_LOOKUP_MAX_PASSES`)
+/// when rows move or change under it, and then may miss one, so misses are counted (and
+/// printed) rather than failed. Before `Table::committed_index_matches` read the index again
+/// after finding a row gone or changed without waiting for its writer, a few lookups in every
+/// hundred runs missed their row on the first pass.
+fn read_committed(
+    table: &Table,
+    session: &Session,
+    rng: &mut StdRng,
+    done: &AtomicBool,
+) -> (usize, usize) {
+    let (mut found, mut missed) = (0, 0);
     while !done.load(Ordering::Acquire) {
         let rows = match rng.random_range(0..3) {
             0 => {
@@ -967,6 +986,7 @@ fn read_committed(table: &Table, session: &Session, rng: &mut StdRng, done: &Ato
                     assert_eq!(row[U], Value::Int(u), "{row:?}");
                 }
                 found += rows.len();
+                missed += usize::from(rows.is_empty());
                 rows
             }
             1 => {
@@ -988,7 +1008,7 @@ fn read_committed(table: &Table, session: &Session, rng: &mut StdRng, done: &Ato
             }
         }
     }
-    found
+    (found, missed)
 }
 
 /// The concurrent part: `THREADS` writers and a reader on `Flat` with `SLOTS` rows; durable,
@@ -997,7 +1017,7 @@ fn read_committed(table: &Table, session: &Session, rng: &mut StdRng, done: &Ato
 /// makes the table's clustered index non-unique (`Dup`), so that a move takes a new uniquifier
 /// and its lock.
 fn concurrent_updates(seed: u64, durable: bool) {
-    let shape = if seed % 2 == 0 {
+    let shape = if seed.is_multiple_of(2) {
         Shape::Flat
     } else {
         Shape::Dup
@@ -1112,7 +1132,8 @@ fn concurrent_updates(seed: u64, durable: bool) {
         };
         let (outcomes, open): (Vec<Outcome>, Vec<Session>) =
             writers.into_iter().map(|t| t.join().unwrap()).unzip();
-        println!("reader: {} lookups found their row", reader.join().unwrap());
+        let (found, missed) = reader.join().unwrap();
+        println!("reader: {found} lookups of a unique value found its row, {missed} none");
         (outcomes, open)
     });
     let mut expected = BTreeMap::new();

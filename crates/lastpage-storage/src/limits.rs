@@ -289,7 +289,7 @@ pub const BATCH_BUFFER_KEPT_BYTES: usize = 1 << 20;
 pub const BATCH_BUFFER_RESERVE_MAX_BYTES: usize = 64 << 20;
 
 /// The most times a lookup through a nonclustered index reads the index: it reads it again
-/// when, after waiting for a writer, it finds a row gone or changed (moved, perhaps, to another
+/// when it finds a row gone or changed since it read the index (moved, perhaps, to another
 /// clustered key with the same entry). A cap, so that writers that never stop cannot starve it.
 pub const INDEX_LOOKUP_MAX_PASSES: u32 = 4;
 
