@@ -697,7 +697,7 @@ fn fill(run: &mut Run) {
 #[test]
 fn updates_in_memory_match_the_model() {
     let (seed, _) = common::seeded_rng();
-    for case in 0..common::cases(3) {
+    for case in 0..common::cases(8) {
         let seed = seed.wrapping_add(case as u64);
         println!("case seed {seed}");
         let mut run = new_run(seed, Database::create(DatabaseOptions::default()).unwrap());
@@ -712,7 +712,7 @@ fn updates_in_memory_match_the_model() {
 #[test]
 fn updates_survive_checkpoints_closes_and_crashes() {
     let (seed, _) = common::seeded_rng();
-    for case in 0..common::cases(2) {
+    for case in 0..common::cases(4) {
         let seed = seed.wrapping_add(case as u64);
         println!("case seed {seed}");
         let mut fs = FaultyFileSystem::new(FaultyConfig::new(seed));
@@ -1166,7 +1166,7 @@ fn concurrent_updates(seed: u64, durable: bool) {
 #[test]
 fn concurrent_updates_lose_nothing_and_keep_unique_values() {
     let (seed, _) = common::seeded_rng();
-    for case in 0..common::cases(2) {
+    for case in 0..common::cases(8) {
         let seed = seed.wrapping_add(case as u64);
         println!("case seed {seed}");
         concurrent_updates(seed, false);
@@ -1176,7 +1176,7 @@ fn concurrent_updates_lose_nothing_and_keep_unique_values() {
 #[test]
 fn concurrent_updates_survive_checkpoints_and_a_crash() {
     let (seed, _) = common::seeded_rng();
-    for case in 0..common::cases(2) {
+    for case in 0..common::cases(8) {
         let seed = seed.wrapping_add(case as u64);
         println!("case seed {seed}");
         concurrent_updates(seed, true);
