@@ -2785,10 +2785,17 @@ impl Table {
             let row = self.decode_record(&record_key, &value)?;
             if self.row_in_index_prefix(index, &row, &record_key, prefix)? {
                 rows.push(row);
-            } else if value != read {
-                // Changed since the index was read, waited for or not: its entry may have moved
-                // and another row may have taken this one's (a swap of two rows' unique
-                // values commits both at once), so the index is read again, as for a row gone.
+            } else {
+                // Found through an entry under the key, but its committed values do not match:
+                // the row changed since that entry was read, or was being changed as it was
+                // read (a change puts the row's new entries in, then its value, then takes its
+                // old entries out, so the read may have found an old entry and the new value
+                // together). Either way another row may have taken the entry's key meanwhile
+                // (a swap of two rows' unique values commits both at once), so the index is
+                // read again, as for a row gone. This once looked again only when the value
+                // had changed since the read and after a wait: a value read half way through
+                // a swap, equal to the one committed, let a lookup of a unique value a
+                // committed row held all along return nothing.
                 look_again = true;
             }
         }
@@ -4118,5 +4125,30 @@ mod index_lookup_tests {
             .get_by_index(&reader, "UX_U", &[Value::Int(10)])
             .unwrap();
         assert_eq!(found, [vec![Value::Int(5), Value::Int(10)]]);
+
+        // That swap read half way: a change of a unique value puts the row's new entry in,
+        // then its value, then takes its old entry out, so a lookup of U=20 could find row 5's
+        // old entry (20 -> 5) together with its new value (U=10), which the swap then
+        // committed as it was. Row 5 has no match for 20, and neither its value (unchanged
+        // since the read) nor its lock (gone by the check) told the pass that row 2 took 20.
+        let half_way = table.index_candidates(index, &encoded).unwrap();
+        assert_eq!(half_way.len(), 1, "row 5, U=10");
+        let twenty = table
+            .encode_lookup_key(index, &[Value::Int(20)])
+            .unwrap()
+            .unwrap();
+        let (rows, look_again) = table
+            .committed_index_matches(&reader, index, &twenty, half_way)
+            .unwrap();
+        assert!(rows.is_empty());
+        assert!(
+            look_again,
+            "a row found under a key its committed values do not have must send the lookup \
+             back to the index"
+        );
+        let found = table
+            .get_by_index(&reader, "UX_U", &[Value::Int(20)])
+            .unwrap();
+        assert_eq!(found, [vec![Value::Int(2), Value::Int(20)]]);
     }
 }
