@@ -2730,9 +2730,9 @@ impl Table {
             let (rows, look_again) =
                 self.committed_index_matches(session, index, &encoded, candidates)?;
             // Another pass reads everything again (rows this one returned may have moved
-            // since), but only when a row was found gone or changed, and at most a few times,
-            // so writers that never stop cannot starve the lookup: a row moved more often than
-            // that may be missed, as a scan may miss it.
+            // since), but only when a row found was gone or did not match, and at most a few
+            // times, so writers that never stop cannot starve the lookup: a row moved more often
+            // than that may be missed, as a scan may miss it.
             if !look_again || pass >= INDEX_LOOKUP_MAX_PASSES {
                 return Ok(rows);
             }
@@ -4052,7 +4052,8 @@ mod index_lookup_tests {
     /// its new key. It skipped the row instead, as if it had been deleted, and the lookup
     /// returned nothing for a value a committed row held all along
     /// (`tests/update_model.rs`'s concurrent part found it; this is that interleaving, its
-    /// steps run one after another).
+    /// steps run one after another). Then the same for a row whose unique value went to
+    /// another row in one commit, and for a row read half way through such a swap.
     #[test]
     fn an_index_lookup_reads_again_when_a_row_moved_after_it_was_found() {
         let db = Database::create(DatabaseOptions::default()).unwrap();
