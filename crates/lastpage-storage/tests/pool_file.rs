@@ -70,6 +70,28 @@ fn checkpoint(pool: &BufferPool, tree: &BTree) {
     pending.finish(pool, &blob(tree)).unwrap();
 }
 
+/// A new tree on `pool` whose inserts take `path`.
+fn create(pool: &Arc<BufferPool>, path: InsertPath) -> BTree {
+    BTree::create(Arc::clone(pool), INDEX, options(path)).unwrap()
+}
+
+/// Inserts `rows` random four-byte keys into `tree`, and into `oracle` those the tree took: a
+/// key drawn a second time is refused as a duplicate, so the oracle must not count it twice.
+fn insert_random(
+    tree: &BTree,
+    oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    rng: &mut StdRng,
+    rows: usize,
+) {
+    for _ in 0..rows {
+        let key = rng.random::<u32>().to_be_bytes().to_vec();
+        let value = value_for(&key);
+        if tree.insert(&key, &value).is_ok() {
+            oracle.insert(key, value);
+        }
+    }
+}
+
 #[test]
 fn a_tree_much_larger_than_the_budget_stays_correct_on_both_insert_paths() {
     let seed = common::seed();
@@ -77,7 +99,7 @@ fn a_tree_much_larger_than_the_budget_stays_correct_on_both_insert_paths() {
         let fs = faulty(seed);
         let (pool, blob) = open(&fs, 64);
         assert_eq!(blob, None);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap();
+        let tree = create(&pool, path);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut oracle = BTreeMap::new();
         for i in 0..40_000u64 {
@@ -125,7 +147,7 @@ fn concurrent_inserters_and_readers_under_a_tiny_budget() {
         calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }));
-    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    let tree = create(&pool, InsertPath::Default);
     const THREADS: u64 = 8;
     const ROWS: u64 = 2_000;
     std::thread::scope(|scope| {
@@ -183,22 +205,13 @@ fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
         let fs = faulty(seed);
         let (pool, _) = open(&fs, 24);
         let path = InsertPath::ALL[round as usize % 2];
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap();
+        let tree = create(&pool, path);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut oracle = BTreeMap::new();
-        let mut insert = |tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, rows: usize| {
-            for _ in 0..rows {
-                let key = rng.random::<u32>().to_be_bytes().to_vec();
-                let value = value_for(&key);
-                if tree.insert(&key, &value).is_ok() {
-                    oracle.insert(key, value);
-                }
-            }
-        };
-        insert(&tree, &mut oracle, 2_000);
+        insert_random(&tree, &mut oracle, &mut rng, 2_000);
         checkpoint(&pool, &tree);
         // A second image, so that slots get freed and reused.
-        insert(&tree, &mut oracle, 1_000);
+        insert_random(&tree, &mut oracle, &mut rng, 1_000);
         for key in oracle.keys().step_by(5).cloned().collect::<Vec<_>>() {
             tree.delete(&key).unwrap();
             oracle.remove(&key);
@@ -206,7 +219,7 @@ fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
         checkpoint(&pool, &tree);
         let snapshot = oracle.clone();
         // Changes after the checkpoint, evicted to the file, then lost in the crash.
-        insert(&tree, &mut oracle, 1_500);
+        insert_random(&tree, &mut oracle, &mut rng, 1_500);
         for key in snapshot.keys().step_by(3) {
             tree.update(key, b"changed").unwrap();
         }
@@ -214,7 +227,7 @@ fn a_checkpoint_survives_evictions_after_it_and_a_crash() {
         assert!(evictions > 0);
         // A capture that never finishes must not disturb the durable image either.
         let abandoned = pool.checkpoint_capture().unwrap();
-        insert(&tree, &mut oracle, 300);
+        insert_random(&tree, &mut oracle, &mut rng, 300);
         drop(abandoned);
         drop(tree);
         drop(pool);
@@ -242,7 +255,7 @@ fn a_torn_meta_slot_falls_back_to_the_previous_image() {
     let seed = common::seed();
     let fs = faulty(seed);
     let (pool, _) = open(&fs, 32);
-    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    let tree = create(&pool, InsertPath::Default);
     let mut oracle = BTreeMap::new();
     for i in 0..3_000u32 {
         let key = i.to_be_bytes().to_vec();
@@ -276,7 +289,7 @@ fn a_corrupt_page_slot_is_reported_not_a_panic() {
     let seed = common::seed();
     let fs = faulty(seed);
     let (pool, _) = open(&fs, 32);
-    let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Default)).unwrap();
+    let tree = create(&pool, InsertPath::Default);
     for i in 0..1_500u32 {
         let key = i.to_be_bytes().to_vec();
         tree.insert(&key, &value_for(&key)).unwrap();
@@ -328,7 +341,7 @@ fn a_failed_fsync_fails_the_checkpoint_and_reopening_gives_the_previous_image() 
     for nth in 1..=3u64 {
         let fs = faulty(base.wrapping_add(nth));
         let (pool, _) = open(&fs, 24);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let tree = create(&pool, InsertPath::Classic);
         let mut oracle = BTreeMap::new();
         for i in 0..2_000u32 {
             let key = i.wrapping_mul(2_654_435_761).to_be_bytes().to_vec();
@@ -382,7 +395,7 @@ fn a_full_disk_fails_one_checkpoint_and_the_next_succeeds() {
     for room_slots in 0..32u64 {
         let fs = faulty(base.wrapping_add(room_slots));
         let (pool, _) = open(&fs, 24);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let tree = create(&pool, InsertPath::Classic);
         let mut oracle = BTreeMap::new();
         let insert = |from: u32, to: u32, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
             for i in from..to {
@@ -451,7 +464,7 @@ fn an_image_whose_meta_slot_sync_failed_is_made_durable_before_the_previous_ones
     for round in 0..6u64 {
         let fs = faulty(base.wrapping_add(round));
         let (pool, _) = open(&fs, 24);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let tree = create(&pool, InsertPath::Classic);
         let mut oracle = BTreeMap::new();
         let insert =
             |tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, rows: std::ops::Range<u32>| {
@@ -503,29 +516,15 @@ fn pages_changed_and_evicted_between_capture_and_finish_keep_both_versions() {
         let seed = base.wrapping_add(round);
         let fs = faulty(seed);
         let (pool, _) = open(&fs, 16);
-        let tree = BTree::create(
-            Arc::clone(&pool),
-            INDEX,
-            options(InsertPath::ALL[round as usize % 2]),
-        )
-        .unwrap();
+        let tree = create(&pool, InsertPath::ALL[round as usize % 2]);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut oracle = BTreeMap::new();
-        let mut insert = |tree: &BTree, oracle: &mut BTreeMap<Vec<u8>, Vec<u8>>, rows: usize| {
-            for _ in 0..rows {
-                let key = rng.random::<u32>().to_be_bytes().to_vec();
-                let value = value_for(&key);
-                if tree.insert(&key, &value).is_ok() {
-                    oracle.insert(key, value);
-                }
-            }
-        };
-        insert(&tree, &mut oracle, 1_500);
+        insert_random(&tree, &mut oracle, &mut rng, 1_500);
         let snapshot = oracle.clone();
         let image_blob = blob(&tree);
         let pending = pool.checkpoint_capture().unwrap();
         // Writers resume before the copies are written.
-        insert(&tree, &mut oracle, 1_500);
+        insert_random(&tree, &mut oracle, &mut rng, 1_500);
         for key in snapshot.keys().step_by(4) {
             tree.update(key, b"after the capture").unwrap();
             oracle.insert(key.clone(), b"after the capture".to_vec());
@@ -534,7 +533,7 @@ fn pages_changed_and_evicted_between_capture_and_finish_keep_both_versions() {
         assert_matches(&tree, &oracle);
         pending.finish(&pool, &image_blob).unwrap();
         // The live tree still has everything, through further evictions and reloads.
-        insert(&tree, &mut oracle, 500);
+        insert_random(&tree, &mut oracle, &mut rng, 500);
         assert_matches(&tree, &oracle);
         drop(tree);
         drop(pool);
@@ -556,7 +555,7 @@ fn pages_written_ahead_of_a_capture_while_writers_go_on_are_in_its_image() {
         let budget_pages = [48, 4096][round as usize % 2];
         let (pool, _) = open(&fs, budget_pages);
         let path = InsertPath::ALL[round as usize % 2];
-        let tree = Arc::new(BTree::create(Arc::clone(&pool), INDEX, options(path)).unwrap());
+        let tree = Arc::new(create(&pool, path));
         let oracle = Arc::new(std::sync::Mutex::new(BTreeMap::<Vec<u8>, Vec<u8>>::new()));
         let writers: Vec<_> = (0..3u64)
             .map(|thread| {
@@ -623,12 +622,7 @@ fn full_disks_again_and_again_with_evictions_between_capture_and_finish() {
         let seed = base.wrapping_add(round);
         let fs = faulty(seed);
         let (pool, _) = open(&fs, 12);
-        let tree = BTree::create(
-            Arc::clone(&pool),
-            INDEX,
-            options(InsertPath::ALL[round as usize % 2]),
-        )
-        .unwrap();
+        let tree = create(&pool, InsertPath::ALL[round as usize % 2]);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut oracle = BTreeMap::new();
         let mut durable: Option<BTreeMap<Vec<u8>, Vec<u8>>> = None;
@@ -754,7 +748,7 @@ fn a_failed_finish_frees_the_slots_of_pages_that_moved_since_the_capture() {
     for fail in [false, true] {
         let fs = faulty(seed);
         let (pool, _) = open(&fs, 12);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
+        let tree = create(&pool, InsertPath::Classic);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut oracle = BTreeMap::new();
         for i in 0..3_000u32 {
