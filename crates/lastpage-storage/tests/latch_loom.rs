@@ -107,6 +107,55 @@ impl Guarded {
         self.write(self.read() + 1);
         self.leave(Exclusive);
     }
+
+    /// The value as read under the latch in `mode`, once the model's threads have finished.
+    fn final_value(&self, mode: LatchMode) -> u64 {
+        self.latch.acquire(mode);
+        let value = self.read();
+        self.latch.release(mode);
+        value
+    }
+}
+
+/// Runs `body` on a thread of its own, with its own handle on `guarded`. (A free function: loom's
+/// `Arc` cannot be a method's receiver.)
+fn spawn_with(
+    guarded: &Arc<Guarded>,
+    body: impl FnOnce(&Guarded) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let guarded = guarded.clone();
+    thread::spawn(move || body(&guarded))
+}
+
+/// A latch that threads queue on, and the order in which they got it, for the tests of who is
+/// served first.
+struct Queue {
+    latch: Arc<Latch>,
+    order: Arc<Mutex<Vec<char>>>,
+}
+
+impl Queue {
+    fn new(policy: LatchPolicy) -> Queue {
+        Queue {
+            latch: Arc::new(Latch::new(policy, LatchClass::Buffer)),
+            order: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// A thread that takes the latch in `mode`, records `name` while it holds it, and leaves.
+    fn spawn(&self, name: char, mode: LatchMode) -> thread::JoinHandle<()> {
+        let latch = self.latch.clone();
+        let order = self.order.clone();
+        thread::spawn(move || {
+            latch.acquire(mode);
+            order.lock().unwrap().push(name);
+            latch.release(mode);
+        })
+    }
+
+    fn order(&self) -> Vec<char> {
+        self.order.lock().unwrap().clone()
+    }
 }
 
 fn wait_until_parked(latch: &Latch, count: usize) {
@@ -120,16 +169,11 @@ fn exclusive_holders_exclude_each_other() {
     both(2, |policy| {
         let guarded = Guarded::new(policy);
         let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let guarded = guarded.clone();
-                thread::spawn(move || guarded.increment())
-            })
+            .map(|_| spawn_with(&guarded, Guarded::increment))
             .collect();
         guarded.increment();
         threads.into_iter().for_each(|t| t.join().unwrap());
-        guarded.latch.acquire(Shared);
-        assert_eq!(guarded.read(), 3);
-        guarded.latch.release(Shared);
+        assert_eq!(guarded.final_value(Shared), 3);
     });
 }
 
@@ -137,19 +181,13 @@ fn exclusive_holders_exclude_each_other() {
 fn readers_and_an_updater_exclude_a_writer() {
     both(2, |policy| {
         let guarded = Guarded::new(policy);
-        let writer = {
-            let guarded = guarded.clone();
-            thread::spawn(move || guarded.increment())
-        };
-        let updater = {
-            let guarded = guarded.clone();
-            thread::spawn(move || {
-                guarded.enter(Update);
-                let seen = guarded.read();
-                assert!(seen <= 1);
-                guarded.leave(Update);
-            })
-        };
+        let writer = spawn_with(&guarded, Guarded::increment);
+        let updater = spawn_with(&guarded, |guarded| {
+            guarded.enter(Update);
+            let seen = guarded.read();
+            assert!(seen <= 1);
+            guarded.leave(Update);
+        });
         guarded.enter(Shared);
         let seen = guarded.read();
         guarded.leave(Shared);
@@ -186,19 +224,13 @@ fn compatible_modes_are_held_together() {
 fn upgrade_and_downgrade_admit_no_writer_in_between() {
     both(2, |policy| {
         let guarded = Guarded::new(policy);
-        let writer = {
-            let guarded = guarded.clone();
-            thread::spawn(move || guarded.increment())
-        };
-        let reader = {
-            let guarded = guarded.clone();
-            thread::spawn(move || {
-                guarded.enter(Shared);
-                let seen = guarded.read();
-                assert!(matches!(seen, 0 | 1 | 10 | 11), "{seen}");
-                guarded.leave(Shared);
-            })
-        };
+        let writer = spawn_with(&guarded, Guarded::increment);
+        let reader = spawn_with(&guarded, |guarded| {
+            guarded.enter(Shared);
+            let seen = guarded.read();
+            assert!(matches!(seen, 0 | 1 | 10 | 11), "{seen}");
+            guarded.leave(Shared);
+        });
         guarded.enter(Update);
         let before = guarded.read();
         guarded.shared_inside.fetch_sub(1, Ordering::SeqCst);
@@ -218,9 +250,7 @@ fn upgrade_and_downgrade_admit_no_writer_in_between() {
         guarded.leave(Shared);
         writer.join().unwrap();
         reader.join().unwrap();
-        guarded.latch.acquire(Shared);
-        assert_eq!(guarded.read(), 11);
-        guarded.latch.release(Shared);
+        assert_eq!(guarded.final_value(Shared), 11);
     });
 }
 
@@ -231,16 +261,13 @@ fn a_waiting_upgrader_keeps_new_readers_out() {
     both(3, |policy| {
         let guarded = Guarded::new(policy);
         guarded.latch.acquire(Shared);
-        let upgrader = {
-            let guarded = guarded.clone();
-            thread::spawn(move || {
-                guarded.latch.acquire(Update);
-                let before = guarded.read();
-                guarded.latch.upgrade();
-                guarded.write(before + 1);
-                guarded.latch.release(Exclusive);
-            })
-        };
+        let upgrader = spawn_with(&guarded, |guarded| {
+            guarded.latch.acquire(Update);
+            let before = guarded.read();
+            guarded.latch.upgrade();
+            guarded.write(before + 1);
+            guarded.latch.release(Exclusive);
+        });
         // Wait until the upgrader holds the update latch and waits for us.
         wait_until_parked(&guarded.latch, 1);
         assert!(
@@ -259,26 +286,16 @@ fn a_waiting_upgrader_keeps_new_readers_out() {
 /// Main holds the latch in `held`; A then B queue for `a` and `b`; main releases. Everyone must
 /// finish, and with the fifo latch A must be served before B.
 fn queue_of_two(policy: LatchPolicy, held: LatchMode, a: LatchMode, b: LatchMode) {
-    let latch = Arc::new(Latch::new(policy, LatchClass::Buffer));
-    let order = Arc::new(Mutex::new(Vec::new()));
-    latch.acquire(held);
-    let spawn = |name: char, mode: LatchMode| {
-        let latch = latch.clone();
-        let order = order.clone();
-        thread::spawn(move || {
-            latch.acquire(mode);
-            order.lock().unwrap().push(name);
-            latch.release(mode);
-        })
-    };
-    let first = spawn('A', a);
-    wait_until_parked(&latch, 1);
-    let second = spawn('B', b);
-    wait_until_parked(&latch, 2);
-    latch.release(held);
+    let queue = Queue::new(policy);
+    queue.latch.acquire(held);
+    let first = queue.spawn('A', a);
+    wait_until_parked(&queue.latch, 1);
+    let second = queue.spawn('B', b);
+    wait_until_parked(&queue.latch, 2);
+    queue.latch.release(held);
     first.join().unwrap();
     second.join().unwrap();
-    let order = order.lock().unwrap().clone();
+    let order = queue.order();
     assert_eq!(order.len(), 2);
     if policy == LatchPolicy::Fifo && !(a == Shared && b == Shared) {
         assert_eq!(
@@ -308,30 +325,20 @@ fn queued_waiters_are_all_woken_and_fifo_serves_them_in_order() {
 #[test]
 fn a_reader_does_not_overtake_a_queued_writer() {
     both(3, |policy| {
-        let latch = Arc::new(Latch::new(policy, LatchClass::Buffer));
-        let order = Arc::new(Mutex::new(Vec::new()));
-        latch.acquire(Shared);
-        let spawn = |name: char, mode: LatchMode| {
-            let latch = latch.clone();
-            let order = order.clone();
-            thread::spawn(move || {
-                latch.acquire(mode);
-                order.lock().unwrap().push(name);
-                latch.release(mode);
-            })
-        };
-        let writer = spawn('W', Exclusive);
-        wait_until_parked(&latch, 1);
+        let queue = Queue::new(policy);
+        queue.latch.acquire(Shared);
+        let writer = queue.spawn('W', Exclusive);
+        wait_until_parked(&queue.latch, 1);
         assert!(
-            !latch.try_acquire(Shared),
+            !queue.latch.try_acquire(Shared),
             "a newcomer barged past the queued writer"
         );
-        let reader = spawn('R', Shared);
-        wait_until_parked(&latch, 2);
-        latch.release(Shared);
+        let reader = queue.spawn('R', Shared);
+        wait_until_parked(&queue.latch, 2);
+        queue.latch.release(Shared);
         writer.join().unwrap();
         reader.join().unwrap();
-        assert_eq!(*order.lock().unwrap(), ['W', 'R']);
+        assert_eq!(queue.order(), ['W', 'R']);
     });
 }
 
@@ -372,9 +379,7 @@ fn fifo_hands_off_and_adaptive_lets_a_running_thread_barge() {
             }
             tried.store(1, Ordering::SeqCst);
             waiter.join().unwrap();
-            guarded.latch.acquire(Shared);
-            assert_eq!(guarded.read(), 1 + u64::from(barged));
-            guarded.latch.release(Shared);
+            assert_eq!(guarded.final_value(Shared), 1 + u64::from(barged));
         });
         let barged = BARGED.load(std::sync::atomic::Ordering::SeqCst);
         match policy {
@@ -391,18 +396,13 @@ fn contended_mixed_modes_never_lose_a_wake_up() {
     both(2, |policy| {
         let guarded = Guarded::new(policy);
         let writers: Vec<_> = (0..2)
-            .map(|_| {
-                let guarded = guarded.clone();
-                thread::spawn(move || guarded.increment())
-            })
+            .map(|_| spawn_with(&guarded, Guarded::increment))
             .collect();
         guarded.enter(Shared);
         assert!(guarded.read() <= 2);
         guarded.leave(Shared);
         writers.into_iter().for_each(|t| t.join().unwrap());
-        guarded.latch.acquire(Exclusive);
-        assert_eq!(guarded.read(), 2);
-        guarded.latch.release(Exclusive);
+        assert_eq!(guarded.final_value(Exclusive), 2);
     });
 }
 
