@@ -35,6 +35,41 @@ fn insert_json(args: &[&str]) -> Value {
     })
 }
 
+/// Runs `bench insert <args> --json` up to `attempts` times and returns the first report in
+/// which `waited` (which also asserts what every run must show) finds the waits the test looks
+/// for. Whether such a wait forms at all depends on the scheduler, so one run without it proves
+/// nothing. Panics with `none` and the last report if no run waited.
+fn insert_json_until_waits(
+    attempts: usize,
+    args: &[&str],
+    waited: impl Fn(&Value) -> bool,
+    none: &str,
+) -> Value {
+    let mut last = Value::Null;
+    for _attempt in 0..attempts {
+        let report = insert_json(args);
+        if waited(&report) {
+            return report;
+        }
+        last = report;
+    }
+    panic!("{none}: {last}");
+}
+
+/// Runs `lastpage <args>` and asserts that it failed as a usage error should: exit code 2, a
+/// message on stderr that names `expected`, no panic and nothing on stdout.
+fn assert_usage_error(args: &[&str], expected: &str) {
+    let output = lastpage(args);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{args:?}: stderr should mention {expected}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
+}
+
 fn assert_wait_fields(report: &Value, wait: &str) {
     let entry = &report["waits"][wait];
     for field in [
@@ -146,15 +181,7 @@ fn bad_flags_fail_cleanly() {
     for (args, expected) in cases {
         let mut all = vec!["bench", "insert"];
         all.extend_from_slice(args);
-        let output = lastpage(&all);
-        let stderr = text(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{all:?}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "{all:?}: stderr should mention {expected}: {stderr}"
-        );
-        assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{all:?} printed to stdout");
+        assert_usage_error(&all, expected);
     }
     let output = lastpage(&["bench", "insert-compare", "--repeat", "0"]);
     assert_eq!(output.status.code(), Some(2));
@@ -171,9 +198,9 @@ fn fair_latches_convoy_on_the_last_page() {
     // processor 7 runs of 12 saw none. With 5,000 rows a thread outlasts its time slice, so
     // it is preempted, sometimes holding the last page's latch: pinned to one processor,
     // each of 12 runs saw 50 to 104 waits. Up to three attempts stay for a rare schedule.
-    let mut last = Value::Null;
-    for _attempt in 0..3 {
-        let report = insert_json(&[
+    let report = insert_json_until_waits(
+        3,
+        &[
             "--latch",
             "fifo",
             "--threads",
@@ -182,30 +209,29 @@ fn fair_latches_convoy_on_the_last_page() {
             "ascending",
             "--rows-per-thread",
             "5000",
-        ]);
-        assert_eq!(report["rows"], 64 * 5000);
-        assert_eq!(report["integrity"], "ok");
-        let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
-            .as_u64()
-            .unwrap_or(0);
-        // Every wait happens inside some session's insert, so attribution adds up exactly.
-        assert_eq!(
-            report["session_attribution"]["pagelatch_ex_sessions"].as_u64(),
-            Some(global),
-            "{report}"
-        );
-        if global > 0 {
-            assert!(
-                report["context_switches_per_row"]
-                    .as_f64()
-                    .is_some_and(|switches| switches > 0.0),
+        ],
+        |report| {
+            assert_eq!(report["rows"], 64 * 5000);
+            assert_eq!(report["integrity"], "ok");
+            let global = report["waits"]["PAGELATCH_EX"]["waiting_tasks_count"]
+                .as_u64()
+                .unwrap_or(0);
+            // Every wait happens inside some session's insert, so attribution adds up exactly.
+            assert_eq!(
+                report["session_attribution"]["pagelatch_ex_sessions"].as_u64(),
+                Some(global),
                 "{report}"
             );
-            return;
-        }
-        last = report;
-    }
-    panic!("no PAGELATCH_EX waits in three runs: {last}");
+            global > 0
+        },
+        "no PAGELATCH_EX waits in three runs",
+    );
+    assert!(
+        report["context_switches_per_row"]
+            .as_f64()
+            .is_some_and(|switches| switches > 0.0),
+        "{report}"
+    );
 }
 
 #[test]
@@ -365,27 +391,26 @@ fn flow_control_waits_show_up_with_ofsk() {
     // another, some of them wait at the index's entrance. Up to five attempts of 2,000 rows
     // each (500 rows took 7 ms, and on a machine busy with other work three such runs once
     // went by without a wait).
-    let mut last = Value::Null;
-    for _attempt in 0..5 {
-        let report = insert_json(&[
+    let report = insert_json_until_waits(
+        5,
+        &[
             "--threads",
             "32",
             "--rows-per-thread",
             "2000",
             "--remedy",
             "ofsk",
-        ]);
-        assert_eq!(report["integrity"], "ok", "{report}");
-        let flow = report["waits"]["BTREE_INSERT_FLOW_CONTROL"]["waiting_tasks_count"]
-            .as_u64()
-            .unwrap_or(0);
-        if flow > 0 {
-            assert!(report["waits_per_row"]["BTREE_INSERT_FLOW_CONTROL"].as_f64() > Some(0.0));
-            return;
-        }
-        last = report;
-    }
-    panic!("no BTREE_INSERT_FLOW_CONTROL waits in five runs: {last}");
+        ],
+        |report| {
+            assert_eq!(report["integrity"], "ok", "{report}");
+            let flow = report["waits"]["BTREE_INSERT_FLOW_CONTROL"]["waiting_tasks_count"]
+                .as_u64()
+                .unwrap_or(0);
+            flow > 0
+        },
+        "no BTREE_INSERT_FLOW_CONTROL waits in five runs",
+    );
+    assert!(report["waits_per_row"]["BTREE_INSERT_FLOW_CONTROL"].as_f64() > Some(0.0));
 }
 
 #[test]
@@ -553,15 +578,7 @@ fn bad_remedy_and_matrix_flags_fail_cleanly() {
     for (args, expected) in cases {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
-        let output = lastpage(&all);
-        let stderr = text(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{all:?}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "{all:?}: stderr should mention {expected}: {stderr}"
-        );
-        assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{all:?} printed to stdout");
+        assert_usage_error(&all, expected);
     }
 }
 
@@ -579,6 +596,14 @@ impl Scratch {
 
     fn path(&self, child: &str) -> String {
         self.0.join(child).display().to_string()
+    }
+
+    /// Asserts that `what` (a bench, which removes its run's files at the end) left nothing here.
+    fn assert_left_empty(&self, what: &str) {
+        let left: Vec<_> = std::fs::read_dir(&self.0)
+            .expect("read the scratch directory")
+            .collect();
+        assert!(left.is_empty(), "{what} left files behind");
     }
 }
 
@@ -756,10 +781,7 @@ fn durable_bench_runs_both_engines() {
         }
     }
     // The run's directory is removed at the end.
-    let left: Vec<_> = std::fs::read_dir(&scratch.0)
-        .expect("read the scratch directory")
-        .collect();
-    assert!(left.is_empty(), "bench durable left files behind");
+    scratch.assert_left_empty("bench durable");
 }
 
 /// A run limited by rows counts every pipelined batch: its last batches become durable with
@@ -848,10 +870,7 @@ fn recovery_bench_replays_the_whole_log() {
         "{}",
         text(&output.stderr)
     );
-    let left: Vec<_> = std::fs::read_dir(&scratch.0)
-        .expect("read the scratch directory")
-        .collect();
-    assert!(left.is_empty(), "bench recovery left files behind");
+    scratch.assert_left_empty("bench recovery");
 }
 
 /// A child that fails or dies before the kill fails the crash test: with more than one
@@ -990,15 +1009,7 @@ fn bad_durability_flags_fail_cleanly() {
         ),
     ];
     for (args, expected) in cases {
-        let output = lastpage(args);
-        let stderr = text(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "{args:?}: stderr should mention {expected}: {stderr}"
-        );
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
+        assert_usage_error(args, expected);
     }
 }
 
@@ -1034,8 +1045,5 @@ fn checkpoint_bench_times_a_writer_through_a_checkpoint() {
         assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{report}");
     }
     assert!(report["throughput_ratio"].is_number(), "{report}");
-    let left: Vec<_> = std::fs::read_dir(&scratch.0)
-        .expect("read the scratch directory")
-        .collect();
-    assert!(left.is_empty(), "bench checkpoint left files behind");
+    scratch.assert_left_empty("bench checkpoint");
 }
