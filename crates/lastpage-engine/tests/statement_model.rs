@@ -560,7 +560,33 @@ fn state_of(oracle: &Oracle) -> Vec<String> {
 /// The value of C in rows that are never committed (see `Run::doomed`); C is 0..6 otherwise.
 const DOOMED: i32 = 77;
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// A run that starts with an empty oracle, outside a transaction, alone on its rows and
+    /// keeping no history; the tests that need otherwise set those fields on top.
+    fn new(
+        rng: &'a mut StdRng,
+        log: String,
+        schema: Schema,
+        table: Arc<Table>,
+        session: Session,
+    ) -> Run<'a> {
+        Run {
+            rng,
+            log: vec![log],
+            schema,
+            table,
+            session,
+            oracle: Oracle::default(),
+            committed: None,
+            last_identity: None,
+            thread: None,
+            doomed: false,
+            history: None,
+            delayed: false,
+            last_commit_delayed: false,
+        }
+    }
+
     /// `rows` with C set to [`DOOMED`] (and H computed again).
     fn marked(&self, rows: &[Vec<Value>]) -> Vec<Vec<Value>> {
         let c = self.schema.pos(Col::C).unwrap();
@@ -1401,21 +1427,7 @@ fn run_case(rng: &mut StdRng, db: &Database, steps: usize) -> (Schema, Oracle, V
     let schema = Schema::random(rng, false);
     let table = db.create_table(schema.def()).unwrap();
     let session = db.session();
-    let mut run = Run {
-        rng,
-        log: vec![format!("{schema:?}")],
-        schema,
-        table,
-        session,
-        oracle: Oracle::default(),
-        committed: None,
-        last_identity: None,
-        thread: None,
-        doomed: false,
-        history: None,
-        delayed: false,
-        last_commit_delayed: false,
-    };
+    let mut run = Run::new(rng, format!("{schema:?}"), schema, table, session);
     for _ in 0..steps {
         run.step();
     }
@@ -1459,19 +1471,8 @@ fn statements_match_an_oracle_after_a_crash() {
         let table = db.create_table(def).unwrap();
         let session = db.session();
         let mut run = Run {
-            rng: &mut rng,
-            log: vec![format!("{schema:?}")],
-            schema,
-            table,
-            session,
-            oracle: Oracle::default(),
-            committed: None,
-            last_identity: None,
-            thread: None,
-            doomed: false,
             history: Some((vec![Vec::new()], 0)),
-            delayed: false,
-            last_commit_delayed: false,
+            ..Run::new(&mut rng, format!("{schema:?}"), schema, table, session)
         };
         for step in 0..steps {
             run.step();
@@ -1550,11 +1551,6 @@ fn statements_match_an_oracle_after_a_crash() {
         }
         // Further statements on the reopened table still match.
         let mut run = Run {
-            rng: &mut rng,
-            log: vec![format!("reopened {schema:?}")],
-            schema: schema.clone(),
-            table,
-            session,
             oracle: Oracle {
                 rows: read(
                     &db.table("T").unwrap(),
@@ -1563,13 +1559,13 @@ fn statements_match_an_oracle_after_a_crash() {
                     Direction::Forward,
                 ),
             },
-            committed: None,
-            last_identity: None,
-            thread: None,
-            doomed: false,
-            history: None,
-            delayed: false,
-            last_commit_delayed: false,
+            ..Run::new(
+                &mut rng,
+                format!("reopened {schema:?}"),
+                schema.clone(),
+                table,
+                session,
+            )
         };
         for _ in 0..30 {
             run.step();
@@ -1611,19 +1607,14 @@ fn statements_match_an_oracle_while_other_threads_write() {
         // every scan must return them all.
         let permanent = {
             let mut run = Run {
-                rng: &mut rng,
-                log: vec![format!("permanent rows: {schema:?}")],
-                schema: schema.clone(),
-                table: Arc::clone(&table),
-                session: db.session(),
-                oracle: Oracle::default(),
-                committed: None,
-                last_identity: None,
                 thread: Some(9),
-                doomed: false,
-                history: None,
-                delayed: false,
-                last_commit_delayed: false,
+                ..Run::new(
+                    &mut rng,
+                    format!("permanent rows: {schema:?}"),
+                    schema.clone(),
+                    Arc::clone(&table),
+                    db.session(),
+                )
             };
             for _ in 0..8 {
                 run.insert_many();
@@ -1704,19 +1695,14 @@ fn statements_match_an_oracle_while_other_threads_write() {
                     scope.spawn(move || {
                         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(thread_seed);
                         let mut run = Run {
-                            rng: &mut rng,
-                            log: vec![format!("thread {t}: {schema:?}")],
-                            schema: schema.clone(),
-                            table: Arc::clone(table),
-                            session: db.session(),
-                            oracle: Oracle::default(),
-                            committed: None,
-                            last_identity: None,
                             thread: Some(t as i64),
-                            doomed: false,
-                            history: None,
-                            delayed: false,
-                            last_commit_delayed: false,
+                            ..Run::new(
+                                &mut rng,
+                                format!("thread {t}: {schema:?}"),
+                                schema.clone(),
+                                Arc::clone(table),
+                                db.session(),
+                            )
                         };
                         for _ in 0..400 {
                             run.step();
