@@ -24,22 +24,15 @@ use rand::{Rng, SeedableRng};
 mod common;
 
 use common::{
-    DIR, accounts, accounts_by_balance, crash, in_memory_with_lock_timeout, notes, open, options,
-    orders, orders_rows, seed, wait_until, while_blocked,
+    CRASH_MODES, DIR, accounts, accounts_by_balance, crash, delayed_options,
+    in_memory_with_lock_timeout, notes, open, options, options_without_background_flush, orders,
+    orders_rows, seed, wait_until, while_blocked,
 };
 
 /// Opens with DELAYED durability by default and no background flush in practice (an hour's
 /// interval): the log reaches the disk only when something flushes it.
 fn open_delayed(fs: &FaultyFileSystem) -> Database {
-    Database::open(
-        DIR,
-        DatabaseOptions {
-            durability: Durability::Delayed,
-            delayed_flush_interval: Duration::from_secs(3600),
-            ..options(fs)
-        },
-    )
-    .unwrap()
+    Database::open(DIR, delayed_options(fs)).unwrap()
 }
 
 /// Opens the crashed copy `after` and checks that every id in `acknowledged` is in `Orders`.
@@ -93,11 +86,7 @@ fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
         if round % 3 == 0 {
             db.checkpoint().unwrap();
         }
-        let mode = [
-            CrashMode::Random,
-            CrashMode::LoseUnsynced,
-            CrashMode::KeepUnsynced,
-        ][(round % 3) as usize];
+        let mode = CRASH_MODES[(round % 3) as usize];
         let after = crash(&fs, mode, db, session, open_session);
         let db = open(&after);
         let rows = orders_rows(&db);
@@ -2827,14 +2816,7 @@ fn a_commit_tickets_wait_is_its_sessions() {
 fn a_flush_requested_while_the_flusher_waits_for_a_group_commit_is_not_lost() {
     let step = Duration::from_millis(60);
     let fs = FaultyFileSystem::new(FaultyConfig::new(31).sync_delay(step * 5));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            delayed_flush_interval: Duration::from_secs(3600),
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = Database::open(DIR, options_without_background_flush(&fs)).unwrap();
     let table = db.create_table(accounts()).unwrap();
     let full_commit = |id: i64| {
         let table = Arc::clone(&table);
@@ -2889,14 +2871,7 @@ fn pipelined_commits_are_durable_once_their_ticket_returns() {
         let fs = FaultyFileSystem::new(
             FaultyConfig::new(round_seed).sync_delay(Duration::from_millis(1)),
         );
-        let db = Database::open(
-            DIR,
-            DatabaseOptions {
-                delayed_flush_interval: Duration::from_secs(3600),
-                ..options(&fs)
-            },
-        )
-        .unwrap();
+        let db = Database::open(DIR, options_without_background_flush(&fs)).unwrap();
         let table = db.create_table(orders()).unwrap();
         let session = db.session();
         let mut batches: Vec<Vec<i64>> = Vec::new();
@@ -2940,11 +2915,7 @@ fn pipelined_commits_are_durable_once_their_ticket_returns() {
         let open_session = db.session();
         open_session.begin().unwrap();
         let uncommitted = insert_order(&db, &open_session).unwrap();
-        let mode = [
-            CrashMode::Random,
-            CrashMode::LoseUnsynced,
-            CrashMode::KeepUnsynced,
-        ][(round % 3) as usize];
+        let mode = CRASH_MODES[(round % 3) as usize];
         let after = crash(&fs, mode, db, (session, table, in_flight), open_session);
         let db = open(&after);
         let rows = orders_rows(&db);

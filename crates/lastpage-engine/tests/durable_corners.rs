@@ -35,7 +35,7 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::seed;
+use common::{random_crash_mode, seed};
 
 const DIR: &str = "/db";
 
@@ -1357,15 +1357,6 @@ fn verify(
     Ok(())
 }
 
-fn random_mode(rng: &mut StdRng) -> CrashMode {
-    [
-        CrashMode::Random,
-        CrashMode::Random,
-        CrashMode::LoseUnsynced,
-        CrashMode::KeepUnsynced,
-    ][rng.random_range(0..4)]
-}
-
 /// One round: a database through several lifetimes, each ended by a crash, a power cut at a
 /// file operation, or a close, and reopened (sometimes with a crash during or right after
 /// recovery).
@@ -1439,11 +1430,11 @@ fn corner_round(seed: u64) -> Result<(), String> {
             }
         }
         let end = match rng.random_range(0..13) {
-            0..5 => End::Crash(random_mode(&mut rng)),
-            5..8 => End::Cut(random_mode(&mut rng)),
+            0..5 => End::Crash(random_crash_mode(&mut rng)),
+            5..8 => End::Cut(random_crash_mode(&mut rng)),
             8..10 => End::Close,
             10 => End::Fault(None),
-            _ => End::Fault(Some(random_mode(&mut rng))),
+            _ => End::Fault(Some(random_crash_mode(&mut rng))),
         };
         history.push(format!("cycle {cycle}: {steps} steps, then {end:?}"));
         if let Err(error) = result {
@@ -1547,7 +1538,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
         if scratch_kept != Some(true) && rng.random_bool(0.4) {
             let cut_open = CutFs::new(fs.clone());
             let at = rng.random_range(1..60);
-            cut_open.arm(at, random_mode(&mut rng));
+            cut_open.arm(at, random_crash_mode(&mut rng));
             let opened = Database::open(DIR, options_for(&cut_open, &config));
             if cut_open.fired() {
                 COVERAGE.note(3);
@@ -1564,7 +1555,7 @@ fn corner_round(seed: u64) -> Result<(), String> {
                     .map_err(|e| format!("{e}\n{history:?}\nlast steps: {log:#?}"))?;
                 scratch_kept = Some(false);
                 // And right after recovery.
-                let crashed = cut_open.inner().crash_with(random_mode(&mut rng));
+                let crashed = cut_open.inner().crash_with(random_crash_mode(&mut rng));
                 drop(opened);
                 fs = crashed;
                 history.push(format!("cycle {cycle}: crash right after the open"));

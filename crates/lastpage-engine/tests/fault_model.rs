@@ -58,14 +58,15 @@ use lastpage_engine::{
     Session, Table, TableDef, Uniqueness, Value,
 };
 use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, PowerCut,
-    Tear,
+    FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, PowerCut, Tear,
 };
 use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
+
+use common::{delayed_options, random_crash_mode};
 
 const DIR: &str = "/db";
 /// Threads committing at once.
@@ -1026,15 +1027,6 @@ fn inject(fs: &FaultyFileSystem, rng: &mut StdRng) -> (Fault, FaultRule) {
     (fault, rule)
 }
 
-fn random_mode(rng: &mut StdRng) -> CrashMode {
-    [
-        CrashMode::Random,
-        CrashMode::Random,
-        CrashMode::LoseUnsynced,
-        CrashMode::KeepUnsynced,
-    ][rng.random_range(0..4)]
-}
-
 /// Every row of `Events`: (thread, number) -> identity value.
 fn read_events(db: &Database) -> Result<BTreeMap<(i32, i32), i64>, String> {
     let table = db.table("Events").map_err(|e| format!("Events: {e}"))?;
@@ -1269,7 +1261,7 @@ fn reopen(
         }
         let cut = PowerCut::new(fs.clone());
         let at = rng.random_range(1..120);
-        let mode = random_mode(rng);
+        let mode = random_crash_mode(rng);
         cut.arm(at, mode);
         let opened = Database::open(DIR, config.options(Arc::new(cut.clone())));
         if cut.fired() {
@@ -1319,7 +1311,7 @@ fn run_case(seed: u64) -> Result<(), String> {
         // Sometimes the power goes while the threads run, at a mutating file operation.
         if rng.random_bool(0.3) {
             let at = rng.random_range(1..400);
-            let mode = random_mode(&mut rng);
+            let mode = random_crash_mode(&mut rng);
             history.push(format!(
                 "lifetime {lifetime}: power cut armed at operation {at} ({mode:?})"
             ));
@@ -1573,7 +1565,7 @@ fn run_case(seed: u64) -> Result<(), String> {
             drop(db);
             cut.after().expect("the cut fired")
         } else if rng.random_bool(0.8) {
-            let mode = random_mode(&mut rng);
+            let mode = random_crash_mode(&mut rng);
             history.push(format!(
                 "lifetime {lifetime}: {attempts} commit attempts, {acked} acknowledged, then a \
                  crash ({mode:?})"
@@ -1643,22 +1635,6 @@ fn concurrent_commits_keep_their_promises_through_injected_faults_and_crashes() 
     );
 }
 
-/// Options for the before-write hook's tests: DELAYED commits, with no background flush
-/// between the commits and the failure the test injects.
-fn delayed_options_on(fs: &FaultyFileSystem) -> DatabaseOptions {
-    DatabaseOptions {
-        file_system: Some(Arc::new(fs.clone())),
-        durability: Durability::Delayed,
-        delayed_flush_interval: Duration::from_secs(3600),
-        wal: WalConfig {
-            buffer_bytes: 1 << 20,
-            segment_bytes: 256 << 10,
-            ..WalConfig::default()
-        },
-        ..DatabaseOptions::default()
-    }
-}
-
 /// Inserts `count` rows into the events table, numbered from 0, each with `payload`.
 fn insert_events(events: &Arc<Table>, session: &Session, count: i32, payload: &str) {
     for num in 0..count {
@@ -1677,7 +1653,7 @@ fn insert_events(events: &Arc<Table>, session: &Session, count: i32, payload: &s
 #[test]
 fn a_log_flush_that_fails_ahead_of_a_checkpoint_stops_the_database() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(11));
-    let db = Database::open(DIR, delayed_options_on(&fs)).unwrap();
+    let db = Database::open(DIR, delayed_options(&fs)).unwrap();
     let events = db.create_table(events_table()).unwrap();
     let session = db.session();
     insert_events(&events, &session, 50, "delayed");
@@ -1716,7 +1692,7 @@ fn a_log_flush_that_fails_ahead_of_an_eviction_stops_the_database() {
         // No automatic checkpoint syncs anything meanwhile.
         checkpoint_log_bytes: u64::MAX,
         memory_budget_bytes: 16 * 8192,
-        ..delayed_options_on(&fs)
+        ..delayed_options(&fs)
     };
     let db = Database::open(DIR, options).unwrap();
     let events = db.create_table(events_table()).unwrap();

@@ -26,13 +26,13 @@ use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, Direction, EngineError, IndexDef, InsertRow,
     KeyRange, Table, TableDef, Uniqueness, Value,
 };
-use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
+use lastpage_io::{FaultyConfig, FaultyFileSystem};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::{DIR, cases, seed};
+use common::{CRASH_MODES, DIR, cases, seed};
 
 /// Rounds per run at `LASTPAGE_TEST_CASES=1`, within a few seconds in CI.
 const ROUNDS: usize = 8;
@@ -417,11 +417,7 @@ fn run_round(seed: u64) {
     };
     let sessions = rng.random_range(3..6);
     let crash_while_running = rng.random_bool(0.4);
-    let mode = [
-        CrashMode::Random,
-        CrashMode::LoseUnsynced,
-        CrashMode::KeepUnsynced,
-    ][rng.random_range(0..3)];
+    let mode = CRASH_MODES[rng.random_range(0..3)];
     let context = format!(
         "round seed {seed}: max_pages {max_pages}, budget {budget_pages} pages, {sessions} \
          sessions, crash {} ({mode:?})",

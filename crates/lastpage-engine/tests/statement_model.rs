@@ -15,13 +15,13 @@ use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, Direction, EngineError, IndexDef,
     InsertPath, InsertRow, KeyRange, Session, Table, TableDef, Uniqueness, Value,
 };
-use lastpage_io::{CrashMode, FaultyConfig, FaultyFileSystem};
+use lastpage_io::{FaultyConfig, FaultyFileSystem};
 use rand::Rng;
 use rand::rngs::StdRng;
 
 mod common;
 
-use common::{DIR, cases, crash, options, seeded_rng};
+use common::{CRASH_MODES, DIR, cases, crash, options, seeded_rng};
 
 /// The columns a table can have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1495,11 +1495,7 @@ fn statements_match_an_oracle_after_a_crash() {
         let schema = run.schema.clone();
         let log = std::mem::take(&mut run.log);
         let last_identity = run.last_identity;
-        let mode = [
-            CrashMode::Random,
-            CrashMode::LoseUnsynced,
-            CrashMode::KeepUnsynced,
-        ][run.rng.random_range(0..3)];
+        let mode = CRASH_MODES[run.rng.random_range(0..3)];
         let Run { table, session, .. } = run;
         let after = if in_transaction {
             crash(&fs, mode, db, table, session)

@@ -39,7 +39,9 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::{DIR, accounts, accounts_by_balance, cases, options, orders, seed, try_rows};
+use common::{
+    CRASH_MODES, DIR, accounts, accounts_by_balance, cases, options, orders, seed, try_rows,
+};
 
 const SESSIONS: usize = 3;
 const KEYS: i64 = 10;
@@ -1310,11 +1312,7 @@ fn transfers_through_a_crash(seed: u64) {
     let closing_started = std::sync::atomic::AtomicBool::new(false);
     let mut rng = StdRng::seed_from_u64(seed);
     let crash_after = Duration::from_millis(rng.random_range(5..60));
-    let mode = [
-        CrashMode::Random,
-        CrashMode::LoseUnsynced,
-        CrashMode::KeepUnsynced,
-    ][rng.random_range(0..3)];
+    let mode = CRASH_MODES[rng.random_range(0..3)];
     let (after, acknowledged, refused) = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..WRITERS)
             .map(|thread| {

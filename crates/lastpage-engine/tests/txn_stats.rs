@@ -1,14 +1,12 @@
 //! What transactions count in the statistics: the log writer's commits (the numerator of
 //! commits per fdatasync), and the WRITELOG waits of the session that waits for the log.
 
-use std::time::Duration;
-
-use lastpage_engine::{Database, DatabaseOptions, Durability, InsertRow, WaitType};
+use lastpage_engine::{Database, Durability, InsertRow, WaitType};
 use lastpage_io::{FaultyConfig, FaultyFileSystem};
 
 mod common;
 
-use common::{DIR, accounts, options};
+use common::{DIR, accounts, options, options_without_background_flush};
 
 /// `WalStats::commits` is "transactions committed" in every figure built on it (commits per
 /// fdatasync): a rolled-back transaction waits for its abort record like a commit (WRITELOG),
@@ -16,15 +14,8 @@ use common::{DIR, accounts, options};
 #[test]
 fn rollbacks_are_not_counted_as_commits_but_still_wait_for_the_log() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(7));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            // No background flush in practice: every wait below flushes for itself.
-            delayed_flush_interval: Duration::from_secs(3600),
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    // No background flush in practice: every wait below flushes for itself.
+    let db = Database::open(DIR, options_without_background_flush(&fs)).unwrap();
     let table = db.create_table(accounts()).unwrap();
     let session = db.session();
     let commits_before = db.wal_stats().unwrap().commits;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lastpage_engine::{
-    ColumnDef, DataType, Database, DatabaseOptions, Direction, IndexDef, KeyRange, Session, Table,
-    TableDef, Uniqueness, Value,
+    ColumnDef, DataType, Database, DatabaseOptions, Direction, Durability, IndexDef, KeyRange,
+    Session, Table, TableDef, Uniqueness, Value,
 };
 use lastpage_io::{CrashMode, FaultyFileSystem};
 use lastpage_storage::wal::WalConfig;
@@ -65,6 +65,24 @@ pub fn options(fs: &FaultyFileSystem) -> DatabaseOptions {
     }
 }
 
+/// [`options`] with no background flush in practice (an hour's interval): the log reaches the
+/// disk only when a commit waits for it or something else flushes it.
+pub fn options_without_background_flush(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
+        delayed_flush_interval: Duration::from_secs(3600),
+        ..options(fs)
+    }
+}
+
+/// [`options_without_background_flush`] with DELAYED commits by default, for the tests of what
+/// a commit that did not wait for its log record may lose.
+pub fn delayed_options(fs: &FaultyFileSystem) -> DatabaseOptions {
+    DatabaseOptions {
+        durability: Durability::Delayed,
+        ..options_without_background_flush(fs)
+    }
+}
+
 /// Opens (or creates) the database on `fs` with [`options`].
 pub fn open(fs: &FaultyFileSystem) -> Database {
     Database::open(DIR, options(fs)).unwrap()
@@ -86,6 +104,25 @@ pub fn crash(
     drop(held);
     drop(db);
     after
+}
+
+/// The crash modes in the order the randomized tests index them by, so that a seed picks the
+/// same mode wherever it is drawn.
+pub const CRASH_MODES: [CrashMode; 3] = [
+    CrashMode::Random,
+    CrashMode::LoseUnsynced,
+    CrashMode::KeepUnsynced,
+];
+
+/// A random crash mode, [`CrashMode::Random`] (which loses, applies or tears each unsynced
+/// write) twice as likely as each of the other two.
+pub fn random_crash_mode(rng: &mut StdRng) -> CrashMode {
+    [
+        CrashMode::Random,
+        CrashMode::Random,
+        CrashMode::LoseUnsynced,
+        CrashMode::KeepUnsynced,
+    ][rng.random_range(0..4)]
 }
 
 /// `Orders(Id BIGINT IDENTITY PRIMARY KEY, Payload VARCHAR(100) NOT NULL)`.
