@@ -945,21 +945,13 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
         Duration::from_secs(30)
     });
     let db = database(durable.then_some(&fs), lock_timeout);
-    let table = db.create_table(accounts_by_balance()).unwrap();
-    let setup = db.session();
-    for key in 0..ACCOUNTS {
-        table.insert(&setup, insert_row(key, 100)).unwrap();
-    }
+    let (table, setup) = accounts_filled(&db, ACCOUNTS, |_| 100);
     let done = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
         for thread in 0..WRITERS {
             let (db, table, done) = (&db, &table, &done);
             scope.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
-                let session = db.session();
-                // Counts this writer done however it ends, so that the readers stop even
-                // when it panics.
-                let _done = Done(done);
+                let (mut rng, session, _done) = start_writer(db, done, seed, thread);
                 let balance_of = |key: i64| match table.get(&session, &[key_of(0, key)]) {
                     Ok(Some(row)) => Ok(row_of(&row).1),
                     Ok(None) => panic!("account {key} is missing for its own locker"),
@@ -1097,6 +1089,34 @@ impl Drop for Done<'_> {
     }
 }
 
+/// What writer `thread` of a run with `seed` starts with: a generator of its own, a session,
+/// and the guard that counts it in `done` however it ends, so that the readers stop even when
+/// it panics (keep the guard bound until the writer's end).
+fn start_writer<'a>(
+    db: &Database,
+    done: &'a std::sync::atomic::AtomicU64,
+    seed: u64,
+    thread: u64,
+) -> (StdRng, Session, Done<'a>) {
+    let rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
+    (rng, db.session(), Done(done))
+}
+
+/// An `Accounts` table (with its index on Balance) holding the keys `0..keys`, each with the
+/// balance `balance(key)`, and the session that filled it.
+fn accounts_filled(
+    db: &Database,
+    keys: i64,
+    balance: impl Fn(i64) -> i64,
+) -> (Arc<Table>, Session) {
+    let table = db.create_table(accounts_by_balance()).unwrap();
+    let setup = db.session();
+    for key in 0..keys {
+        table.insert(&setup, insert_row(key, balance(key))).unwrap();
+    }
+    (table, setup)
+}
+
 /// Whether the writer `thread` reads a neighbour before locking its `position`th row.
 fn rng_bool(thread: u64, position: usize) -> bool {
     (thread + position as u64).is_multiple_of(2)
@@ -1129,21 +1149,13 @@ fn marks(seed: u64, durable: bool) {
     const MARK: i64 = -1;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
     let db = database(durable.then_some(&fs), Some(Duration::from_secs(30)));
-    let table = db.create_table(accounts_by_balance()).unwrap();
-    let setup = db.session();
-    for key in 0..ROWS {
-        table.insert(&setup, insert_row(key, key)).unwrap();
-    }
+    let (table, setup) = accounts_filled(&db, ROWS, |key| key);
     let done = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
         for thread in 0..WRITERS {
             let (db, table, done) = (&db, &table, &done);
             scope.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed ^ thread.wrapping_mul(0x9e37_79b9));
-                let session = db.session();
-                // Counts this writer done however it ends, so that the readers stop even
-                // when it panics.
-                let _done = Done(done);
+                let (mut rng, session, _done) = start_writer(db, done, seed, thread);
                 for _ in 0..ROUNDS {
                     // Each writer owns the rows whose key is its number modulo WRITERS, so
                     // writers never wait for each other; readers wait for them.
