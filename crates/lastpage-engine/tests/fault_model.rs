@@ -687,6 +687,14 @@ impl Worker<'_> {
 
     /// One statement of an explicit transaction on `Items`; false if it failed unexpectedly
     /// (a fault), which ends the transaction.
+    /// One of the keys of `working`, at random; there is one at least.
+    fn any_key(&mut self, working: &Items) -> i32 {
+        *working
+            .keys()
+            .nth(self.rng.random_range(0..working.len()))
+            .unwrap()
+    }
+
     fn item_statement(&mut self, working: &mut Items) -> bool {
         self.shared.ops.fetch_add(1, Ordering::Relaxed);
         let choice = if working.is_empty() {
@@ -738,10 +746,7 @@ impl Worker<'_> {
             }
             // Update a row.
             2 | 3 => {
-                let key = *working
-                    .keys()
-                    .nth(self.rng.random_range(0..working.len()))
-                    .unwrap();
+                let key = self.any_key(working);
                 let num = self.num();
                 let text = self.text(num);
                 match self.items.update(
@@ -766,10 +771,7 @@ impl Worker<'_> {
             }
             // Delete a row.
             4 => {
-                let key = *working
-                    .keys()
-                    .nth(self.rng.random_range(0..working.len()))
-                    .unwrap();
+                let key = self.any_key(working);
                 match self.items.delete(&self.session, &[Value::Int(key)]) {
                     Ok(true) => {
                         working.remove(&key);
@@ -790,10 +792,7 @@ impl Worker<'_> {
             // A statement that fails on a duplicate key, with a new row before the duplicate
             // (its insert is taken back, and the transaction goes on).
             _ => {
-                let existing = *working
-                    .keys()
-                    .nth(self.rng.random_range(0..working.len()))
-                    .unwrap();
+                let existing = self.any_key(working);
                 let fresh = self.new_key();
                 let num = self.num();
                 let text = self.text(num);
@@ -825,6 +824,22 @@ impl Worker<'_> {
         }
     }
 
+    /// [`Self::insert_events`] inside the open transaction: the rows it inserted join `events`,
+    /// and the numbers of a failed statement's rows can never be committed. Whether it
+    /// succeeded.
+    fn insert_events_in_transaction(&mut self, events: &mut Vec<EventRow>) -> bool {
+        match self.insert_events() {
+            Ok(inserted) => {
+                events.extend(inserted);
+                true
+            }
+            Err((numbers, _)) => {
+                self.never.extend(numbers);
+                false
+            }
+        }
+    }
+
     /// An explicit transaction. `last`: the thread's last operation, which may leave it open.
     fn transaction(&mut self, last: bool) -> Option<Session> {
         let durability = if self.rng.random_bool(0.5) {
@@ -838,16 +853,7 @@ impl Worker<'_> {
         }
         let mut working = self.current.clone();
         let mut events = Vec::new();
-        let mut ok = match self.insert_events() {
-            Ok(inserted) => {
-                events.extend(inserted);
-                true
-            }
-            Err((numbers, _)) => {
-                self.never.extend(numbers);
-                false
-            }
-        };
+        let mut ok = self.insert_events_in_transaction(&mut events);
         // Some transactions stay open a while between statements, so that checkpoints
         // (explicit and automatic) capture their uncommitted changes and recovery must undo or
         // finish them from log that starts before the checkpoint.
@@ -860,16 +866,7 @@ impl Worker<'_> {
                 std::thread::sleep(Duration::from_millis(self.rng.random_range(1..8)));
             }
             ok = if self.rng.random_bool(0.15) {
-                match self.insert_events() {
-                    Ok(inserted) => {
-                        events.extend(inserted);
-                        true
-                    }
-                    Err((numbers, _)) => {
-                        self.never.extend(numbers);
-                        false
-                    }
-                }
+                self.insert_events_in_transaction(&mut events)
             } else {
                 self.item_statement(&mut working)
             };
@@ -1172,27 +1169,18 @@ fn verify(
             }
         }
         COVERAGE.note(Seen::Attempts, outcome.attempts.len());
-        COVERAGE.note(
-            Seen::UnacknowledgedPresent,
-            outcome.attempts[..k]
+        // The first k attempts are present after the crash, the rest were lost; the coverage
+        // counts how many of each were acknowledged, or not.
+        let (kept, lost) = outcome.attempts.split_at(k);
+        let acknowledged = |attempts: &[Attempt], acked: bool| {
+            attempts
                 .iter()
-                .filter(|a| a.acked.is_none())
-                .count(),
-        );
-        COVERAGE.note(
-            Seen::UndurableLost,
-            outcome.attempts[k..]
-                .iter()
-                .filter(|a| a.acked.is_some())
-                .count(),
-        );
-        COVERAGE.note(
-            Seen::UnacknowledgedLost,
-            outcome.attempts[k..]
-                .iter()
-                .filter(|a| a.acked.is_none())
-                .count(),
-        );
+                .filter(|a| a.acked.is_some() == acked)
+                .count()
+        };
+        COVERAGE.note(Seen::UnacknowledgedPresent, acknowledged(kept, false));
+        COVERAGE.note(Seen::UndurableLost, acknowledged(lost, true));
+        COVERAGE.note(Seen::UnacknowledgedLost, acknowledged(lost, false));
         let expected = match k {
             0 => &model.items,
             k => &*outcome.attempts[k - 1].items,
