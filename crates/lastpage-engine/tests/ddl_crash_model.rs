@@ -240,6 +240,21 @@ struct Model {
     handed_out_checkpointed: BTreeSet<i64>,
 }
 
+impl Model {
+    /// The values of `K` in the first `count` committed rows, for inserts that take the keys
+    /// of rows already there.
+    fn keys(&self, count: usize) -> Vec<i32> {
+        self.rows
+            .values()
+            .map(|row| match row[1] {
+                Value::Int(k) => k,
+                _ => 0,
+            })
+            .take(count)
+            .collect()
+    }
+}
+
 /// Notes a checkpoint (or a close) of every table in `tables`.
 fn checkpointed(tables: &mut BTreeMap<String, Model>) {
     for model in tables.values_mut() {
@@ -731,15 +746,7 @@ impl Run {
                     };
                     // Some rows take the keys of rows already there (uniquifiers tell them
                     // apart).
-                    let keys: Vec<i32> = self.tables[&name]
-                        .rows
-                        .values()
-                        .map(|row| match row[1] {
-                            Value::Int(k) => k,
-                            _ => 0,
-                        })
-                        .take(count / 2)
-                        .collect();
+                    let keys = self.tables[&name].keys(count / 2);
                     self.insert(&name, in_txn, count, batch, &keys);
                 }
             }
@@ -920,15 +927,7 @@ impl Run {
     fn probe_inserts(&mut self) {
         let names: Vec<String> = self.tables.keys().cloned().collect();
         for name in names {
-            let keys: Vec<i32> = self.tables[&name]
-                .rows
-                .values()
-                .map(|row| match row[1] {
-                    Value::Int(k) => k,
-                    _ => 0,
-                })
-                .take(40)
-                .collect();
+            let keys = self.tables[&name].keys(40);
             let count = keys.len() + 3;
             let batch = self.rng.random_bool(0.5);
             self.insert(&name, false, count, batch, &keys);
