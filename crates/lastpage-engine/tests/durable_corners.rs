@@ -186,6 +186,17 @@ fn tiny_table() -> TableDef {
         .clustered(IndexDef::new("PK_Tiny", &["Id"], Uniqueness::PrimaryKey))
 }
 
+/// The fixed tables that are logged, in the order a run creates them.
+fn logged_tables() -> [TableDef; 5] {
+    [
+        ids_table(),
+        heap_table(),
+        dup_table(),
+        part_table(),
+        tiny_table(),
+    ]
+}
+
 fn scratch_table() -> TableDef {
     TableDef::new("Scratch")
         .column(ColumnDef::new("Id", DataType::Int).identity(1, 1))
@@ -441,6 +452,15 @@ fn snapshot(db: &Database) -> Result<State, String> {
     Ok(state)
 }
 
+/// The first four rows of `rows` (values and count) that `other` does not hold as many times.
+fn first_not_in<'a>(rows: &'a Rows, other: &Rows) -> Vec<&'a (Vec<Value>, usize)> {
+    rows.iter()
+        .filter(|(row, n)| other.get(*row) != Some(n))
+        .map(|(_, n)| n)
+        .take(4)
+        .collect()
+}
+
 fn describe_difference(found: &State, expected: &State) -> String {
     let mut out = String::new();
     let names: BTreeSet<&String> = found.tables.keys().chain(expected.tables.keys()).collect();
@@ -448,18 +468,8 @@ fn describe_difference(found: &State, expected: &State) -> String {
         match (found.tables.get(name), expected.tables.get(name)) {
             (Some(f), Some(e)) if f == e => {}
             (Some(f), Some(e)) => {
-                let missing: Vec<_> = e
-                    .iter()
-                    .filter(|(row, n)| f.get(*row) != Some(n))
-                    .map(|(_, n)| n)
-                    .take(4)
-                    .collect();
-                let extra: Vec<_> = f
-                    .iter()
-                    .filter(|(row, n)| e.get(*row) != Some(n))
-                    .map(|(_, n)| n)
-                    .take(4)
-                    .collect();
+                let missing = first_not_in(e, f);
+                let extra = first_not_in(f, e);
                 out += &format!(
                     "\n  {name}: {} rows, expected {}; expected {missing:?}; found {extra:?}",
                     f.values().map(|(_, n)| n).sum::<usize>(),
@@ -636,6 +646,17 @@ fn expected_row(table: &str, number: i32, id: Option<i64>, text: &str) -> Vec<Va
 /// Index options per (table, index), as the model expects them.
 type Options = BTreeMap<(String, String), (InsertPath, bool)>;
 
+/// Notes in `options` the options each index of the new table `name` starts with.
+fn note_options(options: &mut Options, name: &str, table: &Table) {
+    for (index, trees) in table.trees() {
+        let o = trees[0].options();
+        options.insert(
+            (name.to_string(), index.to_string()),
+            (o.insert_path, o.optimize_for_sequential_key),
+        );
+    }
+}
+
 fn index_options(db: &Database) -> Options {
     let mut options = Options::new();
     for table in db.tables() {
@@ -703,6 +724,28 @@ impl Run {
         self.m.current = state;
         self.m.all_durable();
         self.maybe_commits.clear();
+    }
+
+    /// Settles a CREATE or DROP TABLE of `name`, whose change the model already holds if it
+    /// succeeded: then the model counts it durable, with everything before it, as a schema
+    /// change is once it returns; after a failure the table may or may not be there.
+    fn table_changed(
+        &mut self,
+        name: String,
+        what: &str,
+        result: Result<(), EngineError>,
+    ) -> Result<(), String> {
+        match result {
+            Ok(()) => {
+                let current = self.m.current.clone();
+                self.commit_durable(current);
+                Ok(())
+            }
+            Err(error) => {
+                self.m.uncertain_tables.insert(name);
+                failed(&self.cut, what, error)
+            }
+        }
     }
 
     /// Every commit up to number `commit` is durable.
@@ -1094,41 +1137,21 @@ impl Run {
             self.m.tmp_made += 1;
             let name = format!("Tmp{}", self.m.tmp_made);
             self.note(format!("create {name}"));
-            match self.db.create_table(tmp_table(&name)) {
-                Ok(table) => {
-                    for (index, trees) in table.trees() {
-                        let options = trees[0].options();
-                        self.options.insert(
-                            (name.clone(), index.to_string()),
-                            (options.insert_path, options.optimize_for_sequential_key),
-                        );
-                    }
-                    self.m.current.tables.insert(name, Rows::new());
-                    let current = self.m.current.clone();
-                    self.commit_durable(current);
-                    Ok(())
-                }
-                Err(error) => {
-                    self.m.uncertain_tables.insert(name);
-                    failed(&self.cut, "create table", error)
-                }
+            let result = self.db.create_table(tmp_table(&name));
+            if let Ok(table) = &result {
+                note_options(&mut self.options, &name, table);
+                self.m.current.tables.insert(name.clone(), Rows::new());
             }
+            self.table_changed(name, "create table", result.map(drop))
         } else if choice == 1 && !tmp.is_empty() {
             let name = tmp[self.rng.random_range(0..tmp.len())].clone();
             self.note(format!("drop {name}"));
-            match self.db.drop_table(&name) {
-                Ok(()) => {
-                    self.options.retain(|(table, _), _| *table != name);
-                    self.m.current.tables.remove(&name);
-                    let current = self.m.current.clone();
-                    self.commit_durable(current);
-                    Ok(())
-                }
-                Err(error) => {
-                    self.m.uncertain_tables.insert(name);
-                    failed(&self.cut, "drop table", error)
-                }
+            let result = self.db.drop_table(&name);
+            if result.is_ok() {
+                self.options.retain(|(table, _), _| *table != name);
+                self.m.current.tables.remove(&name);
             }
+            self.table_changed(name, "drop table", result)
         } else {
             let keys: Vec<(String, String)> = self
                 .options
@@ -1386,22 +1409,9 @@ fn corner_round(seed: u64) -> Result<(), String> {
     let mut m = Model::new();
     let mut options = Options::new();
     let (mut cut, mut db) = open_db(&fs, &config)?;
-    for definition in [
-        ids_table(),
-        heap_table(),
-        dup_table(),
-        part_table(),
-        tiny_table(),
-        scratch_table(),
-    ] {
+    for definition in logged_tables().into_iter().chain([scratch_table()]) {
         let table = db.create_table(definition).map_err(|e| e.to_string())?;
-        for (index, trees) in table.trees() {
-            let o = trees[0].options();
-            options.insert(
-                (table.name().to_string(), index.to_string()),
-                (o.insert_path, o.optimize_for_sequential_key),
-            );
-        }
+        note_options(&mut options, table.name(), &table);
     }
     let mut history = Vec::new();
     for cycle in 0..4 {
@@ -1627,13 +1637,7 @@ fn close_and_reopen_cycles_with_a_tiny_memory_budget_keep_everything_and_leak_no
             / 8192
     };
     let db = open();
-    for definition in [
-        ids_table(),
-        heap_table(),
-        dup_table(),
-        part_table(),
-        tiny_table(),
-    ] {
+    for definition in logged_tables() {
         db.create_table(definition).unwrap();
     }
     db.close().unwrap();
