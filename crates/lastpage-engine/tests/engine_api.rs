@@ -10,12 +10,55 @@ use rand::Rng;
 use lastpage_engine::schema::ComputeFn;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, DefaultValue, Direction, EngineError, IndexDef,
-    InsertRow, KeyRange, TableDef, Uniqueness, Value, WaitType,
+    InsertRow, KeyRange, Session, Table, TableDef, Uniqueness, Value, WaitType,
 };
 
 mod common;
 
 use common::seeded_rng;
+
+/// Asserts that a batch of `rows` rows took consecutive identity values.
+fn assert_consecutive(ids: &[Option<i64>], rows: usize) {
+    let first = ids[0].expect("an identity value");
+    assert_eq!(
+        ids,
+        (first..first + rows as i64).map(Some).collect::<Vec<_>>()
+    );
+}
+
+/// Runs `threads` threads at once, each with a session of its own that inserts `batches`
+/// batches: `batch(session, thread, batch)` inserts (and checks) one of them.
+fn batches_on_threads(
+    db: &Database,
+    threads: usize,
+    batches: usize,
+    batch: impl Fn(&Session, usize, usize) + Sync,
+) {
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let batch = &batch;
+            scope.spawn(move || {
+                let session = db.session();
+                for number in 0..batches {
+                    batch(&session, thread, number);
+                }
+            });
+        }
+    });
+}
+
+/// How many rows a forward scan of `table` from `lower` to `upper` returns.
+fn count_in(
+    table: &Table,
+    session: &Session,
+    lower: Bound<Vec<Value>>,
+    upper: Bound<Vec<Value>>,
+) -> usize {
+    table
+        .scan(session, &KeyRange { lower, upper }, Direction::Forward)
+        .unwrap()
+        .count()
+}
 
 fn database() -> Database {
     Database::create(DatabaseOptions::default()).unwrap()
@@ -748,35 +791,23 @@ fn identity_batches_take_consecutive_values_and_fill_every_leaf() {
     let db = database();
     let table = insert_contention_table(&db, "Batches", DataType::VarChar(100));
     let (threads, batches, rows) = (8, 40, 50);
-    std::thread::scope(|scope| {
-        for thread in 0..threads {
-            let (db, table) = (&db, &table);
-            scope.spawn(move || {
-                let session = db.session();
-                for batch in 0..batches {
-                    let payload = |row: usize| format!("{thread}-{batch}-{row}");
-                    let ids = table
-                        .insert_batch(
-                            &session,
-                            (0..rows)
-                                .map(|row| InsertRow::new().set(1, payload(row)))
-                                .collect(),
-                        )
-                        .unwrap();
-                    let first = ids[0].expect("an identity value");
-                    assert_eq!(
-                        ids,
-                        (first..first + rows as i64).map(Some).collect::<Vec<_>>()
-                    );
-                    for (row, id) in ids.into_iter().enumerate() {
-                        let got = table
-                            .get(&session, &[Value::Int(id.unwrap() as i32)])
-                            .unwrap()
-                            .expect("the row just inserted");
-                        assert_eq!(got[1], Value::from(payload(row).as_str()));
-                    }
-                }
-            });
+    batches_on_threads(&db, threads, batches, |session, thread, batch| {
+        let payload = |row: usize| format!("{thread}-{batch}-{row}");
+        let ids = table
+            .insert_batch(
+                session,
+                (0..rows)
+                    .map(|row| InsertRow::new().set(1, payload(row)))
+                    .collect(),
+            )
+            .unwrap();
+        assert_consecutive(&ids, rows);
+        for (row, id) in ids.into_iter().enumerate() {
+            let got = table
+                .get(session, &[Value::Int(id.unwrap() as i32)])
+                .unwrap()
+                .expect("the row just inserted");
+            assert_eq!(got[1], Value::from(payload(row).as_str()));
         }
     });
     let total = (threads * batches * rows) as u64;
@@ -1491,33 +1522,21 @@ fn identity_batches_with_nonclustered_indexes_go_in_at_the_tail() {
         )
         .unwrap();
     let (threads, batches, rows) = (8, 30, 50);
-    std::thread::scope(|scope| {
-        for thread in 0..threads {
-            let (db, table) = (&db, &table);
-            scope.spawn(move || {
-                let session = db.session();
-                for batch in 0..batches {
-                    let tag = (thread * 1000 + batch) as i32;
-                    let batch_rows = (0..rows)
-                        .map(|row| InsertRow::new().set(1, format!("{tag}-{row}")).set(2, tag))
-                        .collect();
-                    let ids = table.insert_batch(&session, batch_rows).unwrap();
-                    let first = ids[0].expect("an identity value");
-                    assert_eq!(
-                        ids,
-                        (first..first + rows as i64).map(Some).collect::<Vec<_>>()
-                    );
-                    let mut found = table
-                        .get_by_index(&session, "IX_Tag", &[Value::Int(tag)])
-                        .unwrap();
-                    found.sort_by_key(|row| row[0].as_i64());
-                    assert_eq!(found.len(), rows, "tag {tag}");
-                    for (row, (values, id)) in found.iter().zip(&ids).enumerate() {
-                        assert_eq!(values[0].as_i64(), *id, "tag {tag}");
-                        assert_eq!(values[1], Value::from(format!("{tag}-{row}").as_str()));
-                    }
-                }
-            });
+    batches_on_threads(&db, threads, batches, |session, thread, batch| {
+        let tag = (thread * 1000 + batch) as i32;
+        let batch_rows = (0..rows)
+            .map(|row| InsertRow::new().set(1, format!("{tag}-{row}")).set(2, tag))
+            .collect();
+        let ids = table.insert_batch(session, batch_rows).unwrap();
+        assert_consecutive(&ids, rows);
+        let mut found = table
+            .get_by_index(session, "IX_Tag", &[Value::Int(tag)])
+            .unwrap();
+        found.sort_by_key(|row| row[0].as_i64());
+        assert_eq!(found.len(), rows, "tag {tag}");
+        for (row, (values, id)) in found.iter().zip(&ids).enumerate() {
+            assert_eq!(values[0].as_i64(), *id, "tag {tag}");
+            assert_eq!(values[1], Value::from(format!("{tag}-{row}").as_str()));
         }
     });
     let total = (threads * batches * rows) as u64;
@@ -1785,12 +1804,7 @@ fn search_values_outside_the_key_columns_range_compare_with_the_rows() {
     assert_eq!(table.get(&session, &above()).unwrap(), None);
     assert!(table.delete(&session, &above()).is_ok_and(|found| !found));
     assert!(table.get(&session, &[Value::BigInt(1)]).unwrap().is_some());
-    let count = |lower, upper| {
-        table
-            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
-            .unwrap()
-            .count()
-    };
+    let count = |lower, upper| count_in(&table, &session, lower, upper);
     use Bound::{Excluded, Included, Unbounded};
     assert_eq!(count(Included(above()), Unbounded), 0);
     assert_eq!(count(Excluded(below()), Unbounded), 3);
@@ -1921,12 +1935,7 @@ fn search_instants_a_key_column_cannot_hold_exactly_compare_with_the_rows() {
     // 10:00:00.4 on the 2nd rounds to 10:00:00 in DATETIME2(0), but lies between two keys.
     let between = || vec![at(2, 0, 4_000_000)];
     assert_eq!(table.get(&session, &between()).unwrap(), None);
-    let count = |lower, upper| {
-        table
-            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
-            .unwrap()
-            .count()
-    };
+    let count = |lower, upper| count_in(&table, &session, lower, upper);
     use Bound::{Included, Unbounded};
     assert_eq!(count(Included(between()), Unbounded), 3);
     assert_eq!(count(Unbounded, Included(between())), 3);
@@ -2129,12 +2138,7 @@ fn an_out_of_range_bound_sorts_above_null_keys_like_the_lowest_value() {
     for k in [Value::Null, Value::Int(1), Value::Int(2)] {
         table.insert(&session, InsertRow::new().set(0, k)).unwrap();
     }
-    let count = |lower, upper| {
-        table
-            .scan(&session, &KeyRange { lower, upper }, Direction::Forward)
-            .unwrap()
-            .count()
-    };
+    let count = |lower, upper| count_in(&table, &session, lower, upper);
     use Bound::{Excluded, Included, Unbounded};
     let below = || vec![Value::BigInt(i64::from(i32::MIN) - 1)];
     let lowest = || vec![Value::Int(i32::MIN)];
