@@ -49,6 +49,33 @@ fn insert_order(db: &Database, session: &lastpage_engine::Session) -> Result<i64
     Ok(id.unwrap())
 }
 
+/// Inserts `count` orders with [`insert_order`], one statement each, and returns their ids.
+fn insert_orders(db: &Database, session: &lastpage_engine::Session, count: usize) -> Vec<i64> {
+    (0..count)
+        .map(|_| insert_order(db, session).unwrap())
+        .collect()
+}
+
+/// 500 `Orders` rows with an 80-byte payload, for a batch that writes a good deal of log.
+fn orders_of_80_bytes() -> Vec<InsertRow> {
+    (0..500)
+        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
+        .collect()
+}
+
+/// Opens with an automatic checkpoint after every 16 KiB of log, so that a test's inserts
+/// start the checkpointer.
+fn open_checkpointing_every_16_kib(fs: &FaultyFileSystem) -> Database {
+    Database::open(
+        DIR,
+        DatabaseOptions {
+            checkpoint_log_bytes: 16 << 10,
+            ..options(fs)
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
     let seed = seed();
@@ -73,9 +100,7 @@ fn committed_rows_survive_crashes_and_identity_values_are_never_reused() {
         // A rolled-back transaction: its identity values are burned.
         let session = db.session();
         session.begin().unwrap();
-        let rolled_back: Vec<i64> = (0..3)
-            .map(|_| insert_order(&db, &session).unwrap())
-            .collect();
+        let rolled_back = insert_orders(&db, &session, 3);
         session.rollback().unwrap();
         // A transaction still open at the crash.
         let open_session = db.session();
@@ -461,9 +486,7 @@ fn a_failed_fsync_is_never_acknowledged_and_stops_the_database() {
     let db = open(&fs);
     db.create_table(orders()).unwrap();
     let session = db.session();
-    let before: Vec<i64> = (0..10)
-        .map(|_| insert_order(&db, &session).unwrap())
-        .collect();
+    let before = insert_orders(&db, &session, 10);
     fs.inject(FaultRule::syncs_fail_from(1));
     let error = insert_order(&db, &session).unwrap_err();
     assert!(
@@ -514,11 +537,9 @@ fn a_checkpoint_that_cannot_sync_the_data_file_stops_the_database_and_a_full_dis
         let db = open(&fs);
         db.create_table(orders()).unwrap();
         let session = db.session();
-        let mut acknowledged: Vec<i64> = (0..50)
-            .map(|_| insert_order(&db, &session).unwrap())
-            .collect();
+        let mut acknowledged = insert_orders(&db, &session, 50);
         db.checkpoint().unwrap();
-        acknowledged.extend((0..50).map(|_| insert_order(&db, &session).unwrap()));
+        acknowledged.extend(insert_orders(&db, &session, 50));
         if what == "a full disk for the image" {
             // Written ahead, so that the checkpoint's first write is its image's.
             db.pool().write_dirty_pages().unwrap();
@@ -859,9 +880,7 @@ fn checkpoints_remove_old_log_and_bound_recovery() {
     let db = open(&fs);
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    let rows: Vec<InsertRow> = (0..500)
-        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
-        .collect();
+    let rows = orders_of_80_bytes();
     for _ in 0..20 {
         table.insert_batch(&session, rows.clone()).unwrap();
     }
@@ -1311,9 +1330,7 @@ fn a_rollback_that_cannot_undo_its_changes_stops_the_database_and_the_next_open_
     let db = open_small(&fs);
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    let committed: Vec<i64> = (0..10)
-        .map(|_| insert_order(&db, &session).unwrap())
-        .collect();
+    let committed = insert_orders(&db, &session, 10);
     session.begin().unwrap();
     insert_orders_past_the_budget(&db, &table, &session);
     fs.inject(FaultRule::reads_fail_from(1).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
@@ -2769,9 +2786,7 @@ fn delayed_durability_commits_at_once_and_a_forced_flush_makes_them_durable() {
     db.create_table(orders()).unwrap();
     let session = db.session();
     let fsyncs_before = db.wal_stats().unwrap().fsyncs;
-    let ids: Vec<i64> = (0..200)
-        .map(|_| insert_order(&db, &session).unwrap())
-        .collect();
+    let ids = insert_orders(&db, &session, 200);
     assert_eq!(
         db.wal_stats().unwrap().fsyncs,
         fsyncs_before,
@@ -2942,9 +2957,7 @@ fn a_pipelined_commit_whose_flush_fails_is_not_acknowledged() {
     let db = open(&fs);
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    let before: Vec<i64> = (0..10)
-        .map(|_| insert_order(&db, &session).unwrap())
-        .collect();
+    let before = insert_orders(&db, &session, 10);
     fs.inject(FaultRule::syncs_fail_from(1));
     session.begin().unwrap();
     table
@@ -3241,19 +3254,10 @@ fn dropping_the_last_handle_waits_for_an_automatic_checkpoint_and_frees_the_dire
     // Every fdatasync takes 40 ms, so the automatic checkpoint (several of them) is still
     // running when the handle goes.
     let fs = FaultyFileSystem::new(FaultyConfig::new(31).sync_delay(Duration::from_millis(40)));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            checkpoint_log_bytes: 16 << 10,
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = open_checkpointing_every_16_kib(&fs);
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    let rows: Vec<InsertRow> = (0..500)
-        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
-        .collect();
+    let rows = orders_of_80_bytes();
     table.insert_batch(&session, rows).unwrap();
     let lock_path = Path::new(DIR).join("lock");
     let probe = fs.open(&lock_path, OpenOptions::existing()).unwrap();
@@ -3283,21 +3287,12 @@ fn dropping_the_last_handle_waits_for_an_automatic_checkpoint_and_frees_the_dire
 #[test]
 fn automatic_checkpoints_on_a_full_disk_fail_visibly_and_succeed_once_there_is_room() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(41));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            checkpoint_log_bytes: 16 << 10,
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = open_checkpointing_every_16_kib(&fs);
     db.create_table(orders()).unwrap();
     let session = db.session();
     fs.inject(FaultRule::disk_full_after(0).on_path(Path::new(DIR).join(DATA_FILE_NAME)));
     // More than 16 KiB of log, so that the checkpointer starts.
-    let mut acknowledged: Vec<i64> = (0..300)
-        .map(|_| insert_order(&db, &session).unwrap())
-        .collect();
+    let mut acknowledged = insert_orders(&db, &session, 300);
     // Bounded polls, not timings: each waits for the background thread's next attempt.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let (failures, error) = loop {
