@@ -285,14 +285,33 @@ fn concurrent_writers_and_scanners_match_their_oracles() {
             .check_integrity()
             .unwrap_or_else(|error| panic!("{policy:?}: {error}"));
         assert_eq!(check.rows, expected.len() as u64);
-        let actual: BTreeMap<_, _> = tree
-            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-            .collect();
-        assert!(
-            actual == expected,
-            "{policy:?}: the tree's contents differ from the oracles'"
+        assert_scan_is(
+            &tree,
+            &expected,
+            &format!("{policy:?}: the tree's contents differ from the oracles'"),
         );
     }
+}
+
+/// Scans `tree` forward again and again, asserting each time that its keys ascend, until
+/// `stop` is set: a scanner running beside the writers.
+fn scan_in_order_until(tree: &BTree, stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let keys: Vec<Vec<u8>> = tree
+            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+            .map(|(key, _)| key)
+            .collect();
+        assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
+    }
+}
+
+/// Asserts that a forward scan of `tree` returns exactly the rows of `expected`, failing with
+/// `message` if it does not.
+fn assert_scan_is(tree: &BTree, expected: &BTreeMap<Vec<u8>, Vec<u8>>, message: &str) {
+    let actual: BTreeMap<_, _> = tree
+        .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
+        .collect();
+    assert!(actual == *expected, "{message}");
 }
 
 #[test]
@@ -329,12 +348,10 @@ fn batches_insert_like_single_rows_and_report_each_failure() {
             }
         }
         tree.check_integrity().unwrap();
-        let actual: BTreeMap<_, _> = tree
-            .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-            .collect();
-        assert!(
-            actual == oracle,
-            "{policy:?}: batch inserts differ from the oracle"
+        assert_scan_is(
+            &tree,
+            &oracle,
+            &format!("{policy:?}: batch inserts differ from the oracle"),
         );
     }
 }
@@ -503,17 +520,7 @@ fn sequence_lanes_keep_every_row_in_order() {
         let stop = std::sync::atomic::AtomicBool::new(false);
         let kept: Vec<Vec<(i64, Vec<u8>)>> = std::thread::scope(|scope| {
             let scanners: Vec<_> = (0..2)
-                .map(|_| {
-                    scope.spawn(|| {
-                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            let keys: Vec<Vec<u8>> = tree
-                                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-                                .map(|(key, _)| key)
-                                .collect();
-                            assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
-                        }
-                    })
-                })
+                .map(|_| scope.spawn(|| scan_in_order_until(&tree, &stop)))
                 .collect();
             let writers: Vec<_> = (0..threads)
                 .map(|thread| {
@@ -664,15 +671,7 @@ fn generated_key_batches_append_in_order_beside_lanes() {
         let threads = 16u8;
         let stop = std::sync::atomic::AtomicBool::new(false);
         let kept: Vec<Vec<(i64, Vec<u8>)>> = std::thread::scope(|scope| {
-            let scanner = scope.spawn(|| {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let keys: Vec<Vec<u8>> = tree
-                        .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-                        .map(|(key, _)| key)
-                        .collect();
-                    assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
-                }
-            });
+            let scanner = scope.spawn(|| scan_in_order_until(&tree, &stop));
             let writers: Vec<_> = (0..threads)
                 .map(|thread| {
                     let (tree, counter, case) = (&tree, &counter, &case);
