@@ -47,14 +47,16 @@ fn tree(policy: LatchPolicy) -> Arc<BTree> {
 }
 
 /// Scans the tree (while writers may be running) and checks that keys come in order and every
-/// row is whole: `len` bytes, all equal (each writer fills its rows with one byte).
-fn scan_sees_whole_rows_in_order(tree: &BTree, len: usize) {
+/// row after the first `skip` is whole: `len` bytes, all equal (each writer fills its rows with
+/// one byte).
+fn scan_sees_whole_rows_in_order(tree: &BTree, skip: usize, len: usize) {
     let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
         .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
         .collect();
     assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
     assert!(
         seen.iter()
+            .skip(skip)
             .all(|(_, value)| value.len() == len && value.iter().all(|&b| b == value[0]))
     );
 }
@@ -65,13 +67,26 @@ fn keys(tree: &BTree) -> Vec<u64> {
         .collect()
 }
 
+/// A model builder that explores every interleaving with up to `preemption_bound` preemptions.
+fn builder(preemption_bound: usize) -> loom::model::Builder {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemption_bound);
+    builder
+}
+
+/// [`builder`] with room for 100,000 branches, for the models that take more than loom allows
+/// by default: those of two appenders or two lanes, and those that start by building the tree of
+/// eight rows of [`long_key`]s.
+fn many_branches_builder(preemption_bound: usize) -> loom::model::Builder {
+    let mut builder = builder(preemption_bound);
+    builder.max_branches = 100_000;
+    builder
+}
+
 #[test]
 fn generated_keys_from_two_appenders_arrive_in_order() {
     for policy in LatchPolicy::ALL {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.max_branches = 100_000;
-        builder.check(move || {
+        many_branches_builder(2).check(move || {
             let tree = tree(policy);
             let counter = Arc::new(AtomicU64::new(2));
             let appenders: Vec<_> = (0..2)
@@ -89,7 +104,7 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
                 })
                 .collect();
             // A reader scanning meanwhile sees keys in order and never a torn row.
-            scan_sees_whole_rows_in_order(&tree, BIG);
+            scan_sees_whole_rows_in_order(&tree, 0, BIG);
             for appender in appenders {
                 appender.join().unwrap();
             }
@@ -109,10 +124,7 @@ fn generated_keys_from_two_appenders_arrive_in_order() {
 #[test]
 fn generated_key_batches_from_two_appenders_arrive_in_order() {
     for policy in LatchPolicy::ALL {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.max_branches = 100_000;
-        builder.check(move || {
+        many_branches_builder(2).check(move || {
             let tree = tree(policy);
             let counter = Arc::new(AtomicU64::new(2));
             let appenders: Vec<_> = (0..2u8)
@@ -141,15 +153,7 @@ fn generated_key_batches_from_two_appenders_arrive_in_order() {
                 })
                 .collect();
             // The reader sees the two first rows (BIG bytes) and whole batch rows (HALF).
-            let seen: Vec<(Vec<u8>, Vec<u8>)> = tree
-                .range(Bound::Unbounded, Bound::Unbounded, Direction::Forward)
-                .collect();
-            assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0));
-            assert!(
-                seen.iter().skip(2).all(|(_, value)| {
-                    value.len() == HALF && value.iter().all(|&b| b == value[0])
-                })
-            );
+            scan_sees_whole_rows_in_order(&tree, 2, HALF);
             for appender in appenders {
                 appender.join().unwrap();
             }
@@ -169,9 +173,7 @@ fn generated_key_batches_from_two_appenders_arrive_in_order() {
 
 #[test]
 fn an_appender_and_a_classic_inserter_keep_the_tree_valid() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    builder(2).check(|| {
         let tree = tree(LatchPolicy::Fifo);
         let appender = {
             let tree = tree.clone();
@@ -196,10 +198,7 @@ fn an_appender_and_a_classic_inserter_keep_the_tree_valid() {
 fn two_sequence_lanes_fill_their_own_leaves() {
     const ROW: usize = 2000;
     for policy in LatchPolicy::ALL {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.max_branches = 100_000;
-        builder.check(move || {
+        many_branches_builder(2).check(move || {
             let tree = Arc::new(empty_tree(policy));
             let counter = Arc::new(AtomicU64::new(0));
             let insert = |tree: &BTree, counter: &AtomicU64, lane: usize, byte: u8| {
@@ -231,7 +230,7 @@ fn two_sequence_lanes_fill_their_own_leaves() {
                     loom::thread::spawn(move || insert(&tree, &counter, lane, byte))
                 })
                 .collect();
-            scan_sees_whole_rows_in_order(&tree, ROW);
+            scan_sees_whole_rows_in_order(&tree, 0, ROW);
             let mut numbers: Vec<u64> = lanes
                 .into_iter()
                 .map(|lane| lane.join().unwrap().1 as u64)
@@ -284,10 +283,8 @@ fn assert_owns_every_page(tree: &BTree) -> lastpage_storage::btree::TreeCheck {
 /// 0, 10, 20 and 30. Every row lands once, the links and the parents agree, and the freed page
 /// is free or reused, never lost.
 fn race_a_freed_leaf(policy: LatchPolicy, deleted: u64, inserted: u64, expected: &[u64]) {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
     let expected = expected.to_vec();
-    builder.check(move || {
+    builder(2).check(move || {
         let tree = tree_of(policy, &[0, 10, 20, 30]);
         let deleter = {
             let tree = tree.clone();
@@ -319,9 +316,7 @@ fn a_freed_leaf_races_an_append_beside_it() {
 /// it is about to read or has just read: it sees whole rows in order, and never a freed page.
 #[test]
 fn a_scan_races_a_freed_leaf() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    builder(2).check(|| {
         let tree = tree_of(LatchPolicy::Fifo, &[0, 10, 20, 30]);
         let deleter = {
             let tree = tree.clone();
@@ -401,22 +396,13 @@ fn tree_of_long_keys(policy: LatchPolicy) -> BTree {
     tree
 }
 
-/// A model builder for trees of [`long_key`]s: building the tree of eight rows takes more
-/// branches than loom allows by default.
-fn long_key_builder(preemption_bound: usize) -> loom::model::Builder {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(preemption_bound);
-    builder.max_branches = 100_000;
-    builder
-}
-
 /// Two deletes empty neighbouring leaves under different parents, so neither freeing holds
 /// the other's parent: the one on the right may find its left sibling freed under it (and
 /// start again), or the one on the left may find its right sibling's links changed. Both
 /// leaves go, and every other row stays.
 #[test]
 fn neighbouring_leaves_of_different_parents_freed_at_once() {
-    long_key_builder(2).check(|| {
+    many_branches_builder(2).check(|| {
         let tree = Arc::new(tree_of_long_keys(LatchPolicy::Fifo));
         assert_eq!(tree.check_integrity().unwrap().levels, 3);
         // The first level-1 page holds leaves 0 to 4, the next one 5 to 7.
@@ -446,7 +432,7 @@ fn neighbouring_leaves_of_different_parents_freed_at_once() {
 /// and must see, under the latches, that the link changed and start again.
 #[test]
 fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
-    long_key_builder(2).check(|| {
+    many_branches_builder(2).check(|| {
         let tree = Arc::new(tree_of_long_keys(LatchPolicy::Adaptive));
         let deleter = {
             let tree = tree.clone();
@@ -468,7 +454,7 @@ fn a_freed_leaf_races_a_split_of_its_left_sibling_under_another_parent() {
 /// its link check has not vouched for while it holds the parent.
 #[test]
 fn a_freeing_never_waits_for_a_freed_left_sibling_reused_as_a_private_leaf() {
-    long_key_builder(1).check(|| {
+    many_branches_builder(1).check(|| {
         let tree = tree_of_long_keys(LatchPolicy::Fifo);
         // A generated key, so that the tree knows their length and copies a page-sized row
         // into a private leaf before the gate.
