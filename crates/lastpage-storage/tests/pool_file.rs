@@ -744,59 +744,84 @@ fn full_disks_again_and_again_with_evictions_between_capture_and_finish() {
 #[test]
 fn a_failed_finish_frees_the_slots_of_pages_that_moved_since_the_capture() {
     let seed = common::seed();
-    let mut sizes = Vec::new();
-    for fail in [false, true] {
-        let fs = faulty(seed);
-        let (pool, _) = open(&fs, 12);
-        let tree = create(&pool, InsertPath::Classic);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let mut oracle = BTreeMap::new();
-        for i in 0..3_000u32 {
-            let key = i.to_be_bytes().to_vec();
-            tree.insert(&key, &value_for(&key)).unwrap();
-            oracle.insert(key.clone(), value_for(&key));
-        }
-        checkpoint(&pool, &tree);
-        for _ in 0..20 {
-            let image_blob = blob(&tree);
-            let pending = pool.checkpoint_capture().unwrap();
-            // Changed and evicted between the capture and the finish: moved to other slots.
-            for _ in 0..300 {
-                let key = (rng.random::<u32>() % 3_000).to_be_bytes().to_vec();
-                let value = vec![rng.random::<u8>(); 100];
-                tree.update(&key, &value).unwrap();
-                oracle.insert(key, value);
-            }
-            if fail {
-                fs.inject(FaultRule::disk_full_after(0).on_path(PATH));
-                assert!(pending.finish(&pool, &image_blob).is_err());
-                fs.clear_faults();
-            } else {
-                pending.finish(&pool, &image_blob).unwrap();
-            }
-        }
-        assert!(!pool.checkpoints_failed());
-        checkpoint(&pool, &tree);
-        let stats = pool
-            .checkpoint_capture()
-            .unwrap()
-            .finish(&pool, &blob(&tree))
-            .unwrap();
-        println!("failed finishes {fail}: {stats:?}");
-        sizes.push(stats.file_slots);
-        assert_matches(&tree, &oracle);
-        drop(tree);
-        drop(pool);
-        let crashed = fs.crash_with(CrashMode::Random);
-        let (pool, found) = open(&crashed, 12);
-        assert_matches(&reattach(pool, &found.unwrap()), &oracle);
-    }
+    let sizes: Vec<u32> = [false, true]
+        .into_iter()
+        .map(|fail| {
+            slots_after_twenty_captures(
+                seed,
+                &format!("failed finishes {fail}"),
+                |fs, pool, pending, image_blob| {
+                    if fail {
+                        fs.inject(FaultRule::disk_full_after(0).on_path(PATH));
+                        assert!(pending.finish(pool, image_blob).is_err());
+                        fs.clear_faults();
+                    } else {
+                        pending.finish(pool, image_blob).unwrap();
+                    }
+                },
+            )
+        })
+        .collect();
     assert!(
         sizes[1] <= sizes[0] + sizes[0] / 2,
         "slots in the file after 20 successful checkpoints {}, after 20 failed ones {}",
         sizes[0],
         sizes[1]
     );
+}
+
+/// The file's size in slots after a 3,000-row tree goes through 20 captures, each followed by
+/// 300 updates (pages changed and evicted after the capture move to other slots) and then
+/// ended by `end`, and two finished checkpoints. Checks the tree against its oracle, and again
+/// after a crash and a reopen: the image stays intact however the captures ended.
+fn slots_after_twenty_captures(
+    seed: u64,
+    label: &str,
+    end: impl Fn(
+        &lastpage_io::FaultyFileSystem,
+        &BufferPool,
+        lastpage_storage::buffer::PendingCheckpoint,
+        &[u8],
+    ),
+) -> u32 {
+    let fs = faulty(seed);
+    let (pool, _) = open(&fs, 12);
+    let tree = create(&pool, InsertPath::Classic);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut oracle = BTreeMap::new();
+    for i in 0..3_000u32 {
+        let key = i.to_be_bytes().to_vec();
+        tree.insert(&key, &value_for(&key)).unwrap();
+        oracle.insert(key.clone(), value_for(&key));
+    }
+    checkpoint(&pool, &tree);
+    for _ in 0..20 {
+        let image_blob = blob(&tree);
+        let pending = pool.checkpoint_capture().unwrap();
+        // Changed and evicted after the capture: moved to other slots.
+        for _ in 0..300 {
+            let key = (rng.random::<u32>() % 3_000).to_be_bytes().to_vec();
+            let value = vec![rng.random::<u8>(); 100];
+            tree.update(&key, &value).unwrap();
+            oracle.insert(key, value);
+        }
+        end(&fs, &pool, pending, &image_blob);
+    }
+    assert!(!pool.checkpoints_failed(), "{label}");
+    checkpoint(&pool, &tree);
+    let stats = pool
+        .checkpoint_capture()
+        .unwrap()
+        .finish(&pool, &blob(&tree))
+        .unwrap();
+    println!("{label}: {stats:?}");
+    assert_matches(&tree, &oracle);
+    drop(tree);
+    drop(pool);
+    let crashed = fs.crash_with(CrashMode::Random);
+    let (pool, found) = open(&crashed, 12);
+    assert_matches(&reattach(pool, &found.unwrap()), &oracle);
+    stats.file_slots
 }
 
 /// An index keeps the latch flavour it asked for across a checkpoint and a restart, on every
@@ -886,52 +911,18 @@ fn allocate_on(pool: &BufferPool, policy: lastpage_storage::latch::LatchPolicy) 
 #[test]
 fn an_abandoned_capture_frees_the_slots_of_pages_that_moved_since() {
     let seed = common::seed();
-    let mut sizes = Vec::new();
-    for ending in ["finished", "abandoned", "dropped"] {
-        let fs = faulty(seed);
-        let (pool, _) = open(&fs, 12);
-        let tree = BTree::create(Arc::clone(&pool), INDEX, options(InsertPath::Classic)).unwrap();
-        let mut rng = StdRng::seed_from_u64(seed);
-        let mut oracle = BTreeMap::new();
-        for i in 0..3_000u32 {
-            let key = i.to_be_bytes().to_vec();
-            tree.insert(&key, &value_for(&key)).unwrap();
-            oracle.insert(key.clone(), value_for(&key));
-        }
-        checkpoint(&pool, &tree);
-        for _ in 0..20 {
-            let image_blob = blob(&tree);
-            let pending = pool.checkpoint_capture().unwrap();
-            // Changed and evicted after the capture: moved to other slots.
-            for _ in 0..300 {
-                let key = (rng.random::<u32>() % 3_000).to_be_bytes().to_vec();
-                let value = vec![rng.random::<u8>(); 100];
-                tree.update(&key, &value).unwrap();
-                oracle.insert(key, value);
-            }
-            match ending {
+    let sizes: Vec<u32> = ["finished", "abandoned", "dropped"]
+        .into_iter()
+        .map(|ending| {
+            slots_after_twenty_captures(seed, ending, |_, pool, pending, image_blob| match ending {
                 "finished" => {
-                    pending.finish(&pool, &image_blob).unwrap();
+                    pending.finish(pool, image_blob).unwrap();
                 }
-                "abandoned" => pending.abandon(&pool),
+                "abandoned" => pending.abandon(pool),
                 _ => drop(pending),
-            }
-        }
-        checkpoint(&pool, &tree);
-        let stats = pool
-            .checkpoint_capture()
-            .unwrap()
-            .finish(&pool, &blob(&tree))
-            .unwrap();
-        println!("{ending}: {stats:?}");
-        sizes.push(stats.file_slots);
-        assert_matches(&tree, &oracle);
-        drop(tree);
-        drop(pool);
-        let crashed = fs.crash_with(CrashMode::Random);
-        let (pool, found) = open(&crashed, 12);
-        assert_matches(&reattach(pool, &found.unwrap()), &oracle);
-    }
+            })
+        })
+        .collect();
     assert!(
         sizes[1] <= sizes[0] + sizes[0] / 2,
         "slots in the file after 20 finished checkpoints {}, after 20 abandoned captures {}",
