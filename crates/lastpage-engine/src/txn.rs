@@ -122,6 +122,10 @@ pub(crate) struct Transaction {
     /// Tables in which the transaction noted rows it deleted (see `pending.rs`), to be cleared
     /// when it ends.
     deleted_from: Vec<Arc<Table>>,
+    /// The position in `undo` of the explicit transaction's first change to a table that is not
+    /// logged (in a durable database), while such a change is still in the list: what sets
+    /// and clears its session's [`ActiveSlot::unlogged_changes`].
+    unlogged_undo_from: Option<usize>,
 }
 
 /// A session's slot in the database's table of active transactions: the LSN of the first log
@@ -132,7 +136,11 @@ pub(crate) struct ActiveSlot {
     /// Whether the session's transaction changed a table that is not logged (in a durable
     /// database) and has not ended. Nothing in the log can undo such a change, so a clean
     /// shutdown's checkpoint taken meanwhile must not call its image clean (see
-    /// `Database::close`). Set inside the checkpoint gate, before the change.
+    /// `Database::close`). Set inside the checkpoint gate that the change holds: for an
+    /// autocommit statement, which records no undo entries, before it changes anything; for an
+    /// explicit transaction, once a statement has left an undo entry for such a table. Cleared
+    /// when the transaction ends, or when a statement's rollback takes back the last such
+    /// entry (a failed statement that left nothing does not count).
     pub(crate) unlogged_changes: AtomicBool,
 }
 
@@ -328,7 +336,8 @@ impl<'s> WriteScope<'s> {
         let db = session.db();
         let _gate = db.enter_gate();
         db.check_not_closed()?;
-        if !self.log_changes && db.is_durable() {
+        let unlogged = !self.log_changes && db.is_durable();
+        if unlogged && !self.txn.explicit {
             session
                 .active_slot()
                 .unlogged_changes
@@ -345,6 +354,18 @@ impl<'s> WriteScope<'s> {
             EngineError::DatabaseFailed(message) => db.fail_change(message),
             other => other,
         });
+        // Still inside the gate, so no checkpoint can capture the change without the mark.
+        if unlogged
+            && self.txn.explicit
+            && self.txn.undo.len() > start
+            && self.txn.unlogged_undo_from.is_none()
+        {
+            self.txn.unlogged_undo_from = Some(start);
+            session
+                .active_slot()
+                .unlogged_changes
+                .store(true, Ordering::Release);
+        }
         // Changes made before a failure are logged and kept in the undo list too: the
         // statement's rollback undoes them with logged compensations.
         if self.log_changes && self.txn.undo.len() > start {
@@ -558,7 +579,20 @@ impl Session {
     ) -> Result<()> {
         let id = txn.id;
         self.undo_entries_to(txn, savepoint, statement_table)
-            .map_err(|error| self.db().fail_rollback(id, error))
+            .map_err(|error| self.db().fail_rollback(id, error))?;
+        // With the last change to a table that is not logged taken back, the pages hold none
+        // of the transaction's changes to such tables any more (each compensation was applied
+        // inside the gate, before this).
+        if txn
+            .unlogged_undo_from
+            .is_some_and(|from| from >= txn.undo.len())
+        {
+            txn.unlogged_undo_from = None;
+            self.active_slot()
+                .unlogged_changes
+                .store(false, Ordering::Release);
+        }
+        Ok(())
     }
 
     fn undo_entries_to(
@@ -723,6 +757,7 @@ impl Database {
             undo,
             locks: TxnLocks::new(id),
             deleted_from: Vec::new(),
+            unlogged_undo_from: None,
         })
     }
 }

@@ -26,7 +26,7 @@ mod common;
 use common::{
     CRASH_MODES, DIR, accounts, accounts_by_balance, crash, delayed_options,
     in_memory_with_lock_timeout, notes, open, options, options_without_background_flush, orders,
-    orders_rows, seed, wait_until, while_blocked,
+    orders_rows, seed, text_by_key, wait_until, while_blocked,
 };
 
 /// Opens with DELAYED durability by default and no background flush in practice (an hour's
@@ -2732,6 +2732,62 @@ fn a_close_during_an_open_change_to_a_non_logged_table_keeps_none_of_it() {
         rows,
         ["kept"],
         "with every transaction ended the close is clean"
+    );
+}
+
+/// What a clean close keeps of a non-logged table while a transaction that tried to change it
+/// is still open depends on what the transaction's statements left, not on whether they ran:
+/// one whose only change to the table failed (here a duplicate key, so the statement's own
+/// rollback left nothing) does not make the close unclean, and the rows are kept. Before, any
+/// statement on the table marked the transaction, and the close emptied the table (found by
+/// `txn_oracle.rs` with `LASTPAGE_SEED=6980618124164082926`, an insert refused at the page
+/// limit). A transaction whose failed statement follows one that succeeded still makes the
+/// close unclean: its earlier change is in the image and nothing could undo it.
+#[test]
+fn a_close_during_a_transaction_whose_change_to_a_non_logged_table_failed_keeps_the_table() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(9));
+    let db = open(&fs);
+    let table = db.create_table(notes().not_logged()).unwrap();
+    let note = |id: i32, text: &str| InsertRow::new().set(0, id).set(1, text);
+    let session = db.session();
+    table.insert(&session, note(1, "committed")).unwrap();
+    session.begin().unwrap();
+    let duplicate = table.insert(&session, note(1, "duplicate"));
+    assert!(
+        matches!(duplicate, Err(EngineError::DuplicateKey { .. })),
+        "{duplicate:?}"
+    );
+    db.clone().close().unwrap();
+    let after = crash(&fs, CrashMode::KeepUnsynced, db, table, session);
+    let db = open(&after);
+    let notes_text = |db: &Database| -> Vec<String> {
+        let int = |value: &Value| match value {
+            Value::Int(id) => Some(*id),
+            _ => None,
+        };
+        text_by_key(db, "Notes", 1, int).into_values().collect()
+    };
+    assert_eq!(
+        notes_text(&db),
+        ["committed"],
+        "a transaction whose only change to the table failed leaves the close clean"
+    );
+
+    let table = db.table("Notes").unwrap();
+    let session = db.session();
+    session.begin().unwrap();
+    table.insert(&session, note(2, "uncommitted")).unwrap();
+    let duplicate = table.insert(&session, note(1, "duplicate"));
+    assert!(
+        matches!(duplicate, Err(EngineError::DuplicateKey { .. })),
+        "{duplicate:?}"
+    );
+    db.clone().close().unwrap();
+    let after = crash(&after, CrashMode::KeepUnsynced, db, table, session);
+    let db = open(&after);
+    assert!(
+        notes_text(&db).is_empty(),
+        "the earlier change of the open transaction makes the close unclean"
     );
 }
 
