@@ -2736,58 +2736,77 @@ fn a_close_during_an_open_change_to_a_non_logged_table_keeps_none_of_it() {
 }
 
 /// What a clean close keeps of a non-logged table while a transaction that tried to change it
-/// is still open depends on what the transaction's statements left, not on whether they ran:
-/// one whose only change to the table failed (here a duplicate key, so the statement's own
-/// rollback left nothing) does not make the close unclean, and the rows are kept. Before, any
+/// is still open depends on what the transaction's statements left, not on whether they ran. A
+/// transaction whose only statement on the table failed does not make the close unclean, and
+/// the rows are kept, both when the statement failed before changing anything (an insert of a
+/// duplicate key) and when it changed a row first and its rollback put the row back (an update
+/// that moves a row onto an existing key: a delete, then an insert that fails). Before, any
 /// statement on the table marked the transaction, and the close emptied the table (found by
 /// `txn_oracle.rs` with `LASTPAGE_SEED=6980618124164082926`, an insert refused at the page
-/// limit). A transaction whose failed statement follows one that succeeded still makes the
-/// close unclean: its earlier change is in the image and nothing could undo it.
+/// limit). A failed statement after one that succeeded still leaves the close unclean: the
+/// earlier change is in the image and nothing could undo it.
 #[test]
 fn a_close_during_a_transaction_whose_change_to_a_non_logged_table_failed_keeps_the_table() {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(9));
-    let db = open(&fs);
-    let table = db.create_table(notes().not_logged()).unwrap();
     let note = |id: i32, text: &str| InsertRow::new().set(0, id).set(1, text);
-    let session = db.session();
-    table.insert(&session, note(1, "committed")).unwrap();
-    session.begin().unwrap();
-    let duplicate = table.insert(&session, note(1, "duplicate"));
-    assert!(
-        matches!(duplicate, Err(EngineError::DuplicateKey { .. })),
-        "{duplicate:?}"
-    );
-    db.clone().close().unwrap();
-    let after = crash(&fs, CrashMode::KeepUnsynced, db, table, session);
-    let db = open(&after);
-    let notes_text = |db: &Database| -> Vec<String> {
+    // Opens the database on `fs`, begins a transaction that inserts note 3 if `earlier` and
+    // then fails a statement (an insert of a second note 1, or if `failing_move` an update of
+    // note 2's key to 1), closes cleanly with that transaction open, crashes, and returns the
+    // crashed copy with the texts of the notes its open finds.
+    let close_after_a_failed_statement = |fs: &FaultyFileSystem, earlier, failing_move| {
+        let db = open(fs);
+        let table = db.table("Notes").unwrap();
+        let session = db.session();
+        session.begin().unwrap();
+        if earlier {
+            table.insert(&session, note(3, "uncommitted")).unwrap();
+        }
+        let failed = if failing_move {
+            table
+                .update(&session, &[Value::Int(2)], &[(0, Value::Int(1))])
+                .map(drop)
+        } else {
+            table.insert(&session, note(1, "duplicate")).map(drop)
+        };
+        assert!(
+            matches!(failed, Err(EngineError::DuplicateKey { .. })),
+            "{failed:?}"
+        );
+        db.clone().close().unwrap();
+        let after = crash(fs, CrashMode::KeepUnsynced, db, table, session);
         let int = |value: &Value| match value {
             Value::Int(id) => Some(*id),
             _ => None,
         };
-        text_by_key(db, "Notes", 1, int).into_values().collect()
+        // Closed again, so that the next call's open is not after a crash.
+        let db = open(&after);
+        let texts: Vec<String> = text_by_key(&db, "Notes", 1, int).into_values().collect();
+        db.close().unwrap();
+        (after, texts)
     };
-    assert_eq!(
-        notes_text(&db),
-        ["committed"],
-        "a transaction whose only change to the table failed leaves the close clean"
-    );
-
-    let table = db.table("Notes").unwrap();
+    let fs = FaultyFileSystem::new(FaultyConfig::new(9));
+    let db = open(&fs);
+    let table = db.create_table(notes().not_logged()).unwrap();
     let session = db.session();
-    session.begin().unwrap();
-    table.insert(&session, note(2, "uncommitted")).unwrap();
-    let duplicate = table.insert(&session, note(1, "duplicate"));
-    assert!(
-        matches!(duplicate, Err(EngineError::DuplicateKey { .. })),
-        "{duplicate:?}"
+    table.insert(&session, note(1, "one")).unwrap();
+    table.insert(&session, note(2, "two")).unwrap();
+    db.close().unwrap();
+    drop((table, session));
+    let (after, texts) = close_after_a_failed_statement(&fs, false, false);
+    assert_eq!(
+        texts,
+        ["one", "two"],
+        "a failed insert that changed nothing leaves the close clean"
     );
-    db.clone().close().unwrap();
-    let after = crash(&after, CrashMode::KeepUnsynced, db, table, session);
-    let db = open(&after);
+    let (after, texts) = close_after_a_failed_statement(&after, false, true);
+    assert_eq!(
+        texts,
+        ["one", "two"],
+        "a failed move whose rollback put the row back leaves the close clean"
+    );
+    let (_, texts) = close_after_a_failed_statement(&after, true, true);
     assert!(
-        notes_text(&db).is_empty(),
-        "the earlier change of the open transaction makes the close unclean"
+        texts.is_empty(),
+        "the earlier change of the open transaction makes the close unclean: {texts:?}"
     );
 }
 
