@@ -816,6 +816,30 @@ fn give_up_on_the_next_freeing(tree: &BTree, extra_failures: usize) {
     tree.fail_next_empty_leaf_free_attempts(EMPTY_LEAF_FREE_ATTEMPTS + extra_failures);
 }
 
+/// Asserts that retries freed every leaf left empty: `freed` leaves freed in all, each by a
+/// retry, none listed any more, `free_pages` free pages in the pool and `leaf_pages` leaves in
+/// the tree (whose pages in use are exactly the tree's), and the tree holds `oracle`.
+fn assert_retries_freed(
+    tree: &BTree,
+    oracle: &BTreeMap<Vec<u8>, Vec<u8>>,
+    context: &str,
+    freed: u64,
+    free_pages: usize,
+    leaf_pages: u64,
+) {
+    let stats = tree.stats();
+    assert_eq!(
+        (stats.leaves_freed, stats.empty_leaves_retried_freed),
+        (freed, freed),
+        "{context}: {stats:?}"
+    );
+    assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
+    assert_eq!(tree.pool().free_page_count(), free_pages, "{context}");
+    let check = assert_owns_every_page(tree, context);
+    assert_eq!(check.leaf_pages, leaf_pages, "{context}");
+    common::assert_tree_holds(tree, oracle, context);
+}
+
 /// A delete that empties a leaf and whose freeing gives up leaves the leaf linked and empty,
 /// and lists it: the next delete in the tree, which empties nothing, frees it. The checker
 /// passes throughout, and the pages in use are exactly the tree's. Without the retry the
@@ -840,17 +864,9 @@ fn a_leaf_whose_freeing_gave_up_is_freed_by_the_next_delete() {
             // Any delete retries, one that finds nothing to delete too.
             let next = if next_delete_finds_its_row { 0 } else { 1000 };
             delete_row(&tree, &mut oracle, next);
-            let stats = tree.stats();
-            assert_eq!(
-                (stats.leaves_freed, stats.empty_leaves_retried_freed),
-                (1, 1),
-                "{context}: the next delete should have freed the leaf left empty: {stats:?}"
-            );
-            assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
-            assert_eq!(tree.pool().free_page_count(), free_before + 1, "{context}");
-            let freed = assert_owns_every_page(&tree, &context);
-            assert_eq!(freed.leaf_pages, 5, "{context}");
-            common::assert_tree_holds(&tree, &oracle, &context);
+            let context =
+                format!("{context}: the next delete should have freed the leaf left empty");
+            assert_retries_freed(&tree, &oracle, &context, 1, free_before + 1, 5);
         }
     }
 }
@@ -875,16 +891,7 @@ fn the_sweep_frees_every_leaf_whose_freeing_gave_up() {
         assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, 6);
         let free_before = tree.pool().free_page_count();
         assert_eq!(tree.free_left_empty_leaves(), Ok(2), "{context}");
-        let stats = tree.stats();
-        assert_eq!(
-            (stats.leaves_freed, stats.empty_leaves_retried_freed),
-            (2, 2),
-            "{context}: {stats:?}"
-        );
-        assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
-        assert_eq!(tree.pool().free_page_count(), free_before + 2, "{context}");
-        assert_eq!(assert_owns_every_page(&tree, &context).leaf_pages, 4);
-        common::assert_tree_holds(&tree, &oracle, &context);
+        assert_retries_freed(&tree, &oracle, &context, 2, free_before + 2, 4);
         // Nothing is listed any more: another sweep has nothing to do.
         assert_eq!(tree.free_left_empty_leaves(), Ok(0), "{context}");
     }
