@@ -1230,13 +1230,7 @@ fn a_unique_value_another_transaction_holds_is_waited_for() {
             &db,
             "the update of U to a value given up by an open transaction did not wait",
             || set_u(&table, &db.session(), 2, 10),
-            || {
-                if commits {
-                    holder.commit().unwrap();
-                } else {
-                    holder.rollback().unwrap();
-                }
-            },
+            || end_transaction(&holder, commits),
         );
         let context = format!("delete: {gives_up_by_delete}, commit: {commits}");
         if commits {
@@ -1265,13 +1259,7 @@ fn a_unique_value_another_transaction_holds_is_waited_for() {
             &db,
             "the update of U to a value an open transaction took did not wait",
             || set_u(&table, &db.session(), 2, 30),
-            || {
-                if commits {
-                    holder.commit().unwrap();
-                } else {
-                    holder.rollback().unwrap();
-                }
-            },
+            || end_transaction(&holder, commits),
         );
         if commits {
             assert!(
@@ -1284,6 +1272,15 @@ fn a_unique_value_another_transaction_holds_is_waited_for() {
             assert_eq!(u_values(&table, &db.session()), [(1, 10), (2, 30)]);
         }
         table.check_integrity().unwrap();
+    }
+}
+
+/// Commits `session`'s transaction if `commits`, else rolls it back.
+fn end_transaction(session: &Session, commits: bool) {
+    if commits {
+        session.commit().unwrap();
+    } else {
+        session.rollback().unwrap();
     }
 }
 
