@@ -723,9 +723,14 @@ impl Session {
         self.return_spare_undo(std::mem::take(&mut txn.undo));
     }
 
-    /// Rolls back an explicit transaction left open when the session goes away.
+    /// Rolls back an explicit transaction left open when the session goes away. The rollback's
+    /// waits (its undo latches pages, and a FULL rollback waits for its abort record: WRITELOG)
+    /// are the session's, as those of [`Session::rollback`] are: without the attribution they
+    /// reached only the process-wide statistics, or the accumulators of whatever statement of
+    /// another session happened to drop this one.
     pub(crate) fn abandon(&self) {
         if let Some(txn) = self.txn_slot().take() {
+            let _attribution = self.attribute();
             let _ = self.finish_rollback(txn);
         }
     }
@@ -764,3 +769,52 @@ impl Database {
 
 /// How long a lock request waits before failing, when the database sets no timeout.
 pub const DEFAULT_LOCK_TIMEOUT: Option<Duration> = None;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use lastpage_io::{FaultyConfig, FaultyFileSystem};
+
+    use crate::{
+        ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, TableDef, Uniqueness,
+        Value, WaitSnapshot, WaitType,
+    };
+
+    /// A session dropped with a FULL transaction open rolls it back, and the rollback waits
+    /// for its abort record (WRITELOG) like an explicit rollback: that wait is the session's.
+    /// It reached only the process-wide statistics before. (The session's statistics outlive
+    /// it only through its accumulator, which the test keeps.)
+    #[test]
+    fn the_rollback_of_a_dropped_session_is_attributed_to_it() {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(11));
+        let options = DatabaseOptions {
+            file_system: Some(Arc::new(fs)),
+            // No background flush in practice: the abort record waits for its own flush.
+            delayed_flush_interval: std::time::Duration::from_secs(3600),
+            ..DatabaseOptions::default()
+        };
+        let db = Database::open("/db", options).unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey)),
+            )
+            .unwrap();
+        let session = db.session();
+        session.begin().unwrap();
+        table.insert(&session, InsertRow::new().set(0, 1)).unwrap();
+        let waits = session.waits_accumulator();
+        let writelog = |waits: &WaitSnapshot| waits.wait(WaitType::WriteLog).waiting_tasks_count;
+        let before = writelog(&waits.snapshot());
+        drop(session);
+        assert_eq!(
+            writelog(&waits.snapshot()) - before,
+            1,
+            "the dropped session's rollback waited for its abort record"
+        );
+        let reader = db.session();
+        assert_eq!(table.get(&reader, &[Value::Int(1)]).unwrap(), None);
+    }
+}

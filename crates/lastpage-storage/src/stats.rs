@@ -554,16 +554,21 @@ pub fn clear() {
 /// session's is by a statement run inside its `run_statement`, is not installed again: a wait
 /// was counted twice); dropping a guard removes what it installed.
 pub fn attribute_waits_to(accumulator: Arc<WaitAccumulator>) -> AttributionGuard {
-    let pushed = ATTRIBUTION.with(|attribution| {
-        let mut attribution = attribution.borrow_mut();
-        let installed = attribution
-            .iter()
-            .any(|other| Arc::ptr_eq(other, &accumulator));
-        if !installed {
-            attribution.push(accumulator);
-        }
-        !installed
-    });
+    // `try_with`, as where waits are recorded: a session dropped while its thread's locals are
+    // being destroyed (one kept in a thread local) attributes its rollback here, and once the
+    // list is gone there is nothing left to attribute to, which must not panic inside a drop.
+    let pushed = ATTRIBUTION
+        .try_with(|attribution| {
+            let mut attribution = attribution.borrow_mut();
+            let installed = attribution
+                .iter()
+                .any(|other| Arc::ptr_eq(other, &accumulator));
+            if !installed {
+                attribution.push(accumulator);
+            }
+            !installed
+        })
+        .unwrap_or(false);
     AttributionGuard {
         pushed,
         _not_send: std::marker::PhantomData,
