@@ -1556,9 +1556,17 @@ impl Session {
         self.txn_slot().as_ref().map(|txn| txn.id)
     }
 
-    /// The session id.
+    /// The session id: SQL Server's session id (SPID), numbered from 1 in each database and
+    /// the same for the session's whole life, whatever transactions it runs. The deadlock
+    /// error names its victim by it ([`EngineError::Deadlock`]'s "Process ID").
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The error of one of the session's lock requests that failed (see
+    /// [`EngineError::from_lock`]).
+    pub(crate) fn lock_error(&self, error: crate::locks::LockError) -> EngineError {
+        EngineError::from_lock(error, self.id)
     }
 
     /// The waits this session has incurred.

@@ -185,9 +185,23 @@ pub enum EngineError {
     /// The buffer pool is out of pages.
     #[error(transparent)]
     PoolFull(#[from] PoolFull),
-    /// A lock request failed: a timeout or a deadlock (with SQL Server's messages).
+    /// A lock request timed out (SQL Server's error 1222, with its message). The engine makes
+    /// it from the lock manager's error together with the requesting session, never from a
+    /// [`crate::locks::LockError`] alone: a deadlock becomes [`EngineError::Deadlock`], which
+    /// names the session.
     #[error(transparent)]
-    Lock(#[from] crate::locks::LockError),
+    Lock(crate::locks::LockError),
+    /// The statement's transaction was chosen as a deadlock victim (SQL Server's error 1205): it
+    /// must be rolled back, which releases its locks and lets the rest of the cycle go on.
+    #[error(
+        "Transaction (Process ID {process_id}) was deadlocked on lock resources with another process and has been chosen as the deadlock victim. Rerun the transaction."
+    )]
+    Deadlock {
+        /// The victim's session id ([`crate::Session::id`]), as SQL Server's message names the
+        /// session (its SPID), which stays the same for the session's life, and not the
+        /// transaction.
+        process_id: u64,
+    },
     /// A transaction statement in the wrong state (COMMIT without BEGIN, nested BEGIN).
     #[error("{0}")]
     Transaction(String),
@@ -240,6 +254,18 @@ pub enum EngineError {
     /// The integrity check found a broken invariant.
     #[error("integrity check failed: {0}")]
     Integrity(String),
+}
+
+impl EngineError {
+    /// The error of a lock request of session `process_id` that failed: a timeout as it is, a
+    /// deadlock naming the session. (There is no `From<LockError>`, so that no lock failure
+    /// reaches a caller without its session.)
+    pub(crate) fn from_lock(error: crate::locks::LockError, process_id: u64) -> EngineError {
+        match error {
+            crate::locks::LockError::Deadlock { .. } => EngineError::Deadlock { process_id },
+            timeout => EngineError::Lock(timeout),
+        }
+    }
 }
 
 impl From<IntegrityError> for EngineError {

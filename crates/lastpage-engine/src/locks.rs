@@ -179,8 +179,12 @@ pub enum LockError {
     /// The request would have closed a cycle of waiting transactions, and its transaction was
     /// chosen as the victim (SQL Server's error 1205). The caller must roll the transaction back,
     /// which releases its locks and lets the rest of the cycle go on.
+    ///
+    /// The manager knows transactions, not sessions, so its message names the transaction. The
+    /// engine reports the error as [`crate::EngineError::Deadlock`], with SQL Server's message,
+    /// whose "Process ID" is the victim's session id (SQL Server's SPID), not this id.
     #[error(
-        "Transaction (Process ID {}) was deadlocked on lock resources with another process and has been chosen as the deadlock victim. Rerun the transaction.",
+        "Transaction {} was deadlocked on lock resources with another transaction and has been chosen as the deadlock victim. Rerun the transaction.",
         victim.0
     )]
     Deadlock {

@@ -2519,11 +2519,13 @@ impl Table {
             )));
         }
         let db = session.db();
-        db.locks().wait_for_shared(
-            me,
-            &crate::txn::lock_key(self.id, 0, &deleted.0),
-            db.lock_timeout(),
-        )?;
+        db.locks()
+            .wait_for_shared(
+                me,
+                &crate::txn::lock_key(self.id, 0, &deleted.0),
+                db.lock_timeout(),
+            )
+            .map_err(|error| session.lock_error(error))?;
         // The deleter's end may have been refused (see `Table::committed_value`).
         db.check_usable()?;
         *waited_for = Some(deleted);
@@ -2606,7 +2608,9 @@ impl Table {
         let mut wait_for_row = || {
             let patience =
                 *patience.get_or_insert_with(|| LockPatience::from_now(db.lock_timeout()));
-            locks.wait_for_shared_within(reader, &lock, patience)
+            locks
+                .wait_for_shared_within(reader, &lock, patience)
+                .map_err(|error| session.lock_error(error))
         };
         loop {
             let read = self

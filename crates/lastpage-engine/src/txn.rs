@@ -181,6 +181,9 @@ pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
 /// readers from the first moment they could see it.
 pub(crate) struct FreshLocker<'s> {
     db: &'s Database,
+    /// The session's id, for the error of a lock that failed (which cannot happen, as such a
+    /// lock never waits, but would name the session as any other lock error).
+    process_id: u64,
     table_id: u32,
     taken: RefCell<TxnLocks>,
 }
@@ -188,26 +191,30 @@ pub(crate) struct FreshLocker<'s> {
 impl FreshLocker<'_> {
     /// Locks `key` (a clustered key) exclusively.
     pub(crate) fn lock(&self, key: &[u8]) -> Result<()> {
-        self.taken.borrow_mut().acquire(
-            self.db.locks(),
-            lock_key(self.table_id, 0, key),
-            LockMode::Exclusive,
-            None,
-        )?;
-        Ok(())
+        self.taken
+            .borrow_mut()
+            .acquire(
+                self.db.locks(),
+                lock_key(self.table_id, 0, key),
+                LockMode::Exclusive,
+                None,
+            )
+            .map_err(|error| EngineError::from_lock(error, self.process_id))
     }
 
     /// Locks every clustered key from `low` to `high` (inclusive) exclusively with one range
     /// lock (see [`LockManager::lock_range`](crate::locks::LockManager::lock_range)): a batch's
     /// fresh identity keys, made under the last leaf's latch.
     pub(crate) fn lock_range(&self, low: &[u8], high: &[u8]) -> Result<()> {
-        self.taken.borrow_mut().acquire_range(
-            self.db.locks(),
-            &lock_key(self.table_id, 0, low),
-            &lock_key(self.table_id, 0, high),
-            None,
-        )?;
-        Ok(())
+        self.taken
+            .borrow_mut()
+            .acquire_range(
+                self.db.locks(),
+                &lock_key(self.table_id, 0, low),
+                &lock_key(self.table_id, 0, high),
+                None,
+            )
+            .map_err(|error| EngineError::from_lock(error, self.process_id))
     }
 }
 
@@ -255,13 +262,15 @@ impl<'s> WriteScope<'s> {
     /// and every latch.
     pub(crate) fn lock_row(&mut self, table: &Table, ordinal: usize, key: &[u8]) -> Result<()> {
         let db = self.session.db();
-        self.txn.locks.acquire(
-            db.locks(),
-            lock_key(table.id(), ordinal, key),
-            LockMode::Exclusive,
-            db.lock_timeout(),
-        )?;
-        Ok(())
+        self.txn
+            .locks
+            .acquire(
+                db.locks(),
+                lock_key(table.id(), ordinal, key),
+                LockMode::Exclusive,
+                db.lock_timeout(),
+            )
+            .map_err(|error| self.session.lock_error(error))
     }
 
     /// Locks every clustered key from `low` to `high` (inclusive) exclusively until the
@@ -270,13 +279,15 @@ impl<'s> WriteScope<'s> {
     /// every latch, before any of the keys is inserted.
     pub(crate) fn lock_range(&mut self, table: &Table, low: &[u8], high: &[u8]) -> Result<()> {
         let db = self.session.db();
-        self.txn.locks.acquire_range(
-            db.locks(),
-            &lock_key(table.id(), 0, low),
-            &lock_key(table.id(), 0, high),
-            db.lock_timeout(),
-        )?;
-        Ok(())
+        self.txn
+            .locks
+            .acquire_range(
+                db.locks(),
+                &lock_key(table.id(), 0, low),
+                &lock_key(table.id(), 0, high),
+                db.lock_timeout(),
+            )
+            .map_err(|error| self.session.lock_error(error))
     }
 
     /// The session the statement runs in, and its transaction.
@@ -314,6 +325,7 @@ impl<'s> WriteScope<'s> {
         let session: &'s Session = self.session;
         FreshLocker {
             db: session.db(),
+            process_id: session.id(),
             table_id: table.id(),
             taken: RefCell::new(TxnLocks::new(self.txn.id)),
         }

@@ -302,10 +302,12 @@ fn a_two_transaction_deadlock_has_one_victim_the_requester_that_closed_it() {
         .acquire(TxnId(2), &key(1), Shared, None)
         .unwrap_err();
     assert_eq!(error, LockError::Deadlock { victim: TxnId(2) });
+    // The manager knows transactions only; the engine's error names the victim's session
+    // (durability.rs::a_deadlock_picks_one_victim_and_names_it).
     assert_eq!(
         error.to_string(),
-        "Transaction (Process ID 2) was deadlocked on lock resources with another process and \
-         has been chosen as the deadlock victim. Rerun the transaction."
+        "Transaction 2 was deadlocked on lock resources with another transaction and has been \
+         chosen as the deadlock victim. Rerun the transaction."
     );
     assert_eq!(error.number(), 1205);
     // The victim rolls back; the survivor gets its lock.

@@ -1013,7 +1013,7 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
                                 session.commit().unwrap();
                                 break;
                             }
-                            Err(EngineError::Lock(LockError::Deadlock { .. })) => {
+                            Err(EngineError::Deadlock { .. }) => {
                                 session.rollback().unwrap();
                                 std::thread::sleep(Duration::from_micros(
                                     rng.random_range(0..200 * attempts.min(10)),
@@ -1385,7 +1385,7 @@ fn transfers_through_a_crash(seed: u64) {
                                 acknowledged.push(id)
                             }
                             Ok(()) => {}
-                            Err(EngineError::Lock(LockError::Deadlock { .. })) => {
+                            Err(EngineError::Deadlock { .. }) => {
                                 let _ = session.rollback();
                             }
                             // The power went: the database refuses everything from here on.
@@ -1565,7 +1565,7 @@ fn counters(seed: u64, durable: bool) {
                                 counts[key as usize] += 1;
                             }
                             Ok(()) => session.rollback().unwrap(),
-                            Err(EngineError::Lock(LockError::Deadlock { .. })) => {
+                            Err(EngineError::Deadlock { .. }) => {
                                 session.rollback().unwrap();
                             }
                             Err(error) => panic!("an increment failed: {error}"),

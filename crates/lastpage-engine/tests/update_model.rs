@@ -43,7 +43,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lastpage_engine::locks::LockError;
 use lastpage_engine::{
     ColumnDef, DataType, Database, DatabaseOptions, EngineError, Expr, IndexDef, InsertRow,
     Session, Table, TableDef, Uniqueness, Value,
@@ -785,7 +784,7 @@ struct Outcome {
 /// far longer than any transaction here holds a lock, so one would mean a cycle of waits the
 /// deadlock detector missed, or a lock nobody releases.
 fn lock_conflict(error: &EngineError) -> bool {
-    matches!(error, EngineError::Lock(LockError::Deadlock { .. }))
+    matches!(error, EngineError::Deadlock { .. })
 }
 
 /// Locks slot `s`'s row by updating its payload, and returns the key the row has (the row
