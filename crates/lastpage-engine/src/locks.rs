@@ -1164,6 +1164,29 @@ impl TxnLocks {
         !self.keys.is_empty()
     }
 
+    /// Releases the locks the transaction took after it held its first `held` (`keys()[held..]`,
+    /// taken since `keys().len()` was `held`), except those `keep` says to keep; the rest keep
+    /// their order. For a write that locked a row version which changed under its request and
+    /// then moved on to the row's next version: nothing was read or changed under the locks of
+    /// the version it left, and the transaction did not hold them before, so strict two-phase
+    /// locking does not ask for them to be held (see `docs/locking.md`). Kept to commit, they
+    /// made other sessions wait for keys the transaction no longer needed. Never for a range,
+    /// nor a lock the transaction held before `held` (a conversion leaves a key where it was):
+    /// the transaction may have changed rows under those.
+    pub fn release_taken_since(
+        &mut self,
+        manager: &LockManager,
+        held: usize,
+        keep: impl Fn(&LockKey) -> bool,
+    ) {
+        let taken = self.keys.split_off(held.min(self.keys.len()));
+        let (kept, released): (Vec<LockKey>, Vec<LockKey>) =
+            taken.into_iter().partition(|key| keep(key));
+        debug_assert!(released.iter().all(|key| !key.is_range()));
+        manager.release_all(self.txn, &released);
+        self.keys.extend(kept);
+    }
+
     /// Releases every lock the transaction holds (at commit or rollback). The handle is empty
     /// afterwards.
     pub fn release_all(&mut self, manager: &LockManager) {

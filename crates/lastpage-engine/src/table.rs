@@ -37,7 +37,7 @@ use crate::encoding::{
 };
 use crate::error::{EngineError, Result};
 use crate::identity::{IdentityState, ReservationLog};
-use crate::locks::LockPatience;
+use crate::locks::{LockKey, LockPatience};
 use crate::pending::{HeldPendingDeletes, PendingDeletes};
 use crate::row_bytes::RowBytes;
 use crate::schema::{ColumnDef, DefaultValue, IndexDef, IndexOptions, TableDef, Uniqueness};
@@ -1701,8 +1701,19 @@ impl Table {
         Ok(())
     }
 
-    /// Locks the unique nonclustered keys a row's stored value gives it.
+    /// Locks a stored row: its clustered key, then the unique nonclustered keys its value gives
+    /// it ([`Table::row_lock_keys`]).
     fn lock_row_entries(&self, scope: &mut WriteScope<'_>, key: &[u8], value: &[u8]) -> Result<()> {
+        self.row_lock_keys(key, value)?
+            .into_iter()
+            .try_for_each(|lock| scope.lock(lock))
+    }
+
+    /// The lock resources of a stored row, in the order they are locked: its clustered key, then
+    /// the keys of its unique nonclustered indexes' entries.
+    fn row_lock_keys(&self, key: &[u8], value: &[u8]) -> Result<SmallVec<[LockKey; 2]>> {
+        let mut locks = SmallVec::new();
+        locks.push(crate::txn::lock_key(self.id, 0, key));
         if self
             .nonclustered
             .iter()
@@ -1710,10 +1721,15 @@ impl Table {
         {
             let row = self.decode_record(key, value)?;
             let entries = self.nonclustered_entries(&row, key)?;
-            self.lock_entries(scope, key, &entries)
-        } else {
-            scope.lock_row(self, 0, key)
+            for (position, (index, (entry_key, _))) in
+                self.nonclustered.iter().zip(&entries).enumerate()
+            {
+                if index.def.uniqueness.is_unique() {
+                    locks.push(crate::txn::lock_key(self.id, position + 1, entry_key));
+                }
+            }
         }
+        Ok(locks)
     }
 
     /// Fills in identity (as `identity` says), defaults and computed columns, converts every
@@ -3083,27 +3099,65 @@ impl Table {
         scope: &mut WriteScope<'_>,
         key: &[Value],
     ) -> Result<Option<FoundRecord>> {
-        loop {
+        self.find_locked_with(scope, key, || {})
+    }
+
+    /// [`Table::find_locked`], running `after_read` between each read of the row and its lock
+    /// requests: the moment another transaction can change the version read (tests make it
+    /// change there).
+    ///
+    /// A version that changed under the lock requests (another transaction changed or
+    /// deleted it, and committed, while this one waited) is looked up again. The locks taken
+    /// for the versions left behind are then released, except those the version returned
+    /// needs too: this transaction read nothing under them (the version it read was thrown
+    /// away) and changed nothing, and it did not hold them before this call, so strict
+    /// two-phase locking does not ask for them, and kept to the end of the transaction they
+    /// blocked other sessions on keys it no longer needed (the unique key a row had before
+    /// the change, or the clustered key of a row that moved or went away). Locks it held before
+    /// the call stay, whatever it did under them.
+    fn find_locked_with(
+        &self,
+        scope: &mut WriteScope<'_>,
+        key: &[Value],
+        mut after_read: impl FnMut(),
+    ) -> Result<Option<FoundRecord>> {
+        let held = scope.locks_held();
+        let mut looked_again = false;
+        let found = loop {
             let (session, me) = scope.reader();
-            let (found, _) = self.find_record_waiting(session, Some(me), key)?;
-            let Some((partition, record_key, value)) = found else {
-                return Ok(None);
+            let found = self
+                .find_record_waiting(session, Some(me), key)
+                .map(|(found, _)| found);
+            let Ok(Some((partition, record_key, value))) = found else {
+                break found;
             };
-            self.lock_row_entries(scope, &record_key, &value)?;
+            after_read();
+            if let Err(error) = self.lock_row_entries(scope, &record_key, &value) {
+                break Err(error);
+            }
             match self
                 .clustered
                 .tree(partition)
                 .get(&record_key)
-                .map_err(storage_failure)?
+                .map_err(storage_failure)
             {
-                Some(current) if current == value => {
-                    return Ok(Some((partition, record_key, current)));
+                Ok(Some(current)) if current == value => {
+                    break Ok(Some((partition, record_key, current)));
                 }
-                // Changed or deleted while this transaction waited for the lock: look again
-                // (the old lock stays; holding a lock on a row that moved on is harmless).
-                _ => continue,
+                Err(error) => break Err(error),
+                // Changed or deleted while this transaction waited for the lock: look again.
+                Ok(_) => looked_again = true,
             }
+        };
+        if looked_again {
+            // Only after a second look can a lock taken here belong to no version returned.
+            let needed = match &found {
+                Ok(Some((_, record_key, value))) => self.row_lock_keys(record_key, value)?,
+                _ => SmallVec::new(),
+            };
+            scope.release_locks_taken_since(held, |lock| needed.contains(lock));
         }
+        found
     }
 
     /// Applies the changes of one log record (replay), in order. The rows of an `InsertRun`
@@ -4155,5 +4209,109 @@ mod index_lookup_tests {
             .get_by_index(&reader, "UX_U", &[Value::Int(20)])
             .unwrap();
         assert_eq!(found, [vec![Value::Int(2), Value::Int(20)]]);
+    }
+}
+
+#[cfg(test)]
+mod find_locked_tests {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use crate::locks::LockError;
+    use crate::{
+        ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
+        Uniqueness, Value,
+    };
+
+    /// An update looks a row up, then locks it (and its unique keys) and reads it again; a row
+    /// that another transaction changed or deleted and committed in between is looked up
+    /// again. The locks of the version left behind used to stay until the transaction ended:
+    /// here the unique key U=10 of a row changed to U=20, and the clustered key of a row
+    /// deleted, both of which the transaction never read nor changed, blocked another session
+    /// (error 1222 with a zero lock timeout) until the commit. The change happens at the
+    /// seam `find_locked_with` offers, between the read and the lock requests, run one step
+    /// after another.
+    #[test]
+    fn a_write_that_looks_again_keeps_no_lock_of_the_version_it_left() {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout: Some(Duration::ZERO),
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .column(ColumnDef::new("U", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex)),
+            )
+            .unwrap();
+        let (writer, changer, other) = (db.session(), db.session(), db.session());
+        let row = |k: i32, u: i32| InsertRow::new().set(0, k).set(1, u);
+        table.insert(&changer, row(1, 10)).unwrap();
+        table.insert(&changer, row(2, 30)).unwrap();
+        let timed_out = |result: Result<(), EngineError>| {
+            matches!(result, Err(EngineError::Lock(LockError::Timeout { .. })))
+        };
+        writer.begin().unwrap();
+
+        // Row 1 changes from U=10 to U=20 after the writer read it.
+        let first_read = Cell::new(true);
+        let found = writer
+            .write(&table, |scope| {
+                table.find_locked_with(scope, &[Value::Int(1)], || {
+                    if first_read.replace(false) {
+                        let changed =
+                            table.update(&changer, &[Value::Int(1)], &[(1, Value::Int(20))]);
+                        assert!(changed.unwrap());
+                    }
+                })
+            })
+            .unwrap()
+            .expect("the row is there");
+        assert_eq!(
+            table.decode_record(&found.1, &found.2).unwrap(),
+            [Value::Int(1), Value::Int(20)]
+        );
+        // U=10 is free: the writer holds nothing of the version it left.
+        table.insert(&other, row(3, 10)).unwrap();
+        // The version found stays locked: its clustered key and its unique key.
+        assert!(timed_out(table.insert(&other, row(4, 20)).map(drop)));
+        assert!(timed_out(
+            table
+                .update(&other, &[Value::Int(1)], &[(1, Value::Int(21))])
+                .map(drop)
+        ));
+
+        // Row 2 is deleted after the writer read it: the writer finds nothing, and keeps no
+        // lock of the row it read (nor of its unique key, U=30).
+        let first_read = Cell::new(true);
+        let found = writer
+            .write(&table, |scope| {
+                table.find_locked_with(scope, &[Value::Int(2)], || {
+                    if first_read.replace(false) {
+                        assert!(table.delete(&changer, &[Value::Int(2)]).unwrap());
+                    }
+                })
+            })
+            .unwrap();
+        assert!(found.is_none());
+        table.insert(&other, row(2, 30)).unwrap();
+
+        writer.commit().unwrap();
+        let reader = db.session();
+        let rows: Vec<_> = [1, 2, 3]
+            .into_iter()
+            .map(|k| table.get(&reader, &[Value::Int(k)]).unwrap())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                Some(vec![Value::Int(1), Value::Int(20)]),
+                Some(vec![Value::Int(2), Value::Int(30)]),
+                Some(vec![Value::Int(3), Value::Int(10)]),
+            ]
+        );
     }
 }

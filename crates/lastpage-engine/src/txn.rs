@@ -261,16 +261,36 @@ impl<'s> WriteScope<'s> {
     /// index, `1 + n` for nonclustered index `n`). Must be called outside the checkpoint gate
     /// and every latch.
     pub(crate) fn lock_row(&mut self, table: &Table, ordinal: usize, key: &[u8]) -> Result<()> {
+        self.lock(lock_key(table.id(), ordinal, key))
+    }
+
+    /// [`WriteScope::lock_row`] of a lock resource made already (by [`lock_key`]).
+    pub(crate) fn lock(&mut self, key: LockKey) -> Result<()> {
         let db = self.session.db();
         self.txn
             .locks
-            .acquire(
-                db.locks(),
-                lock_key(table.id(), ordinal, key),
-                LockMode::Exclusive,
-                db.lock_timeout(),
-            )
+            .acquire(db.locks(), key, LockMode::Exclusive, db.lock_timeout())
             .map_err(|error| self.session.lock_error(error))
+    }
+
+    /// How many locks the transaction holds (ranges count one each), to be passed to
+    /// [`WriteScope::release_locks_taken_since`].
+    pub(crate) fn locks_held(&self) -> usize {
+        self.txn.locks.keys().len()
+    }
+
+    /// Releases the row locks taken since the transaction held `held` locks (see
+    /// [`WriteScope::locks_held`]) that `keep` does not keep: those of a row version that a
+    /// write locked and then left, because the version changed under its lock request (see
+    /// [`crate::locks::TxnLocks::release_taken_since`]). Nothing may have been changed under
+    /// them.
+    pub(crate) fn release_locks_taken_since(
+        &mut self,
+        held: usize,
+        keep: impl Fn(&LockKey) -> bool,
+    ) {
+        let db = self.session.db();
+        self.txn.locks.release_taken_since(db.locks(), held, keep);
     }
 
     /// Locks every clustered key from `low` to `high` (inclusive) exclusively until the

@@ -12,7 +12,7 @@
 //! `lastpage_storage::sync::wait_timeout`). `LOOM_MAX_PREEMPTIONS` overrides the default bound.
 #![cfg(loom)]
 
-use lastpage_engine::locks::{LockError, LockKey, LockManager, LockMode, TxnId};
+use lastpage_engine::locks::{LockError, LockKey, LockManager, LockMode, TxnId, TxnLocks};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
@@ -212,5 +212,47 @@ fn a_range_lock_holds_back_a_reader_and_a_writer_until_its_commit() {
             other.join().unwrap();
         }
         assert!(!manager.is_locked_by_other(None, &key(5)));
+    });
+}
+
+/// A transaction that lets go of a lock it took and no longer needs, before it ends (a write
+/// that moved past a row version: `TxnLocks::release_taken_since`), hands it to its waiter at
+/// once and keeps the rest to its commit: the waiter is granted the row, no wake-up is lost, the
+/// two never hold it together, and the lock kept stays the releaser's. The waiter finishes
+/// before the releaser commits, which would be a deadlock (reported by loom) if the released
+/// lock were still held.
+#[test]
+fn a_lock_released_before_the_end_goes_to_its_waiter_and_the_rest_stay() {
+    check(3, || {
+        let manager = Arc::new(LockManager::new(2));
+        let inside = Arc::new(Inside::default());
+        // Row 1 is the lock kept; row 2, taken after it, the one let go early (or, in some
+        // interleavings, only after the waiter had it first).
+        let mut locks = TxnLocks::new(TxnId(1));
+        locks.acquire(&manager, key(1), Exclusive, None).unwrap();
+        let waiter = {
+            let manager = Arc::clone(&manager);
+            let inside = Arc::clone(&inside);
+            thread::spawn(move || {
+                manager.acquire(TxnId(2), &key(2), Exclusive, None).unwrap();
+                inside.enter(Exclusive);
+                assert!(manager.is_locked_by_other(Some(TxnId(2)), &key(1)));
+                inside.leave(Exclusive);
+                manager.release_all(TxnId(2), &[key(2)]);
+            })
+        };
+        let held = locks.keys().len();
+        locks.acquire(&manager, key(2), Exclusive, None).unwrap();
+        inside.enter(Exclusive);
+        inside.leave(Exclusive);
+        locks.release_taken_since(&manager, held, |_| false);
+        assert_eq!(locks.keys(), [key(1)]);
+        assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Exclusive));
+        waiter.join().unwrap();
+        assert_eq!(manager.holds(TxnId(1), &key(1)), Some(Exclusive));
+        locks.release_all(&manager);
+        assert!(!manager.is_locked_by_other(None, &key(1)));
+        assert!(!manager.is_locked_by_other(None, &key(2)));
+        assert_eq!(manager.stats().acquired, 3);
     });
 }
