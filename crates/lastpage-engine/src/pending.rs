@@ -8,7 +8,8 @@
 //! deleter (LCK_M_S) and then sees the committed outcome; so do lookups and scans here.
 //!
 //! The protocol (`docs/locking.md` says where each reader looks):
-//! - A writer notes the row, with its committed value, *before* anything of it leaves a tree
+//! - A writer notes the row, with its value (the committed one wherever anything reads it; see
+//!   [`PendingDeletes::note`]), *before* anything of it leaves a tree
 //!   (see `WriteScope::note_pending_delete`), and the row stays noted until the transaction
 //!   ends: its notes are cleared after a rollback has put the rows back and before its locks
 //!   are released.
@@ -33,7 +34,9 @@ use lastpage_storage::wal::TxnId;
 #[derive(Default)]
 struct Noted {
     /// Clustered record key and partition → the transaction that noted the row, and the row's
-    /// committed value (its clustered record value before that transaction changed it).
+    /// clustered record value when that transaction first noted it: the committed value of a
+    /// row that existed before the transaction, in every table an index lookup reads it for
+    /// (see [`PendingDeletes::note`] for when it is the transaction's own).
     rows: BTreeMap<(Vec<u8>, usize), (TxnId, Vec<u8>)>,
     /// The keys of `rows` each transaction noted, so that a transaction's end removes its own
     /// notes without walking everybody's (one long delete would make every other end slow).
@@ -62,7 +65,32 @@ pub struct HeldPendingDeletes<'a> {
 impl PendingDeletes {
     /// Notes that `txn` is about to delete the clustered record `key` of `partition`, whose
     /// value is `value`, or to change it so that entries of it leave a nonclustered index. A
-    /// row noted twice by one transaction keeps the first value: the committed one.
+    /// row noted twice by one transaction keeps the first value.
+    ///
+    /// What that value is: the row's value as the transaction's statement found it, under its
+    /// lock. That is the committed value unless the transaction itself wrote the row earlier
+    /// without noting it, which leaves its own value there in two cases:
+    /// - a row the transaction inserted (or moved to this key) at a key it had not deleted a
+    ///   row from before (such a delete noted the committed value, which the note keeps). The
+    ///   row has no committed version at all, and the note only makes readers that do not find
+    ///   it wait for the transaction's end (then they find nothing of it committed, as they
+    ///   would have at once); a reader inside a transaction may even be chosen as a deadlock
+    ///   victim over it;
+    /// - a row it updated in place in a table without nonclustered indexes (only updates of a
+    ///   table with such indexes note the row). Only index lookups read a note's value
+    ///   ([`HeldPendingDeletes::of_others`]), and that table has no index to look up (a table's
+    ///   indexes are fixed when it is made); the note's key, which all other
+    ///   readers go by, is right.
+    ///
+    /// So the note is never wrong in a way that loses a committed row: every change of a table
+    /// with nonclustered indexes that takes a row's entries out (delete, move, update in place)
+    /// notes the row first, so there the first note of a row that existed before the
+    /// transaction holds its committed value, which is what an index lookup needs to know that
+    /// the row had an entry under its key. The cost is extra waits. Noting the committed value
+    /// (and no note for a row without one) would need to know what the transaction did to the
+    /// row before: a search of its undo list on every such note (quadratic for a transaction
+    /// that inserts rows and then deletes them), or a record of every row it inserted, paid on
+    /// the insert path, which is built to pay nothing per row it can avoid.
     pub fn note(&self, txn: TxnId, partition: usize, key: &[u8], value: &[u8]) {
         let mut noted = sync::write(&self.noted);
         let row = (key.to_vec(), partition);
@@ -150,7 +178,8 @@ impl HeldPendingDeletes<'_> {
     }
 
     /// Every row noted by a transaction other than `me`: its clustered key, partition, that
-    /// transaction and the row's committed value.
+    /// transaction and the value noted (the committed one wherever the table has an index to
+    /// look up: see [`PendingDeletes::note`]).
     pub fn of_others(
         &self,
         me: Option<TxnId>,
@@ -168,6 +197,70 @@ impl HeldPendingDeletes<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::locks::LockError;
+    use crate::{
+        ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
+        Uniqueness, Value,
+    };
+
+    /// What [`PendingDeletes::note`] records, end to end, with a zero lock timeout so that a
+    /// wait shows as error 1222. A row changed twice and then deleted by one transaction, in a
+    /// table with a nonclustered index, is noted with its committed value: a lookup through
+    /// the index under that value waits for the transaction instead of missing the row, and
+    /// one under the transaction's own later value does not wait (the entry went with the
+    /// delete). A row the transaction inserted and deleted itself is noted with its own value,
+    /// though it has no committed version: lookups of it wait too (the documented cost, which
+    /// noting only committed values would remove).
+    #[test]
+    fn a_note_holds_the_committed_value_where_an_index_lookup_needs_it() {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout: Some(std::time::Duration::ZERO),
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .column(ColumnDef::new("U", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new("IX_U", &["U"], Uniqueness::NonUnique)),
+            )
+            .unwrap();
+        let (writer, reader) = (db.session(), db.session());
+        table
+            .insert(&writer, InsertRow::new().set(0, 1).set(1, 10))
+            .unwrap();
+        let by_u = |u: i32| table.get_by_index(&reader, "IX_U", &[Value::Int(u)]);
+        let waits = |result: crate::Result<Vec<crate::Row>>| {
+            matches!(result, Err(EngineError::Lock(LockError::Timeout { .. })))
+        };
+        writer.begin().unwrap();
+        for u in [11, 12] {
+            let changes = [(1, Value::Int(u))];
+            assert!(table.update(&writer, &[Value::Int(1)], &changes).unwrap());
+        }
+        assert!(table.delete(&writer, &[Value::Int(1)]).unwrap());
+        assert!(waits(by_u(10)), "the committed value's entry is waited for");
+        assert_eq!(by_u(12).unwrap(), Vec::<crate::Row>::new());
+
+        table
+            .insert(&writer, InsertRow::new().set(0, 2).set(1, 20))
+            .unwrap();
+        assert!(table.delete(&writer, &[Value::Int(2)]).unwrap());
+        assert!(
+            waits(by_u(20)),
+            "a row the transaction inserted is noted too"
+        );
+        assert!(matches!(
+            table.get(&reader, &[Value::Int(2)]),
+            Err(EngineError::Lock(LockError::Timeout { .. }))
+        ));
+        writer.commit().unwrap();
+        for u in [10, 12, 20] {
+            assert_eq!(by_u(u).unwrap(), Vec::<crate::Row>::new());
+        }
+    }
 
     #[test]
     fn a_lookup_finds_only_other_transactions_rows_in_its_range() {

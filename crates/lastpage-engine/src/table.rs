@@ -2724,8 +2724,9 @@ impl Table {
             return Ok(Vec::new());
         };
         let me = session.current_txn_id();
-        // A noted row whose committed values have an entry under the search key that the read
-        // did not find.
+        // A noted row whose noted values (its committed ones, for a row that existed before its
+        // deleter: see `PendingDeletes::note`) have an entry under the search key that the
+        // read did not find.
         let missed = |held: &HeldPendingDeletes<'_>, candidates: &Vec<FoundRecord>| {
             for (record_key, partition, deleter, value) in held.of_others(me) {
                 if candidates.iter().any(|(found_partition, found_key, _)| {

@@ -316,10 +316,12 @@ impl<'s> WriteScope<'s> {
     }
 
     /// Notes that this transaction is about to delete the clustered record `key` of
-    /// `partition` from `table`, whose committed value is `value` (or to change it so that
-    /// nonclustered entries of it go), so that lookups wait for the transaction instead of
-    /// missing the row (see `pending.rs`). Must be called after the row is locked and before
-    /// anything of it leaves a tree; the note lasts until the transaction ends.
+    /// `partition` from `table`, whose value is `value` as the statement found it (or to change
+    /// it so that nonclustered entries of it go), so that lookups wait for the transaction
+    /// instead of missing the row (see `pending.rs`; [`crate::pending::PendingDeletes::note`]
+    /// says when `value` is not the committed one, and why that is safe). Must be called after
+    /// the row is locked and before anything of it leaves a tree; the note lasts until the
+    /// transaction ends.
     pub(crate) fn note_pending_delete(
         &mut self,
         table: &Arc<Table>,
