@@ -121,7 +121,7 @@ fn ended_writes_stripe() -> usize {
 }
 
 /// What a checkpoint did.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CheckpointStats {
     /// Where recovery starts replaying committed work (the log's end when writers paused).
     pub checkpoint_lsn: u64,
@@ -131,8 +131,13 @@ pub struct CheckpointStats {
     pub pause_us: u64,
     /// The whole checkpoint, in microseconds.
     pub duration_us: u64,
-    /// Log segment files removed.
+    /// Log segment files removed (or kept as spares for later segments).
     pub segments_removed: usize,
+    /// Why the removal of the log the image made unnecessary stopped short, if it did. The
+    /// checkpoint succeeded all the same: its image is durable, old segments left behind are
+    /// read by no open or recovery, and the next checkpoint removes them (see
+    /// [`Database::log_truncation_failure`]).
+    pub log_truncation_error: Option<String>,
 }
 
 /// The parts only a durable database has.
@@ -158,6 +163,9 @@ pub(crate) struct Durable {
     /// The automatic checkpointer's failures in a row, and the error of the last one, cleared
     /// by its next success (see [`Database::automatic_checkpoint_failure`]).
     automatic_failure: Mutex<Option<(u32, String)>>,
+    /// Checkpoints in a row whose removal of old log failed, and the last one's error, cleared
+    /// by the next checkpoint whose removal succeeds (see [`Database::log_truncation_failure`]).
+    truncation_failure: Mutex<Option<(u32, String)>>,
 }
 
 struct Inner {
@@ -409,6 +417,7 @@ impl Database {
                     flusher: std::sync::OnceLock::new(),
                     flush_requested: AtomicBool::new(false),
                     automatic_failure: Mutex::new(None),
+                    truncation_failure: Mutex::new(None),
                 }),
                 ..inner
             }),
@@ -856,6 +865,18 @@ impl Database {
             .and_then(|durable| sync::lock(&durable.automatic_failure).clone())
     }
 
+    /// Whether the last checkpoint failed to remove the log its image made unnecessary: how
+    /// many checkpoints in a row did, and the last one's error; `None` once one succeeded (and
+    /// for an in-memory database). Such a checkpoint, and a close or an open whose checkpoint
+    /// it was, succeeds: its image is durable, and the segments left behind are read by no open
+    /// or recovery. But they take disk space until a later checkpoint removes them, and that
+    /// removal may keep failing (a permissions change, a read-only remount), so an operator
+    /// who watches the log's disk looks here; every checkpoint, automatic or not, tries again.
+    pub fn log_truncation_failure(&self) -> Option<(u32, String)> {
+        self.durable()
+            .and_then(|durable| sync::lock(&durable.truncation_failure).clone())
+    }
+
     /// What recovery did when the database was opened, for a durable database.
     pub fn recovery_stats(&self) -> Option<RecoveryStats> {
         self.durable()
@@ -980,18 +1001,38 @@ impl Database {
         // The image is durable: the automatic checkpoints count the log written since from
         // here, also when the removal of the old log below fails. That removal is
         // housekeeping: old segments left behind are read by no open or recovery, and the next
-        // checkpoint's removal, which lists every segment again, takes them.
+        // checkpoint's removal, which lists every segment again, takes them. So its failure
+        // does not fail the checkpoint (which did what it promised: before, CHECKPOINT, a
+        // close and an open whose checkpoint was durable reported an error, and a caller
+        // could only conclude that its image was not); it is reported in the statistics
+        // instead, and in `Database::log_truncation_failure` until a removal succeeds.
         *last = catalog.checkpoint_lsn;
-        let segments_removed = durable
+        let (segments_removed, log_truncation_error) = match durable
             .wal
             .remove_segments_before(Lsn(catalog.oldest_active_lsn))
-            .map_err(|error| EngineError::Storage(error.to_string()))?;
+        {
+            Ok(removed) => {
+                *sync::lock(&durable.truncation_failure) = None;
+                (removed, None)
+            }
+            Err(error) => {
+                let message = format!(
+                    "the checkpoint is durable, but removing the log before LSN {} failed: {error}",
+                    catalog.oldest_active_lsn
+                );
+                let mut failure = sync::lock(&durable.truncation_failure);
+                let failures = failure.as_ref().map_or(0, |(n, _)| *n).saturating_add(1);
+                *failure = Some((failures, message.clone()));
+                (error.removed, Some(message))
+            }
+        };
         Ok(CheckpointStats {
             checkpoint_lsn: catalog.checkpoint_lsn,
             recovery_start_lsn: catalog.oldest_active_lsn,
             pause_us: pause.as_micros() as u64,
             duration_us: started.elapsed().as_micros() as u64,
             segments_removed,
+            log_truncation_error,
         })
     }
 

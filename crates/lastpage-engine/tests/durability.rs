@@ -963,12 +963,15 @@ fn log_segments(fs: &FaultyFileSystem) -> usize {
 }
 
 /// A checkpoint whose truncation of the log fails (no old segment can be removed or kept as a
-/// spare) is durable all the same: it reports the failure, but the database goes on, an open
-/// with every old segment still there recovers from that checkpoint (reading none of them),
-/// and the next checkpoint removes them. The failure costs only the next automatic checkpoint
-/// coming early, since the last checkpoint's LSN was not recorded.
+/// spare) is durable all the same, so it succeeds: CHECKPOINT, the automatic checkpointer, an
+/// open's checkpoint and a close report no error, but the checkpoint's statistics and
+/// `Database::log_truncation_failure` say what failed (and how many checkpoints in a row), the
+/// database goes on, an open with every old segment still there recovers from that checkpoint
+/// (reading none of them), and the next checkpoint removes them. Before, each of those
+/// returned an error although its image was durable: an open's failed, and so did a close,
+/// which left a caller no way to tell a clean shutdown from a failed one.
 #[test]
-fn a_checkpoint_whose_log_truncation_fails_leaves_a_log_that_opens_and_is_truncated_later() {
+fn a_checkpoint_whose_log_truncation_fails_succeeds_reports_it_and_is_truncated_later() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(43));
     let fail = Arc::new(AtomicBool::new(false));
     let options_on = |fs: &FaultyFileSystem| DatabaseOptions {
@@ -981,31 +984,35 @@ fn a_checkpoint_whose_log_truncation_fails_leaves_a_log_that_opens_and_is_trunca
     let db = Database::open(DIR, options_on(&fs)).unwrap();
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
-    let rows: Vec<InsertRow> = (0..500)
-        .map(|_| InsertRow::new().set(1, "y".repeat(80)))
-        .collect();
+    let rows = orders_of_80_bytes();
     for _ in 0..20 {
         table.insert_batch(&session, rows.clone()).unwrap();
     }
     let segments = log_segments(&fs);
     assert!(segments > 3, "{segments} segments");
+    assert_eq!(db.log_truncation_failure(), None);
     fail.store(true, Ordering::Relaxed);
-    let error = db.checkpoint().unwrap_err();
-    println!("{error}");
+    let stats = db.checkpoint().unwrap();
+    println!("{stats:?}");
+    assert_eq!(stats.segments_removed, 0, "{stats:?}");
+    let error = stats.log_truncation_error.expect("the failure is reported");
+    assert!(error.contains("removal refused by the test"), "{error}");
     assert_eq!(log_segments(&fs), segments, "a segment was removed");
-    // The database goes on, and so do checkpoints that fail the same way.
+    assert_eq!(
+        db.log_truncation_failure().map(|(failures, _)| failures),
+        Some(1)
+    );
+    // The database goes on, and so do checkpoints that fail the same way, counted in a row.
     table.insert_batch(&session, rows[..10].to_vec()).unwrap();
-    db.checkpoint().unwrap_err();
+    let stats = db.checkpoint().unwrap();
+    assert!(stats.log_truncation_error.is_some(), "{stats:?}");
+    let (failures, error) = db.log_truncation_failure().unwrap();
+    assert_eq!(failures, 2, "{error}");
     table.insert_batch(&session, rows[..10].to_vec()).unwrap();
     let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
     assert!(log_segments(&after) >= segments);
     // The open replays the log after the checkpoint and takes a checkpoint of its own, whose
-    // removal of old log fails too, and so does the open; that checkpoint is durable, though,
-    // so the next open has nothing to replay, takes no checkpoint and succeeds.
-    let Err(error) = Database::open(DIR, options_on(&after)) else {
-        panic!("the open's checkpoint removed old log");
-    };
-    println!("{error}");
+    // removal of old log fails too: the open succeeds and says so.
     let db = Database::open(DIR, options_on(&after)).unwrap();
     assert!(log_segments(&after) >= segments);
     let recovery = db.recovery_stats().unwrap();
@@ -1015,20 +1022,53 @@ fn a_checkpoint_whose_log_truncation_fails_leaves_a_log_that_opens_and_is_trunca
         recovery.log_bytes
     );
     assert_eq!(orders_rows(&db).len(), 10_020);
-    // Once removals work again, the next checkpoint catches up with the truncation.
+    assert_eq!(
+        db.log_truncation_failure().map(|(failures, _)| failures),
+        Some(1)
+    );
+    // So does a close, whose image is durable and clean: the next open replays nothing.
+    db.close().unwrap();
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            checkpoint_log_bytes: 16 << 10,
+            ..options_on(&after)
+        },
+    )
+    .unwrap();
+    let recovery = db.recovery_stats().unwrap();
+    assert_eq!(recovery.records, 0, "{recovery:?}");
+    assert!(log_segments(&after) >= segments);
+    // The automatic checkpointer's attempts succeed too (nothing in
+    // `automatic_checkpoint_failure`) and count in `log_truncation_failure`.
+    let table = db.table("Orders").unwrap();
+    let session = db.session();
+    let before = db.log_truncation_failure().unwrap().0;
+    table.insert_batch(&session, rows.clone()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while db.log_truncation_failure().unwrap().0 == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no automatic checkpoint ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(db.automatic_checkpoint_failure(), None);
+    // Once removals work again, the next checkpoint catches up with the truncation and clears
+    // the failure.
     fail.store(false, Ordering::Relaxed);
     let stats = db.checkpoint().unwrap();
     assert!(stats.segments_removed >= segments - 2, "{stats:?}");
+    assert_eq!(stats.log_truncation_error, None);
+    assert_eq!(db.log_truncation_failure(), None);
     assert!(
         log_segments(&after) <= 2,
         "{} segments",
         log_segments(&after)
     );
-    let table = db.table("Orders").unwrap();
-    let session = db.session();
     table.insert_batch(&session, rows[..10].to_vec()).unwrap();
     let again = crash(&after, CrashMode::LoseUnsynced, db, (session, table), ());
-    assert_eq!(orders_rows(&open(&again)).len(), 10_030);
+    assert_eq!(orders_rows(&open(&again)).len(), 10_530);
 }
 
 #[test]

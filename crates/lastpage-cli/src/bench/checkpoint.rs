@@ -190,6 +190,14 @@ fn load_and_measure(
         .map_err(|_| BenchError::Failed("the writer thread panicked".into()))??;
     let stats =
         stats.map_err(|error| BenchError::Failed(format!("the checkpoint failed: {error}")))?;
+    // The checkpoint is durable, but its figures would leave out the unlinking of the old log,
+    // which competes with the writer's fdatasyncs: such a run measured something else.
+    if let Some(error) = &stats.log_truncation_error {
+        return Err(BenchError::Failed(format!(
+            "the checkpoint could not remove the old log, so its figures would leave that out: \
+             {error}"
+        )));
+    }
     let checkpoint = CheckpointFigures {
         pause_ms: round3(stats.pause_us as f64 / 1000.0),
         duration_ms: round3(stats.duration_us as f64 / 1000.0),

@@ -187,6 +187,18 @@ impl WalError {
     }
 }
 
+/// A removal of old log ([`LogWriter::remove_segments_before`]) that stopped at a segment it
+/// could not remove. The log is whole and opens as before: the segments left are old ones, which
+/// no reader needs, and the next removal lists them again.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{source} ({removed} older segments were removed before it)")]
+pub struct TruncationError {
+    /// Segments removed (or kept as spares) before the failure.
+    pub removed: usize,
+    /// What failed.
+    pub source: WalError,
+}
+
 /// Rounds a record length up to the record alignment.
 pub(crate) fn align_up(len: usize) -> usize {
     len.next_multiple_of(WAL_RECORD_ALIGN_BYTES)

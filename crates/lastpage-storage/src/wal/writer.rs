@@ -74,7 +74,7 @@ use super::prepare::{Prepared, SegmentPreparer, SegmentRecycler};
 use super::reader::{LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
-use super::{Lsn, WalConfig, WalError, align_up};
+use super::{Lsn, TruncationError, WalConfig, WalError, align_up};
 use crate::latch::{Waiter, current_waiter};
 use crate::limits::{
     WAL_KEPT_RECORD_IMAGE_BYTES, WAL_MAX_START_LSN, WAL_PREALLOCATE_BYTES,
@@ -512,7 +512,8 @@ impl LogWriter {
 
     /// Removes segment files that only hold log before `lsn` (what a checkpoint no longer
     /// needs: recovery starts at or after it), keeping some as spares to become later segments
-    /// (see `wal/prepare.rs`). Returns how many segments it removed or kept as spares.
+    /// (see `wal/prepare.rs`). Returns how many segments it removed or kept as spares; a
+    /// failure says how many it had removed before it stopped.
     ///
     /// Opening the log reads from the record holding the last segment's first byte, which may
     /// start segments before `lsn` when records are longer than a segment: so everything from
@@ -525,7 +526,15 @@ impl LogWriter {
     /// The files are removed without the flush mutex held: unlinking a large file can take tens
     /// of milliseconds, and every commit would wait for it. Only segments before the current
     /// one are removed, and flushes only ever write the current segment or create later ones.
-    pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
+    pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, TruncationError> {
+        let mut removed = 0;
+        self.remove_segments_counted(lsn, &mut removed)
+            .map(|()| removed)
+            .map_err(|source| TruncationError { removed, source })
+    }
+
+    /// [`LogWriter::remove_segments_before`], counting the segments removed in `removed`.
+    fn remove_segments_counted(&self, lsn: Lsn, removed: &mut usize) -> Result<(), WalError> {
         let (fs, segments, current, segment_bytes) = {
             let io = sync::lock(&self.io);
             let current = io.current.as_ref().map(|(start, _)| *start);
@@ -555,7 +564,6 @@ impl LogWriter {
             _ => holder.saturating_sub(segment_bytes),
         };
         let keep_start = keep_from - keep_from % segment_bytes;
-        let mut removed = 0;
         for (start, path) in &segments {
             if *start >= keep_start || current.is_some_and(|current| *start >= current) {
                 break;
@@ -570,9 +578,9 @@ impl LogWriter {
                 fs.remove(path)
                     .map_err(|error| WalError::io(format!("removing {}", path.display()), error))?;
             }
-            removed += 1;
+            *removed += 1;
         }
-        Ok(removed)
+        Ok(())
     }
 
     /// Makes everything appended so far durable and returns the durable LSN. The caller's
