@@ -940,6 +940,10 @@ impl FileSystem for SegmentRemovalsFail {
         self.inner.exists(path)
     }
 
+    fn link_count(&self, path: &Path) -> std::io::Result<u64> {
+        self.inner.link_count(path)
+    }
+
     fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
         self.inner.create_dir_all(path)
     }

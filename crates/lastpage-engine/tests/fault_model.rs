@@ -150,6 +150,10 @@ impl FileSystem for WatchedFs {
         self.inner.exists(path)
     }
 
+    fn link_count(&self, path: &Path) -> io::Result<u64> {
+        self.inner.link_count(path)
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.inner.create_dir_all(path)
     }

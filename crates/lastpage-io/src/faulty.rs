@@ -848,6 +848,19 @@ impl FileSystem for FaultyFileSystem {
         Ok(state.names.contains_key(path) || state.dirs.contains(path))
     }
 
+    /// The names the file has in the volatile namespace: more than one only after a crash
+    /// kept both the old and the new name of a rename (see [`FaultyFileSystem::crash_with`]).
+    fn link_count(&self, path: &Path) -> io::Result<u64> {
+        let state = self.state();
+        state.check_alive()?;
+        let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
+        Ok(state
+            .names
+            .values()
+            .filter(|other| **other == inode)
+            .count() as u64)
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state();
         state.check_alive()?;

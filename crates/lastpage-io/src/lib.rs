@@ -155,6 +155,15 @@ pub trait FileSystem: Send + Sync + Debug {
     /// Whether a file or directory exists at `path`.
     fn exists(&self, path: &Path) -> io::Result<bool>;
 
+    /// How many names the file at `path` has (its hard links, `st_nlink`), this one included;
+    /// fails with `NotFound` if there is none. A rename replaces one name by another, but a
+    /// crash before the directory's next sync may keep both (a journaling file system commits
+    /// a rename whole, but a repair by `fsck` need not, nor does the fault-injecting file
+    /// system, which keeps each name's old or new state independently): a writer about to
+    /// reuse a file asks this first, since writing through one name would change what the
+    /// other shows.
+    fn link_count(&self, path: &Path) -> io::Result<u64>;
+
     /// Creates the directory `path` and any missing parents.
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
 

@@ -159,6 +159,9 @@ impl FileSystem for PowerCut {
     fn exists(&self, path: &Path) -> io::Result<bool> {
         self.0.inner.exists(path)
     }
+    fn link_count(&self, path: &Path) -> io::Result<u64> {
+        self.0.inner.link_count(path)
+    }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.0.inner.create_dir_all(path)
     }

@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::FallocateFlags;
@@ -107,6 +107,11 @@ impl FileSystem for StdFileSystem {
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
         path.try_exists()
+    }
+
+    fn link_count(&self, path: &Path) -> io::Result<u64> {
+        // Of the name itself: a symbolic link is not the file it points to.
+        Ok(fs::symlink_metadata(path)?.nlink())
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {

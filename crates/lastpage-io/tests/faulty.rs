@@ -376,3 +376,45 @@ fn a_lock_is_held_by_one_handle_until_it_is_dropped_and_a_crash_releases_it() {
     assert!(after.try_lock().unwrap());
     drop(second);
 }
+
+/// A rename that no directory sync made durable: a crash keeps the old name, the new one,
+/// neither or both (each name's state is chosen on its own), and then both are one file, whose
+/// `link_count` says so; removing one name leaves the other with the file.
+#[test]
+fn a_crash_that_keeps_both_names_of_a_rename_leaves_one_file_with_two_names() {
+    let mut both = false;
+    for seed in 0..40 {
+        let fs = fs(seed);
+        durable_file(&fs, "old", b"contents");
+        assert_eq!(fs.link_count(&path("old")).unwrap(), 1);
+        fs.rename(&path("old"), &path("new")).unwrap();
+        assert_eq!(fs.link_count(&path("new")).unwrap(), 1);
+        assert_eq!(
+            fs.link_count(&path("old")).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        let crashed = fs.crash();
+        let names: Vec<bool> = ["old", "new"]
+            .iter()
+            .map(|name| crashed.exists(&path(name)).unwrap())
+            .collect();
+        if names != [true, true] {
+            for name in ["old", "new"] {
+                if crashed.exists(&path(name)).unwrap() {
+                    assert_eq!(crashed.link_count(&path(name)).unwrap(), 1, "seed {seed}");
+                }
+            }
+            continue;
+        }
+        both = true;
+        assert_eq!(crashed.link_count(&path("old")).unwrap(), 2);
+        assert_eq!(crashed.link_count(&path("new")).unwrap(), 2);
+        // One file: a write through one name shows through the other.
+        let file = crashed.open(&path("new"), OpenOptions::existing()).unwrap();
+        file.write_all_at(0, b"C").unwrap();
+        assert_eq!(read_all(&crashed, "old").unwrap(), b"Contents");
+        crashed.remove(&path("new")).unwrap();
+        assert_eq!(crashed.link_count(&path("old")).unwrap(), 1);
+    }
+    assert!(both, "no seed kept both names");
+}

@@ -30,7 +30,13 @@ fn std_file_system_round_trip() {
     assert_eq!(&buf[..6], b"\0\0\0xyz");
     file.set_len(4).unwrap();
     assert_eq!(file.len().unwrap(), 4);
+    assert_eq!(fs.link_count(&path).unwrap(), 1);
+    std::fs::hard_link(&path, dir.join("c.bin")).unwrap();
+    assert_eq!(fs.link_count(&path).unwrap(), 2);
+    fs.remove(&dir.join("c.bin")).unwrap();
     fs.rename(&path, &dir.join("b.bin")).unwrap();
+    assert_eq!(fs.link_count(&dir.join("b.bin")).unwrap(), 1);
+    assert!(fs.link_count(&path).is_err());
     assert_eq!(fs.list_dir(&dir).unwrap(), vec![PathBuf::from("b.bin")]);
     let reopened = fs
         .open(&dir.join("b.bin"), OpenOptions::existing().truncate())

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, Tear,
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, PowerCut, Tear,
 };
 use lastpage_storage::limits::{WAL_RESERVE_FLUSH_BYTES, WAL_SEGMENT_HEADER_BYTES};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
@@ -1387,7 +1387,7 @@ fn a_crash_during_a_switch_into_a_recycled_segment_leaves_a_log_that_opens() {
 }
 
 #[test]
-fn spares_are_kept_up_to_the_limit_used_and_discarded_by_the_next_writer() {
+fn spares_are_kept_up_to_the_limit_used_and_adopted_by_the_next_writer() {
     let fs = faulty(FaultyConfig::new(31));
     let writer = open(&fs, config(4096, 4096));
     // Fill about twenty segments, then truncate all but the last few.
@@ -1418,29 +1418,233 @@ fn spares_are_kept_up_to_the_limit_used_and_discarded_by_the_next_writer() {
     }
     committed.sort_unstable();
     assert_eq!(committed, more.into_iter().collect::<Vec<_>>());
-    // A later writer discards what an earlier one left for reuse, since a crash may have kept
-    // another name of any such file: spares (also one that cannot be a whole segment) and the
-    // prepared file.
+    // A later writer adopts what an earlier one left for reuse, if it is a whole segment's
+    // file with no other name: spares, and the prepared file (which becomes a spare), up to
+    // the limit; one that cannot be a whole segment is removed.
     writer.remove_segments_before(writer.durable_lsn()).unwrap();
-    assert!(!spare_files(&fs).is_empty());
+    let spares_left = spare_files(&fs).len();
+    assert!(spares_left > 0);
     writer.flush_now().unwrap();
     drop(writer);
     let odd = Path::new(DIR).join("00000000000000ff.spare");
     let prepared = Path::new(DIR).join("next-segment.prepared");
-    for leftover in [&odd, &prepared] {
-        fs.open(leftover, lastpage_io::OpenOptions::create())
+    let whole = WAL_SEGMENT_HEADER_BYTES + 4096;
+    for (leftover, len) in [(&odd, 100), (&prepared, whole)] {
+        fs.open(leftover, lastpage_io::OpenOptions::create().truncate())
             .unwrap()
-            .write_all_at(0, &[7; 100])
+            .write_all_at(0, &vec![7; len])
             .unwrap();
     }
     let writer = open(&fs, config(4096, 4096));
-    assert_eq!(spare_files(&fs), Vec::<std::path::PathBuf>::new());
+    let adopted = writer.stats().adopted_spares;
+    assert_eq!(
+        adopted as usize,
+        (spares_left + 1).min(4),
+        "{spares_left} spares"
+    );
+    assert_eq!(spare_files(&fs).len(), adopted as usize);
+    assert!(!fs.exists(&odd).unwrap(), "a spare too short was kept");
     assert!(
         !fs.exists(&prepared).unwrap(),
-        "the old prepared file was kept"
+        "the old prepared file was kept under its name"
     );
-    commit_until(&writer, |stats| stats.durable_lsn.0 > durable.0 + 30 * 4096);
-    assert_eq!(writer.stats().recycled_segments, 0);
+    // They become the next segments, and none of their old contents comes back.
+    let restart = writer.durable_lsn();
+    let after_restart = commit_until(&writer, |stats| stats.recycled_segments >= adopted);
+    assert!(
+        writer.stats().recycled_segments >= adopted,
+        "{:?}",
+        writer.stats()
+    );
+    assert_eq!(commits_from(&fs, restart), after_restart);
+    drop(writer);
+    let crashed = fs.crash_with(CrashMode::Random);
+    assert_eq!(commits_from(&crashed, restart), after_restart);
+}
+
+/// Segment size of [`adopted_spares_survive_a_power_cut_at_every_step_of_their_reuse`].
+const ADOPT_SEGMENT: u64 = 4096;
+
+/// The power-cut steps that test tries after the restart: they cover the first two segment
+/// switches (a commit is a write and a sync, about 40 commits fill a segment, and a reuse and
+/// a switch add a handful of operations each).
+const ADOPT_CUT_STEPS: u64 = 240;
+
+/// Reads the log in `fs` from `from` as a recovery would, checking that its records chain,
+/// that every insert holds its transaction's key and value, that transactions only grow (an
+/// old record of a recycled file would go back) and that each commit follows its insert;
+/// returns the committed transactions.
+fn checked_commits_from(fs: &FaultyFileSystem, from: Lsn, what: &str) -> BTreeSet<u64> {
+    let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, from)
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    let mut expected_lsn = from;
+    let mut committed = BTreeSet::new();
+    let mut last_txn = None;
+    while let Some(entry) = reader.next_record().unwrap() {
+        assert_eq!(entry.lsn, expected_lsn, "{what}: records must chain");
+        expected_lsn = entry.end;
+        match entry.record {
+            Record::Insert {
+                txn, key, value, ..
+            } => {
+                assert_eq!(*key, txn.0.to_be_bytes(), "{what}");
+                assert_eq!(*value, value_of(txn.0), "{what}");
+                assert!(
+                    last_txn < Some(txn.0),
+                    "{what}: {txn:?} after {last_txn:?}: old log came back"
+                );
+                last_txn = Some(txn.0);
+            }
+            Record::Commit { txn } => {
+                assert_eq!(Some(txn.0), last_txn, "{what}");
+                committed.insert(txn.0);
+            }
+            other => panic!("{what}: unexpected record {other:?}"),
+        }
+    }
+    committed
+}
+
+/// Commits transactions numbered from `txn` one at a time, adding each acknowledged one to
+/// `acked`, until the durable log reaches `lsn` (pausing after each if `pause`, so that the
+/// preparing thread runs as time between commits would let it); `false` at the first failure.
+fn commit_past(
+    writer: &LogWriter,
+    lsn: u64,
+    (txn, acked): (&mut u64, &mut BTreeSet<u64>),
+    pause: bool,
+) -> bool {
+    while writer.durable_lsn().0 < lsn {
+        let committed = commit(writer, *txn);
+        // A failed commit may be in the log all the same: its number is not used again.
+        *txn += 1;
+        if committed.is_err() {
+            return false;
+        }
+        acked.insert(*txn - 1);
+        if pause {
+            thread::sleep(Duration::from_micros(50));
+        }
+    }
+    true
+}
+
+/// A restart adopts the spares the last writer left, and the power goes at every step of the
+/// new writer's first commits, which cover reusing an adopted spare (its header zeroed and
+/// synced, the rename to the prepared file, the switch into it: rename, directory sync, new
+/// header) and the switch after it. Whatever the cut keeps, the log opens, holds every
+/// acknowledged commit after the truncation point and no record of the old log, and a writer
+/// opened on it (adopting whatever is left) commits on through recycled segments.
+#[test]
+fn adopted_spares_survive_a_power_cut_at_every_step_of_their_reuse() {
+    const SEGMENT: u64 = ADOPT_SEGMENT;
+    let wal_config = config(4096, SEGMENT);
+    let (mut cut_before_recycling, mut cut_after_recycling, mut cut_during_reuse) = (0, 0, 0);
+    for step in 1..=ADOPT_CUT_STEPS {
+        let what = format!("step {step}");
+        let fs = FaultyFileSystem::new(FaultyConfig::new(step));
+        let writer = open(&fs, wal_config);
+        let mut txn = 1;
+        let mut acked = BTreeSet::new();
+        commit_past(&writer, 10 * SEGMENT, (&mut txn, &mut acked), false);
+        let truncated_to = writer.durable_lsn();
+        writer.remove_segments_before(truncated_to).unwrap();
+        let first_kept = txn;
+        commit_past(&writer, truncated_to.0 + 200, (&mut txn, &mut acked), false);
+        drop(writer);
+
+        let cut = PowerCut::new(fs);
+        let writer = LogWriter::open(Arc::new(cut.clone()), DIR, wal_config).unwrap();
+        assert!(
+            writer.stats().adopted_spares > 0,
+            "{what}: no spare adopted: {:?}",
+            writer.stats()
+        );
+        cut.arm(step, CrashMode::Random);
+        let end = writer.durable_lsn().0 + 2 * SEGMENT + SEGMENT / 2;
+        commit_past(&writer, end, (&mut txn, &mut acked), true);
+        cut.cut_now(CrashMode::Random);
+        if writer.stats().recycled_segments == 0 {
+            cut_before_recycling += 1;
+        } else {
+            cut_after_recycling += 1;
+        }
+        drop(writer);
+        let after = cut.after().unwrap();
+        // A file whose header is zeros over old log is a spare whose reuse the cut stopped
+        // (before its switch, or before the switch's new header).
+        if after.list_dir(Path::new(DIR)).unwrap().iter().any(|name| {
+            let bytes = after
+                .contents(&Path::new(DIR).join(name))
+                .unwrap_or_default();
+            let header = WAL_SEGMENT_HEADER_BYTES;
+            bytes.len() > header
+                && bytes[..header].iter().all(|byte| *byte == 0)
+                && bytes[header..].iter().any(|byte| *byte != 0)
+        }) {
+            cut_during_reuse += 1;
+        }
+        let kept = |committed: &BTreeSet<u64>, acked: &BTreeSet<u64>, when: &str| {
+            let lost: Vec<_> = acked
+                .range(first_kept..)
+                .filter(|txn| !committed.contains(txn))
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "{what}, {when}: acknowledged commits lost: {lost:?}"
+            );
+        };
+        kept(
+            &checked_commits_from(&after, truncated_to, &what),
+            &acked,
+            "after the cut",
+        );
+        // A writer on what the cut left adopts again and writes on into recycled files.
+        let writer = LogWriter::open(Arc::new(after.clone()), DIR, wal_config)
+            .unwrap_or_else(|error| panic!("{what}: the log does not open: {error}"));
+        let end = writer.durable_lsn().0 + 5 * SEGMENT;
+        assert!(
+            commit_past(&writer, end, (&mut txn, &mut acked), true),
+            "{what}"
+        );
+        drop(writer);
+        let crashed = after.crash_with(CrashMode::Random);
+        kept(
+            &checked_commits_from(&crashed, truncated_to, &what),
+            &acked,
+            "after the second crash",
+        );
+        LogWriter::open(Arc::new(crashed), DIR, wal_config)
+            .unwrap_or_else(|error| panic!("{what}: the log does not open again: {error}"));
+    }
+    println!(
+        "{cut_before_recycling} cuts before the first switch into a spare, \
+         {cut_after_recycling} after, {cut_during_reuse} with a reuse stopped halfway"
+    );
+    assert!(cut_before_recycling > 0 && cut_after_recycling > 0 && cut_during_reuse > 0);
+}
+
+/// A writer without a preparer (`prepare_segments` off) could never reuse the spares and the
+/// prepared file an earlier one left, so it removes them (they stayed on disk for good).
+#[test]
+fn a_writer_without_a_preparer_removes_the_spares_it_cannot_use() {
+    let fs = faulty(FaultyConfig::new(37));
+    let writer = open(&fs, config(4096, 4096));
+    commit_until(&writer, |stats| stats.durable_lsn.0 > 12 * 4096);
+    writer.remove_segments_before(writer.durable_lsn()).unwrap();
+    assert!(!spare_files(&fs).is_empty());
+    writer.flush_now().unwrap();
+    drop(writer);
+    let prepared = Path::new(DIR).join("next-segment.prepared");
+    fs.open(&prepared, OpenOptions::create()).unwrap();
+    let without_preparer = WalConfig {
+        prepare_segments: false,
+        ..config(4096, 4096)
+    };
+    let writer = open(&fs, without_preparer);
+    assert_eq!(spare_files(&fs), Vec::<std::path::PathBuf>::new());
+    assert!(!fs.exists(&prepared).unwrap());
+    assert_eq!(writer.stats().adopted_spares, 0);
 }
 
 /// The committed transactions the log in `fs` holds from `from` on, read as a recovery would.
@@ -1460,7 +1664,8 @@ fn commits_from(fs: &FaultyFileSystem, from: Lsn) -> BTreeSet<u64> {
 /// next writer must not reuse that file: when it did, the spare became a later live segment
 /// that the old name still reached, a clean restart refused the log (a segment under another
 /// segment's name), and the next truncation offered the old name, so the live segment's header
-/// was zeroed and the one after it was written over its acknowledged commits.
+/// was zeroed and the one after it was written over its acknowledged commits. It adopts only
+/// leftovers with one name (`FileSystem::link_count`), and removes the spare name of this one.
 #[test]
 fn a_segment_name_a_crash_keeps_beside_its_spare_name_never_reaches_live_log() {
     const SEGMENT: u64 = 4096;
@@ -1496,6 +1701,12 @@ fn a_segment_name_a_crash_keeps_beside_its_spare_name_never_reaches_live_log() {
         cases += 1;
         // Write on past a few segment switches, truncate again, and write on.
         let writer = open(&crashed, config(4096, SEGMENT));
+        let first = Path::new(DIR).join(format!("{:016x}.wal", 0));
+        assert_eq!(crashed.link_count(&first).unwrap(), 1, "seed {seed}");
+        for spare in spare_files(&crashed) {
+            let spare = Path::new(DIR).join(spare);
+            assert_eq!(crashed.link_count(&spare).unwrap(), 1, "seed {seed}");
+        }
         let mut acked = BTreeSet::new();
         let mut write_past = |writer: &LogWriter, lsn: u64, txn: &mut u64| {
             while writer.durable_lsn().0 < lsn {

@@ -30,12 +30,12 @@
 //!
 //! Nothing here affects what is durable: a prepared file holds zeros (or unwritten reserved
 //! blocks, or a recycled segment's old log behind a zeroed header) and a name that is not a
-//! segment's, so a crash leaves at most a stray file, which the next preparation
-//! overwrites and recovery never reads; a crash between the rename and the synced header leaves
-//! a segment with an invalid header at the end of the log, which recovery removes exactly as it
-//! removes one that was being created. A preparation that fails (a full disk, a failed sync)
-//! is counted and abandoned, and the writer falls back to creating segments inline, where a
-//! failure does fail the log.
+//! segment's, so a crash leaves at most a stray file, which the next writer adopts as a spare
+//! or removes (see "Across a restart") and recovery never reads; a crash between the rename
+//! and the synced header leaves a segment with an invalid header at the end of the log, which
+//! recovery removes exactly as it removes one that was being created. A preparation that fails
+//! (a full disk, a failed sync) is counted and abandoned, and the writer falls back to creating
+//! segments inline, where a failure does fail the log.
 //!
 //! **Recycling.** Zero-filling writes every log byte twice, and on a disk whose bandwidth the
 //! log and the checkpoints already share, that second write is what limits a long ingest. So
@@ -58,17 +58,31 @@
 //! run in twenty of `recycled_segments_never_bring_old_log_back` left a log that could not be
 //! opened.)
 //!
-//! Spares do not survive a restart: the next preparer removes every spare and the prepared
-//! file before it makes any. A crash that keeps both the old and the new name of a rename
-//! leaves two names of one file, and reusing the file under one of them would write over
-//! whatever the other name is: a truncation's rename of segment A to a spare, kept beside A's
-//! name, made the adopted spare a later segment B that A's stale name still reached, so the
-//! next truncation offered "A" (really B, live) as a spare and the preparer zeroed B's header
-//! and wrote segment C over B's acknowledged log; and creating the prepared file afresh (with
-//! a truncation) over a name a crash kept beside a segment's emptied that segment. Removing a
-//! name only unlinks it, so after the leftovers go each file has one name. A rename lost in a
-//! crash then only leaves an old segment (with a zeroed header if it was being reused), which
-//! recovery never reads and the next truncation removes or offers as a spare of its own.
+//! **Across a restart.** A new preparer adopts the spares an earlier writer left, and the
+//! prepared file (renamed to a spare's name), up to `WAL_SPARE_SEGMENTS_MAX`, but only a file
+//! whose size is a whole segment's and which has no other name
+//! ([`lastpage_io::FileSystem::link_count`] is 1); every other leftover name is removed, which
+//! only unlinks that name. Why the second condition: a crash that keeps both the old and the
+//! new name of a rename leaves two names of one file, and reusing the file under one of them
+//! writes over whatever the other name is. A truncation's rename of segment A to a spare, kept
+//! beside A's name, made the adopted spare a later segment B that A's stale name still reached,
+//! so the next truncation offered "A" (really B, live) as a spare, and the preparer zeroed B's
+//! header and wrote segment C over B's acknowledged log; and a prepared file kept beside a
+//! segment's name, created afresh (with a truncation), emptied that segment. (Until the link
+//! count was asked, every leftover was removed instead, and each restart of a long ingest went
+//! back to writing every log byte twice until truncations had made new spares.) A file with
+//! one name is reached through nothing else; running, the log gives no file a second name
+//! (renames move names), so only a crash's leftovers are ever checked. Its contents are old
+//! log of an earlier segment, or zeros, as for a spare made while running: a spare is made
+//! only from a segment before the one being written, and a flush syncs a segment's bytes
+//! before it writes into the next one, so the durable log, whose end the next open finds,
+//! already passed the spare's old range; LSNs never go back, so no adopted file ever holds a
+//! record at the position it will have in its new segment (and a spare of an earlier log in
+//! the same directory carries another log id, which its records' checksums are seeded with).
+//! A rename lost in a crash only leaves an old segment (with a zeroed header if it was being
+//! reused), which recovery never reads and the next truncation removes or offers as a spare of
+//! its own. Without a preparer (`WalConfig::prepare_segments` off) nothing could reuse them, so
+//! the writer removes every leftover ([`remove_leftovers`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -138,14 +152,17 @@ pub(crate) struct SegmentPreparer {
 }
 
 impl SegmentPreparer {
-    /// A preparer for segment files of `file_bytes` (header included) in `dir`, which removes
-    /// the spares and the prepared file a previous writer left there. No thread runs until the
-    /// first [`SegmentPreparer::request`]. Failures are counted in `failures`.
+    /// A preparer for segment files of `file_bytes` (header included) in `dir`, which adopts
+    /// the spares and the prepared file a previous writer left there if they can be reused, and
+    /// removes them if not (counting the adopted ones in `adopted`; see the module
+    /// documentation). No thread runs until the first [`SegmentPreparer::request`]. Failures
+    /// are counted in `failures`.
     pub(crate) fn new(
         fs: Arc<dyn FileSystem>,
         dir: Arc<Path>,
         file_bytes: u64,
         failures: Arc<Counter>,
+        adopted: &Counter,
     ) -> Self {
         let shared = Shared {
             fs,
@@ -155,7 +172,7 @@ impl SegmentPreparer {
             changed: Condvar::new(),
             failures,
         };
-        shared.discard_leftovers();
+        adopted.fetch_add(shared.adopt_leftovers(), Relaxed);
         SegmentPreparer {
             shared: Arc::new(shared),
             thread: None,
@@ -253,6 +270,51 @@ impl Drop for SegmentPreparer {
     }
 }
 
+/// The spares and the prepared file an earlier writer left in a log directory.
+struct Leftovers {
+    /// Their paths, spares first (in the order of their numbers), then the prepared file.
+    paths: Vec<PathBuf>,
+    /// A number above every spare's.
+    next_spare: u64,
+}
+
+/// Lists the [`Leftovers`] in `dir`, or `None` if it cannot be listed.
+fn leftovers(fs: &dyn FileSystem, dir: &Path) -> Option<Leftovers> {
+    let names = fs.list_dir(dir).ok()?;
+    let mut found = Leftovers {
+        paths: Vec::new(),
+        next_spare: 0,
+    };
+    let mut prepared = None;
+    for name in names {
+        let spare_number = name
+            .to_str()
+            .and_then(|name| name.strip_suffix(SPARE_EXTENSION))
+            .and_then(|stem| stem.strip_suffix('.'))
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        if let Some(number) = spare_number {
+            found.next_spare = found.next_spare.max(number.saturating_add(1));
+            found.paths.push(dir.join(&name));
+        } else if name.as_os_str() == PREPARED_FILE_NAME {
+            prepared = Some(dir.join(&name));
+        }
+    }
+    found.paths.extend(prepared);
+    Some(found)
+}
+
+/// Removes the spares and the prepared file an earlier writer left in `dir`, for a writer
+/// without a preparer, which could never reuse them (before, they stayed on disk for good).
+/// Removing a name only unlinks it; a failure only leaves a file behind, and is counted in
+/// `failures`.
+pub(crate) fn remove_leftovers(fs: &dyn FileSystem, dir: &Path, failures: &Counter) {
+    for path in leftovers(fs, dir).map_or_else(Vec::new, |found| found.paths) {
+        if fs.remove(&path).is_err() {
+            failures.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 impl Shared {
     fn prepared_path(&self) -> PathBuf {
         self.dir.join(PREPARED_FILE_NAME)
@@ -262,30 +324,55 @@ impl Shared {
         self.dir.join(format!("{number:016x}.{SPARE_EXTENSION}"))
     }
 
-    /// Removes the spares and the prepared file an earlier writer left in the directory: a
-    /// crash may have kept another name of any of them, which reusing the file would write
-    /// through (see the module documentation). Spare numbers go on above the removed ones, so
-    /// a name whose removal failed is never reused. Failures only leave files behind.
-    fn discard_leftovers(&self) {
-        let Ok(names) = self.fs.list_dir(&self.dir) else {
-            return;
+    /// Adopts the spares and the prepared file an earlier writer left in the directory, each
+    /// one that is a whole segment's size and has no other name, up to
+    /// `WAL_SPARE_SEGMENTS_MAX`; the prepared file becomes a spare under a new spare name.
+    /// Removes the rest: a crash may have kept another name of such a file, which reusing it
+    /// would write through (see the module documentation). Returns how many it adopted. Spare
+    /// numbers go on above the leftovers', so a name whose removal failed is never reused.
+    /// Failures only leave files behind.
+    fn adopt_leftovers(&self) -> u64 {
+        let Some(leftovers) = leftovers(self.fs.as_ref(), &self.dir) else {
+            return 0;
         };
         let mut state = sync::lock(&self.state);
-        for name in names {
-            let spare_number = name
-                .to_str()
-                .and_then(|name| name.strip_suffix(SPARE_EXTENSION))
-                .and_then(|stem| stem.strip_suffix('.'))
-                .and_then(|hex| u64::from_str_radix(hex, 16).ok());
-            if let Some(number) = spare_number {
-                state.next_spare = state.next_spare.max(number.saturating_add(1));
-            } else if name.as_os_str() != PREPARED_FILE_NAME {
-                continue;
+        state.next_spare = leftovers.next_spare;
+        let mut adopted = 0;
+        for path in leftovers.paths {
+            if state.spares.len() < WAL_SPARE_SEGMENTS_MAX && self.reusable(&path) {
+                let spare = if path.extension() == Some(SPARE_EXTENSION.as_ref()) {
+                    Some(path.clone())
+                } else {
+                    // The prepared file: complete or not, its contents are zeros, or a spare's
+                    // behind a zeroed header (a reuse that a crash stopped before the switch).
+                    let spare = self.spare_path(state.next_spare);
+                    state.next_spare += 1;
+                    self.fs.rename(&path, &spare).ok().map(|()| spare)
+                };
+                if let Some(spare) = spare {
+                    state.spares.push(spare);
+                    adopted += 1;
+                    continue;
+                }
             }
-            if self.fs.remove(&self.dir.join(&name)).is_err() {
+            if self.fs.remove(&path).is_err() {
                 self.failures.fetch_add(1, Relaxed);
             }
         }
+        adopted
+    }
+
+    /// Whether the leftover file at `path` can be a spare: the size of a whole segment file,
+    /// and no other name, through which a reuse would write into another file's contents
+    /// (see the module documentation).
+    fn reusable(&self, path: &Path) -> bool {
+        self.fs.link_count(path).ok() == Some(1)
+            && self
+                .fs
+                .open(path, OpenOptions::existing())
+                .and_then(|file| file.len())
+                .ok()
+                == Some(self.file_bytes)
     }
 
     /// The thread's loop: prepare whenever a file is wanted and none is ready.

@@ -70,7 +70,7 @@ use crossbeam_utils::CachePadded;
 use lastpage_io::{File, FileSystem, OpenOptions};
 
 use super::buffer::LogBuffer;
-use super::prepare::{Prepared, SegmentPreparer, SegmentRecycler};
+use super::prepare::{Prepared, SegmentPreparer, SegmentRecycler, remove_leftovers};
 use super::reader::{LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
@@ -127,6 +127,9 @@ pub struct WalStats {
     pub reserved_segments: u64,
     /// Segment files a truncation kept as spares instead of removing them.
     pub spared_segments: u64,
+    /// Spare segment files an earlier writer left (and its prepared file) that this writer
+    /// adopted when it was opened, to be recycled like its own spares (see `wal/prepare.rs`).
+    pub adopted_spares: u64,
     /// Background preparations of a segment file that failed (each only means that a segment
     /// was created inline instead).
     pub segment_preparation_failures: u64,
@@ -228,6 +231,7 @@ struct Counters {
     recycled_segments: Counter,
     reserved_segments: Counter,
     spared_segments: Counter,
+    adopted_spares: Counter,
     /// Shared with the segment preparer, which counts its failures here.
     preparation_failures: StdArc<Counter>,
 }
@@ -323,8 +327,12 @@ impl LogWriter {
                 StdArc::clone(&dir),
                 HEADER_BYTES + recovered.segment_bytes,
                 StdArc::clone(&counters.preparation_failures),
+                &counters.adopted_spares,
             )
         });
+        if preparer.is_none() {
+            remove_leftovers(fs.as_ref(), &dir, &counters.preparation_failures);
+        }
         let recycler = preparer.as_ref().map(SegmentPreparer::recycler);
         Ok(LogWriter {
             buffer: LogBuffer::new(config.buffer_bytes, recovered.end),
@@ -413,6 +421,7 @@ impl LogWriter {
             recycled_segments: self.counters.recycled_segments.load(Relaxed),
             reserved_segments: self.counters.reserved_segments.load(Relaxed),
             spared_segments: self.counters.spared_segments.load(Relaxed),
+            adopted_spares: self.counters.adopted_spares.load(Relaxed),
             segment_preparation_failures: self.counters.preparation_failures.load(Relaxed),
             durable_lsn: self.durable_lsn(),
         }
