@@ -1134,39 +1134,8 @@ fn recycle_round(seed: u64) -> u64 {
             .collect()
     };
     let check = |fs: &FaultyFileSystem, acked: &BTreeMap<u64, Lsn>, what: &str| {
-        let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, from)
-            .unwrap_or_else(|error| panic!("seed {seed}, {what}: {error}"));
-        let mut expected_lsn = from;
-        let mut committed = BTreeSet::new();
-        let mut last_txn = None;
-        while let Some(entry) = reader.next_record().unwrap() {
-            assert_eq!(
-                entry.lsn, expected_lsn,
-                "seed {seed}, {what}: records must chain"
-            );
-            expected_lsn = entry.end;
-            match entry.record {
-                Record::Insert {
-                    txn, key, value, ..
-                } => {
-                    assert_eq!(*key, txn.0.to_be_bytes(), "seed {seed}");
-                    assert_eq!(*value, value_of(txn.0), "seed {seed}");
-                    // Transactions only grow: an old record would go back.
-                    assert!(
-                        last_txn < Some(txn.0),
-                        "seed {seed}, {what}: {txn:?} after {last_txn:?}"
-                    );
-                    last_txn = Some(txn.0);
-                }
-                Record::Commit { txn } => {
-                    assert_eq!(Some(txn.0), last_txn, "seed {seed}");
-                    committed.insert(txn.0);
-                }
-                other => panic!("seed {seed}: unexpected record {other:?}"),
-            }
-        }
+        let (committed, end) = read_checked_commits(fs, from, &format!("seed {seed}, {what}"));
         let missing: Vec<_> = expect(acked).difference(&committed).copied().collect();
-        let end = reader.end();
         assert!(
             missing.is_empty(),
             "seed {seed}, {what}: acknowledged commits lost: {missing:?}; the log ends at {end:?}"
@@ -1477,6 +1446,15 @@ const ADOPT_CUT_STEPS: u64 = 240;
 /// old record of a recycled file would go back) and that each commit follows its insert;
 /// returns the committed transactions.
 fn checked_commits_from(fs: &FaultyFileSystem, from: Lsn, what: &str) -> BTreeSet<u64> {
+    read_checked_commits(fs, from, what).0
+}
+
+/// [`checked_commits_from`], which also returns where the reader found the log's end.
+fn read_checked_commits(
+    fs: &FaultyFileSystem,
+    from: Lsn,
+    what: &str,
+) -> (BTreeSet<u64>, Option<LogEnd>) {
     let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, from)
         .unwrap_or_else(|error| panic!("{what}: {error}"));
     let mut expected_lsn = from;
@@ -1504,7 +1482,7 @@ fn checked_commits_from(fs: &FaultyFileSystem, from: Lsn, what: &str) -> BTreeSe
             other => panic!("{what}: unexpected record {other:?}"),
         }
     }
-    committed
+    (committed, reader.end())
 }
 
 /// Commits transactions numbered from `txn` one at a time, adding each acknowledged one to
