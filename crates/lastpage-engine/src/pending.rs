@@ -198,10 +198,7 @@ impl HeldPendingDeletes<'_> {
 mod tests {
     use super::*;
     use crate::locks::LockError;
-    use crate::{
-        ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
-        Uniqueness, Value,
-    };
+    use crate::{EngineError, InsertRow, Uniqueness, Value};
 
     /// What [`PendingDeletes::note`] records, end to end, with a zero lock timeout so that a
     /// wait shows as error 1222. A row changed twice and then deleted by one transaction, in a
@@ -213,20 +210,10 @@ mod tests {
     /// noting only committed values would remove).
     #[test]
     fn a_note_holds_the_committed_value_where_an_index_lookup_needs_it() {
-        let db = Database::create(DatabaseOptions {
-            lock_timeout: Some(std::time::Duration::ZERO),
-            ..DatabaseOptions::default()
-        })
-        .unwrap();
-        let table = db
-            .create_table(
-                TableDef::new("T")
-                    .column(ColumnDef::new("K", DataType::Int).not_null())
-                    .column(ColumnDef::new("U", DataType::Int).not_null())
-                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
-                    .nonclustered(IndexDef::new("IX_U", &["U"], Uniqueness::NonUnique)),
-            )
-            .unwrap();
+        let (db, table) = crate::table::test_tables::k_u_table(
+            Some(std::time::Duration::ZERO),
+            Uniqueness::NonUnique,
+        );
         let (writer, reader) = (db.session(), db.session());
         table
             .insert(&writer, InsertRow::new().set(0, 1).set(1, 10))

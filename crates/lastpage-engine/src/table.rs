@@ -4099,11 +4099,48 @@ mod tests {
 }
 
 #[cfg(test)]
-mod index_lookup_tests {
+pub(crate) mod test_tables {
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use crate::{
-        ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, TableDef, Uniqueness,
-        Value,
+        ColumnDef, DataType, Database, DatabaseOptions, IndexDef, Table, TableDef, Uniqueness,
     };
+
+    /// An in-memory database whose lock requests wait at most `lock_timeout`, holding
+    /// `T(K INT PRIMARY KEY, U INT NOT NULL)` with an index on U of `uniqueness` (named
+    /// `UX_U` if unique, `IX_U` if not): the smallest table whose rows have entries in a
+    /// second index, for the unit tests of index lookups and their locks.
+    pub(crate) fn k_u_table(
+        lock_timeout: Option<Duration>,
+        uniqueness: Uniqueness,
+    ) -> (Database, Arc<Table>) {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout,
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let name = if uniqueness.is_unique() {
+            "UX_U"
+        } else {
+            "IX_U"
+        };
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .column(ColumnDef::new("U", DataType::Int).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
+                    .nonclustered(IndexDef::new(name, &["U"], uniqueness)),
+            )
+            .unwrap();
+        (db, table)
+    }
+}
+
+#[cfg(test)]
+mod index_lookup_tests {
+    use crate::{InsertRow, Uniqueness, Value};
 
     /// A lookup through a unique index found the entry of a row, and the row moved to another
     /// clustered key (its U unchanged) and committed before the lookup checked it: the
@@ -4115,16 +4152,7 @@ mod index_lookup_tests {
     /// another row in one commit, and for a row read half way through such a swap.
     #[test]
     fn an_index_lookup_reads_again_when_a_row_moved_after_it_was_found() {
-        let db = Database::create(DatabaseOptions::default()).unwrap();
-        let table = db
-            .create_table(
-                TableDef::new("T")
-                    .column(ColumnDef::new("K", DataType::Int).not_null())
-                    .column(ColumnDef::new("U", DataType::Int).not_null())
-                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
-                    .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex)),
-            )
-            .unwrap();
+        let (db, table) = super::test_tables::k_u_table(None, Uniqueness::UniqueIndex);
         let (reader, writer) = (db.session(), db.session());
         let row = |k: i32| InsertRow::new().set(0, k).set(1, 10);
         table.insert(&writer, row(1)).unwrap();
@@ -4219,10 +4247,7 @@ mod find_locked_tests {
     use std::time::Duration;
 
     use crate::locks::LockError;
-    use crate::{
-        ColumnDef, DataType, Database, DatabaseOptions, EngineError, IndexDef, InsertRow, TableDef,
-        Uniqueness, Value,
-    };
+    use crate::{EngineError, InsertRow, Uniqueness, Value};
 
     /// An update looks a row up, then locks it (and its unique keys) and reads it again; a row
     /// that another transaction changed or deleted and committed in between is looked up
@@ -4234,20 +4259,8 @@ mod find_locked_tests {
     /// after another.
     #[test]
     fn a_write_that_looks_again_keeps_no_lock_of_the_version_it_left() {
-        let db = Database::create(DatabaseOptions {
-            lock_timeout: Some(Duration::ZERO),
-            ..DatabaseOptions::default()
-        })
-        .unwrap();
-        let table = db
-            .create_table(
-                TableDef::new("T")
-                    .column(ColumnDef::new("K", DataType::Int).not_null())
-                    .column(ColumnDef::new("U", DataType::Int).not_null())
-                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey))
-                    .nonclustered(IndexDef::new("UX_U", &["U"], Uniqueness::UniqueIndex)),
-            )
-            .unwrap();
+        let (db, table) =
+            super::test_tables::k_u_table(Some(Duration::ZERO), Uniqueness::UniqueIndex);
         let (writer, changer, other) = (db.session(), db.session(), db.session());
         let row = |k: i32, u: i32| InsertRow::new().set(0, k).set(1, u);
         table.insert(&changer, row(1, 10)).unwrap();
