@@ -675,6 +675,16 @@ fn index_options(db: &Database) -> Options {
     options
 }
 
+/// Creates the fixed tables (the logged ones, then `Scratch`) in `db` and returns their options.
+fn create_fixed_tables(db: &Database) -> Result<Options, String> {
+    let mut options = Options::new();
+    for definition in logged_tables().into_iter().chain([scratch_table()]) {
+        let table = db.create_table(definition).map_err(|e| e.to_string())?;
+        note_options(&mut options, table.name(), &table);
+    }
+    Ok(options)
+}
+
 /// One database lifetime's driver.
 struct Run {
     rng: StdRng,
@@ -704,6 +714,34 @@ type Step = Result<(), String>;
 type KeyAndRow = (Vec<Value>, Vec<Value>);
 
 impl Run {
+    /// A driver of one lifetime of `db` (opened through `cut` with `config`), carrying the
+    /// model and the tables' options on from the lifetime before, with nothing committed,
+    /// pending or logged in this one yet.
+    fn new(
+        rng_seed: u64,
+        m: Model,
+        options: Options,
+        config: &Config,
+        cut: &CutFs,
+        db: &Database,
+    ) -> Run {
+        Run {
+            rng: StdRng::seed_from_u64(rng_seed),
+            m,
+            options,
+            config: Config { ..*config },
+            cut: cut.clone(),
+            db: db.clone(),
+            s: db.session(),
+            loser: None,
+            commits: 0,
+            maybe_commits: Vec::new(),
+            tickets: Vec::new(),
+            log: Vec::new(),
+            pending_op: None,
+        }
+    }
+
     fn table(&self, name: &str) -> Arc<Table> {
         self.db.table(name).unwrap()
     }
@@ -1455,30 +1493,11 @@ fn corner_round(seed: u64) -> Result<(), String> {
     };
     let mut fs = FaultyFileSystem::new(fs_config);
     let mut m = Model::new();
-    let mut options = Options::new();
     let (mut cut, mut db) = open_db(&fs, &config)?;
-    for definition in logged_tables().into_iter().chain([scratch_table()]) {
-        let table = db.create_table(definition).map_err(|e| e.to_string())?;
-        note_options(&mut options, table.name(), &table);
-    }
+    let mut options = create_fixed_tables(&db)?;
     let mut history = Vec::new();
     for cycle in 0..4 {
-        let s = db.session();
-        let mut run = Run {
-            rng: StdRng::seed_from_u64(rng.random()),
-            m,
-            options,
-            config: Config { ..config },
-            cut: cut.clone(),
-            db: db.clone(),
-            s,
-            loser: None,
-            commits: 0,
-            maybe_commits: Vec::new(),
-            tickets: Vec::new(),
-            log: Vec::new(),
-            pending_op: None,
-        };
+        let mut run = Run::new(rng.random(), m, options, &config, &cut, &db);
         let steps = rng.random_range(10..120);
         let mut result = Ok(());
         for _ in 0..steps {
@@ -1665,26 +1684,8 @@ fn a_waited_ticket_of_a_transaction_that_logged_nothing_makes_nothing_durable() 
     };
     let fs = FaultyFileSystem::new(FaultyConfig::new(1));
     let (cut, db) = open_db(&fs, &config).unwrap();
-    let mut options = Options::new();
-    for definition in logged_tables().into_iter().chain([scratch_table()]) {
-        let table = db.create_table(definition).unwrap();
-        note_options(&mut options, table.name(), &table);
-    }
-    let mut run = Run {
-        rng: StdRng::seed_from_u64(1),
-        m: Model::new(),
-        options,
-        config: Config { ..config },
-        cut: cut.clone(),
-        db: db.clone(),
-        s: db.session(),
-        loser: None,
-        commits: 0,
-        maybe_commits: Vec::new(),
-        tickets: Vec::new(),
-        log: Vec::new(),
-        pending_op: None,
-    };
+    let options = create_fixed_tables(&db).unwrap();
+    let mut run = Run::new(1, Model::new(), options, &config, &cut, &db);
     // A DELAYED autocommit into a logged table: committed, its records only in the log buffer.
     run.autocommit_of(|run, working| run.insert("Ids", 1, working))
         .unwrap();
