@@ -816,6 +816,19 @@ fn give_up_on_the_next_freeing(tree: &BTree, extra_failures: usize) {
     tree.fail_next_empty_leaf_free_attempts(EMPTY_LEAF_FREE_ATTEMPTS + extra_failures);
 }
 
+/// Asserts that one leaf was left empty and listed and none freed, and returns the integrity
+/// check (whose pages in use are exactly the tree's).
+fn assert_one_leaf_left_listed(tree: &BTree, context: &str) -> TreeCheck {
+    let stats = tree.stats();
+    assert_eq!(
+        (stats.empty_leaves_left, stats.leaves_freed),
+        (1, 0),
+        "{context}: {stats:?}"
+    );
+    assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
+    assert_owns_every_page(tree, context)
+}
+
 /// Asserts that retries freed every leaf left empty: `freed` leaves freed in all, each by a
 /// retry, none listed any more, `free_pages` free pages in the pool and `leaf_pages` leaves in
 /// the tree (whose pages in use are exactly the tree's), and the tree holds `oracle`.
@@ -851,14 +864,7 @@ fn a_leaf_whose_freeing_gave_up_is_freed_by_the_next_delete() {
             let context = format!("{policy:?}, {path:?}, row found {next_delete_finds_its_row}");
             let (tree, mut oracle) = tree_of_full_leaves(policy, path, 6);
             empty_leaf_giving_up(&tree, &mut oracle, 2, 0);
-            let stats = tree.stats();
-            assert_eq!(
-                (stats.empty_leaves_left, stats.leaves_freed),
-                (1, 0),
-                "{context}: {stats:?}"
-            );
-            assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
-            let left = assert_owns_every_page(&tree, &context);
+            let left = assert_one_leaf_left_listed(&tree, &context);
             assert_eq!(left.leaf_pages, 6, "{context}: the empty leaf stays linked");
             let free_before = tree.pool().free_page_count();
             // Any delete retries, one that finds nothing to delete too.
@@ -908,14 +914,7 @@ fn a_retry_lists_a_leaf_again_or_drops_it_if_it_holds_rows() {
         // The first delete after the give-up retries and gives up again.
         empty_leaf_giving_up(&tree, &mut oracle, 2, EMPTY_LEAF_FREE_ATTEMPTS);
         delete_row(&tree, &mut oracle, 0);
-        let stats = tree.stats();
-        assert_eq!(
-            (stats.empty_leaves_left, stats.leaves_freed),
-            (1, 0),
-            "{context}: {stats:?}"
-        );
-        assert_eq!(tree.left_empty_leaves_listed(), 1, "{context}");
-        assert_owns_every_page(&tree, &context);
+        assert_one_leaf_left_listed(&tree, &context);
         delete_row(&tree, &mut oracle, 1);
         assert_eq!(tree.stats().empty_leaves_retried_freed, 1, "{context}");
         assert_eq!(tree.left_empty_leaves_listed(), 0, "{context}");
