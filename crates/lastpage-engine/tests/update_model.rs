@@ -1556,27 +1556,22 @@ fn page_sized_updates_split_leaves_and_fail_whole() {
                 Ok(found) => {
                     assert_eq!(found, current.contains_key(&k), "round {round}: K={k}");
                     if let Some((u, _, q)) = current.remove(&k) {
-                        let new_q = changes
-                            .iter()
-                            .find_map(|(c, v)| (*c == 3).then(|| v.clone()))
-                            .map_or(q, |v| match v {
-                                Value::String(q) => q.len(),
-                                _ => unreachable!(),
-                            });
-                        let new_k = changes
-                            .iter()
-                            .find_map(|(c, v)| (*c == 0).then(|| v.clone()))
-                            .map_or(k, |v| match v {
-                                Value::Int(k) => k,
-                                _ => unreachable!(),
-                            });
-                        let new_u = changes
-                            .iter()
-                            .find_map(|(c, v)| (*c == 1).then(|| v.clone()))
-                            .map_or(u, |v| match v {
-                                Value::Int(u) => u,
-                                _ => unreachable!(),
-                            });
+                        // The value the update gave `column`, if it changed it.
+                        let changed = |column: usize| {
+                            changes
+                                .iter()
+                                .find_map(|(c, v)| (*c == column).then_some(v))
+                        };
+                        let int = |value: &Value| match value {
+                            Value::Int(value) => *value,
+                            _ => unreachable!(),
+                        };
+                        let new_q = changed(3).map_or(q, |v| match v {
+                            Value::String(q) => q.len(),
+                            _ => unreachable!(),
+                        });
+                        let new_k = changed(0).map_or(k, int);
+                        let new_u = changed(1).map_or(u, int);
                         assert!(
                             current.insert(new_k, (new_u, len, new_q)).is_none(),
                             "round {round}: K={new_k} twice"
