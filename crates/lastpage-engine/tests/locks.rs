@@ -815,8 +815,13 @@ fn a_reader_goes_when_the_x_lock_it_waits_for_goes_even_with_a_writer_queued_ahe
 
 /// A request's timeout covers all of its waits: one for a range lock over its row, then one
 /// for the row. Each wait had the whole timeout before, so a request could wait about twice
-/// its timeout (here it got the row at 600 ms with a 400 ms timeout). The sleeps only make the
-/// request's waits long; whether it times out does not depend on how long they overrun.
+/// its timeout (it got the row when it was released 1.5 s after it queued, with a 1 s timeout).
+///
+/// The sleeps only make the request's waits long. The clock starts once the request is seen
+/// queued, so a late start of its thread cannot move its deadline past the row's release; the
+/// release comes 0.5 s after the deadline, so a test thread that overslept by less than that
+/// cannot hand the request the row in time, and 0.2 s before the deadline a fresh timeout for
+/// the row would give it (1.7 s), which is what the test would miss if it overslept by more.
 #[test]
 fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
     let manager = Arc::new(LockManager::new(4));
@@ -826,7 +831,6 @@ fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
     let range = manager
         .lock_range(TxnId(1), &key(1), &key(9), None)
         .unwrap();
-    let started = Instant::now();
     let requester = {
         let manager = Arc::clone(&manager);
         thread::spawn(move || {
@@ -834,32 +838,39 @@ fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
                 TxnId(3),
                 &key(5),
                 Exclusive,
-                Some(Duration::from_millis(400)),
+                Some(Duration::from_millis(1000)),
             )
         })
     };
-    thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+    wait_until(Duration::from_secs(10), "the request to queue", || {
+        manager.stats().waits > 0
+    });
+    let queued = Instant::now();
+    thread::sleep(Duration::from_millis(700).saturating_sub(queued.elapsed()));
     manager.release_all(TxnId(1), &[range]);
-    thread::sleep(Duration::from_millis(600).saturating_sub(started.elapsed()));
+    thread::sleep(Duration::from_millis(1500).saturating_sub(queued.elapsed()));
     manager.release_all(TxnId(2), &[key(5)]);
     assert_eq!(
         requester.join().unwrap(),
-        Err(LockError::Timeout { ms: 400 }),
+        Err(LockError::Timeout { ms: 1000 }),
         "the request outwaited its timeout"
     );
 }
 
 /// A READ COMMITTED read waits for a row within one timeout, however many writers lock the row
 /// in turn. Here the reader queues behind one writer, a second writer queues behind the reader,
-/// and the first commits at 300 ms: the release wakes the reader and hands the row to the
-/// second writer, so the reader finds it locked again and waits again. With a fresh timeout
-/// for that wait it read the row when the second writer committed at 600 ms, with a 400 ms
-/// timeout. The sleeps only make the waits long; the outcome does not depend on how far they
-/// overrun.
+/// and the first commits 0.7 s after the reader queued: the release wakes the reader and hands
+/// the row to the second writer, so the reader finds it locked again and waits again. With a
+/// fresh timeout for that wait it read the row when the second writer committed, at 1.5 s, with
+/// a 1 s timeout.
+///
+/// The sleeps only make the waits long. The clock starts once the reader is seen queued, so a
+/// late start of its thread cannot move its deadline; the second commit comes 0.5 s after the
+/// deadline, so only a test thread that overslept by more than that could let the reader read.
 #[test]
 fn a_read_committed_reader_waits_for_a_row_within_one_timeout() {
     use lastpage_engine::{EngineError, InsertRow, Value};
-    let db = common::in_memory_with_lock_timeout(Duration::from_millis(400));
+    let db = common::in_memory_with_lock_timeout(Duration::from_millis(1000));
     let table = db.create_table(common::accounts()).unwrap();
     let setup = db.session();
     table
@@ -869,20 +880,21 @@ fn a_read_committed_reader_waits_for_a_row_within_one_timeout() {
     let first = db.session();
     first.begin().unwrap();
     assert!(table.update(&first, &row, &[(1, Value::Int(101))]).unwrap());
-    let started = Instant::now();
     let waits_before = db.lock_stats().waits;
     thread::scope(|scope| {
         let reader = scope.spawn(|| table.get(&db.session(), &row).map(|_| ()));
         wait_until(Duration::from_secs(10), "the reader to queue", || {
             db.lock_stats().waits > waits_before
         });
-        let second = scope.spawn(|| {
+        let queued = Instant::now();
+        let (db, table, row) = (&db, &table, &row);
+        let second = scope.spawn(move || {
             let session = db.session();
             session.begin().unwrap();
-            // A generous timeout of its own would not do: the database's is 400 ms, and this
-            // writer waits about 300 ms for the first.
-            table.update(&session, &row, &[(1, Value::Int(102))])?;
-            thread::sleep(Duration::from_millis(600).saturating_sub(started.elapsed()));
+            // A generous timeout of its own would not do: the database's is 1 s, and this
+            // writer waits about 0.7 s for the first.
+            table.update(&session, row, &[(1, Value::Int(102))])?;
+            thread::sleep(Duration::from_millis(1500).saturating_sub(queued.elapsed()));
             session.commit()
         });
         wait_until(
@@ -890,11 +902,14 @@ fn a_read_committed_reader_waits_for_a_row_within_one_timeout() {
             "the second writer to queue",
             || db.lock_stats().waits > waits_before + 1,
         );
-        thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+        thread::sleep(Duration::from_millis(700).saturating_sub(queued.elapsed()));
         first.commit().unwrap();
         let read = reader.join().unwrap();
         assert!(
-            matches!(read, Err(EngineError::Lock(LockError::Timeout { ms: 400 }))),
+            matches!(
+                read,
+                Err(EngineError::Lock(LockError::Timeout { ms: 1000 }))
+            ),
             "the reader outwaited its timeout: {read:?}"
         );
         second.join().unwrap().unwrap();
