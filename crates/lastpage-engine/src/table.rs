@@ -3116,6 +3116,12 @@ impl Table {
     /// blocked other sessions on keys it no longer needed (the unique key a row had before
     /// the change, or the clustered key of a row that moved or went away). Locks it held before
     /// the call stay, whatever it did under them.
+    ///
+    /// The same goes for a call that fails: a lock request that timed out part-way (the row's
+    /// clustered key granted, one of its unique keys not), a deadlock, or a failed read. The
+    /// statement read nothing under the locks it got and changes nothing after the error, so
+    /// they too are released, rather than blocking other sessions until the transaction ends
+    /// (a transaction goes on after a lock timeout, as in SQL Server).
     fn find_locked_with(
         &self,
         scope: &mut WriteScope<'_>,
@@ -3150,8 +3156,9 @@ impl Table {
                 Ok(_) => looked_again = true,
             }
         };
-        if looked_again {
-            // Only after a second look can a lock taken here belong to no version returned.
+        if looked_again || found.is_err() {
+            // Only after a second look or a failure can a lock taken here belong to no version
+            // returned.
             let needed = match &found {
                 Ok(Some((_, record_key, value))) => self.row_lock_keys(record_key, value)?,
                 _ => SmallVec::new(),
@@ -4246,7 +4253,7 @@ mod find_locked_tests {
     use std::cell::Cell;
     use std::time::Duration;
 
-    use crate::locks::LockError;
+    use crate::locks::{LockError, LockMode, TxnId};
     use crate::{EngineError, InsertRow, Uniqueness, Value};
 
     /// An update looks a row up, then locks it (and its unique keys) and reads it again; a row
@@ -4326,6 +4333,53 @@ mod find_locked_tests {
                 Some(vec![Value::Int(2), Value::Int(30)]),
                 Some(vec![Value::Int(3), Value::Int(10)]),
             ]
+        );
+    }
+
+    /// An update whose lock requests time out part-way keeps none of the locks it got. Here
+    /// another transaction holds the lock of the row's unique key U=10 but not of its clustered
+    /// key: the writer gets the clustered key K=1, then times out on U=10 (error 1222). Its
+    /// transaction goes on, and the clustered key it got used to stay locked until the end,
+    /// blocking every other session's change to row 1 although the writer changed nothing.
+    #[test]
+    fn a_write_whose_lock_requests_time_out_part_way_keeps_none_of_them() {
+        let (db, table) =
+            super::test_tables::k_u_table(Some(Duration::ZERO), Uniqueness::UniqueIndex);
+        let (writer, other) = (db.session(), db.session());
+        let row = |k: i32, u: i32| InsertRow::new().set(0, k).set(1, u);
+        table.insert(&other, row(1, 10)).unwrap();
+        let (_, record_key, value) = table
+            .find_record_waiting(&other, None, &[Value::Int(1)])
+            .unwrap()
+            .0
+            .expect("the row is there");
+        let [_, unique] = &table.row_lock_keys(&record_key, &value).unwrap()[..] else {
+            panic!("a row of T(K, U UNIQUE) has two lock keys");
+        };
+        // A transaction that is not a session's: it holds only the unique key's lock.
+        let holder = TxnId(u64::MAX >> 1);
+        db.locks()
+            .acquire(holder, unique, LockMode::Exclusive, None)
+            .unwrap();
+
+        writer.begin().unwrap();
+        let update = table.update(&writer, &[Value::Int(1)], &[(1, Value::Int(20))]);
+        assert!(
+            matches!(update, Err(EngineError::Lock(LockError::Timeout { .. }))),
+            "{update:?}"
+        );
+        // The writer's transaction is still open and holds no lock of row 1: once the holder
+        // is gone, another session changes the row (with a zero lock timeout).
+        db.locks().release_all(holder, std::slice::from_ref(unique));
+        assert!(
+            table
+                .update(&other, &[Value::Int(1)], &[(1, Value::Int(30))])
+                .unwrap()
+        );
+        writer.commit().unwrap();
+        assert_eq!(
+            table.get(&db.session(), &[Value::Int(1)]).unwrap(),
+            Some(vec![Value::Int(1), Value::Int(30)])
         );
     }
 }
