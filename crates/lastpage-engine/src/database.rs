@@ -1639,6 +1639,15 @@ impl Session {
     }
 }
 
+/// Clears its flag when dropped, on unwinding too.
+struct StopWhenDropped<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopWhenDropped<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Replays the log (see [`recovery::replay`]) while another thread writes the pages it fills
 /// back to the data file, so that the checkpoint ending recovery finds them clean instead of
 /// writing and syncing the whole table after replay: replay is CPU, write-back is I/O, and on
@@ -1666,8 +1675,13 @@ fn replay_writing_back(
             }
             Ok::<usize, lastpage_storage::buffer::PageError>(written)
         });
-        let replayed = recovery::replay(db, fs, wal_dir, catalog.as_ref());
-        replaying.store(false, std::sync::atomic::Ordering::Relaxed);
+        // The write-back thread stops once replay is over, also when replay panics: the scope
+        // waits for it before the panic goes on, so without the guard a panic in replay (a bug
+        // reached from a damaged file) hung the open for ever instead of surfacing.
+        let replayed = {
+            let _stop = StopWhenDropped(&replaying);
+            recovery::replay(db, fs, wal_dir, catalog.as_ref())
+        };
         let written_back = writer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
