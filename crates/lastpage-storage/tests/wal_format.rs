@@ -397,3 +397,19 @@ fn a_log_of_another_format_version_is_refused_not_read_as_empty() {
     // Nothing was cut or removed.
     assert_eq!(&fs.contents(&segment0()).unwrap()[..52], &header[..]);
 }
+
+/// A reader asked to start past anything a log can reach (recovery passes the LSN a stored
+/// checkpoint names, which damage with a valid checksum can make anything) finds the end of
+/// the log's files there. Its `position + header bytes` overflowed: a panic reachable from the
+/// data file's catalog.
+#[test]
+fn a_reader_starting_at_the_end_of_the_lsn_range_finds_the_end_without_panicking() {
+    let (fs, _) = written_log(&samples(), 1 << 20);
+    for from in [u64::MAX, u64::MAX - 7, u64::MAX - 23, 1 << 63] {
+        let mut reader = LogReader::open(Arc::new(fs.clone()), DIR, Lsn(from)).unwrap();
+        assert!(reader.next_raw().unwrap().is_none(), "from {from}");
+        assert!(reader.next_record().unwrap().is_none(), "from {from}");
+        let end = reader.end().unwrap();
+        assert_eq!((end.lsn, end.kind), (Lsn(from), TailKind::EndOfFiles));
+    }
+}

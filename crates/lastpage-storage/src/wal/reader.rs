@@ -25,7 +25,9 @@ use lastpage_io::{File, FileSystem, OpenOptions};
 use super::record::{Record, RecordHeader};
 use super::segment::{self, HEADER_BYTES};
 use super::{Lsn, WalError, align_up};
-use crate::limits::{WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES};
+use crate::limits::{
+    WAL_MAX_SEGMENT_BYTES, WAL_MAX_START_LSN, WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES,
+};
 
 /// Why the valid log ends where it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +192,13 @@ impl LogReader {
             return Ok(None);
         }
         let position = self.position;
+        if position > WAL_MAX_START_LSN + WAL_MAX_SEGMENT_BYTES {
+            // No segment reaches this far (a segment header starting beyond
+            // `WAL_MAX_START_LSN` is invalid): the log's files end before it. Stopped here, so
+            // that a start no log has (a damaged checkpoint LSN) cannot overflow the sums of
+            // the position and a record's length below.
+            return Ok(self.stop(TailKind::EndOfFiles));
+        }
         if self.headerless.is_some_and(|(start, _)| position >= start) {
             // No record starts in a segment whose header is invalid.
             return Ok(self.stop(TailKind::BadSegment));
