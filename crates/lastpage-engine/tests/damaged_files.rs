@@ -593,3 +593,31 @@ fn a_damaged_header_of_the_last_log_segment_fails_the_open_instead_of_losing_its
         ),
     }
 }
+
+/// A catalog whose checkpoint and recovery-start LSNs lie at the end of the LSN range (its
+/// checksum valid) is refused with an error naming them. Recovery started reading the log
+/// there, and the log reader's `position + header bytes` overflowed: a panic reachable from
+/// the data file (which, inside the open's write-back scope, hung the open).
+#[test]
+fn a_catalog_whose_log_positions_are_at_the_end_of_the_range_is_refused() {
+    for lsn in [u64::MAX, u64::MAX - 7, u64::MAX - 4095] {
+        let fs = small_database();
+        // The checkpoint LSN and the oldest active LSN: after the 16-byte header, two u32
+        // counters and the next transaction id.
+        rewrite_catalog(&fs, |blob| {
+            blob[32..40].copy_from_slice(&lsn.to_le_bytes());
+            blob[40..48].copy_from_slice(&lsn.to_le_bytes());
+        });
+        match catch_unwind(AssertUnwindSafe(|| open_and_insert(&fs))) {
+            Err(panic) => panic!(
+                "the open with log positions {lsn} panicked: {}",
+                panic_message(panic)
+            ),
+            Ok(Ok(())) => panic!("a catalog with log positions {lsn} was accepted"),
+            Ok(Err(error)) => assert!(
+                error.contains("beyond any log position"),
+                "unclear error: {error}"
+            ),
+        }
+    }
+}
