@@ -621,3 +621,38 @@ fn a_catalog_whose_log_positions_are_at_the_end_of_the_range_is_refused() {
         }
     }
 }
+
+/// A catalog whose next table id or next index id is the last u32 (checksums valid: a
+/// catalog that passes every check, with its ids used up) opens, and creating a table then
+/// fails with an error. The ids were handed out with a wrapping `fetch_add`, and the created
+/// table's log description added one to them: a panic (an overflow) reachable from the file.
+#[test]
+fn a_catalog_whose_table_or_index_ids_are_used_up_refuses_new_tables_without_panicking() {
+    // The next table id and the next index id: after the 16-byte header.
+    for at in [16, 20] {
+        let fs = small_database();
+        rewrite_catalog(&fs, |blob| {
+            blob[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes())
+        });
+        let create = || {
+            let db = Database::open(DIR, options(&fs)).map_err(|error| error.to_string())?;
+            let created = db
+                .create_table(
+                    TableDef::new("Other").column(ColumnDef::new("V", DataType::Int).not_null()),
+                )
+                .map(drop)
+                .map_err(|error| error.to_string());
+            // The existing table is still there either way.
+            assert_eq!(db.table("Orders").unwrap().row_count(), 1);
+            created
+        };
+        match catch_unwind(AssertUnwindSafe(create)) {
+            Err(panic) => panic!(
+                "the open or the creation panicked (ids at {at}): {}",
+                panic_message(panic)
+            ),
+            Ok(Ok(())) => panic!("a table was created with the ids at {at} used up"),
+            Ok(Err(error)) => assert!(error.contains("used up"), "unclear error: {error}"),
+        }
+    }
+}
