@@ -954,7 +954,13 @@ impl Table {
 
     /// Rows in the table. Exact when no write is in flight.
     pub fn row_count(&self) -> u64 {
-        self.clustered.trees.iter().map(BTree::row_count).sum()
+        // Saturating: each tree's count starts from the catalog, which damage can make as
+        // large as a u64 (a plain sum of three partitions' overflowed).
+        self.clustered
+            .trees
+            .iter()
+            .map(BTree::row_count)
+            .fold(0, u64::saturating_add)
     }
 
     /// The clustered index's trees, one per partition (for statistics and checks).

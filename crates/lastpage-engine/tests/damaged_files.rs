@@ -656,3 +656,57 @@ fn a_catalog_whose_table_or_index_ids_are_used_up_refuses_new_tables_without_pan
         }
     }
 }
+
+/// A catalog whose row counts are as large as a u64 can be (checksums valid) opens, and
+/// counting the rows does not panic. The counts were summed with `+`: over the partitions of
+/// a table (u64) and over a tree's counter stripes (i64), both overflowing.
+#[test]
+fn a_catalog_with_absurd_row_counts_does_not_panic_counting_rows() {
+    use lastpage_engine::catalog::Catalog;
+    let fs = FaultyFileSystem::new(FaultyConfig::new(8));
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db
+        .create_table(
+            TableDef::new("Spread")
+                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+                .clustered(IndexDef::new("PK_Spread", &["Id"], Uniqueness::PrimaryKey))
+                .partitioned("Id", 3),
+        )
+        .unwrap();
+    drop(table);
+    db.close().unwrap();
+    rewrite_catalog(&fs, |blob| {
+        let mut catalog = Catalog::decode(blob).unwrap();
+        for trees in &mut catalog.tables[0].index_trees {
+            trees.rows_per_partition.fill(u64::MAX);
+        }
+        *blob = catalog.encode().unwrap();
+    });
+    let count = || {
+        let db = Database::open(DIR, options(&fs)).unwrap();
+        let table = db.table("Spread").unwrap();
+        let before = table.row_count();
+        // A row inserted by another thread is counted in another stripe of its tree's counter.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    table
+                        .insert(&db.session(), InsertRow::new().set(0, 3i64))
+                        .unwrap();
+                    table.row_count()
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        (before, table.row_count())
+    };
+    match catch_unwind(AssertUnwindSafe(count)) {
+        Err(panic) => panic!("counting the rows panicked: {}", panic_message(panic)),
+        // Three trees of i64::MAX rows each (a tree counts in an i64); the insert may wrap
+        // the stripe it lands on, which only lowers its tree's count.
+        Ok((before, after)) => {
+            assert_eq!(before, u64::MAX);
+            assert!(after >= 2 * i64::MAX as u64, "{after}");
+        }
+    }
+}

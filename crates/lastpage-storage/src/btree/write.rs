@@ -42,12 +42,16 @@ impl StripedCounter {
         self.stripes[stripe_of_this_thread()].fetch_add(amount, Ordering::Relaxed);
     }
 
-    /// The sum of all stripes. Exact when no add is in flight.
+    /// The sum of all stripes, clamped to the range of an i64. Exact when no add is in flight.
+    /// Added up wide: a tree's row count starts from the catalog, which damage can make as
+    /// large as an i64, and one more row in another stripe overflowed a plain sum.
     pub fn sum(&self) -> i64 {
-        self.stripes
+        let sum: i128 = self
+            .stripes
             .iter()
-            .map(|stripe| stripe.load(Ordering::Relaxed))
-            .sum()
+            .map(|stripe| i128::from(stripe.load(Ordering::Relaxed)))
+            .sum();
+        i64::try_from(sum).unwrap_or(if sum < 0 { i64::MIN } else { i64::MAX })
     }
 }
 
