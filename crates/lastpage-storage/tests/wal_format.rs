@@ -413,3 +413,24 @@ fn a_reader_starting_at_the_end_of_the_lsn_range_finds_the_end_without_panicking
         assert_eq!((end.lsn, end.kind), (Lsn(from), TailKind::EndOfFiles));
     }
 }
+
+/// A file after the log's last segment, named for an LSN at the end of the range and without
+/// a valid header (a stray file: no writer names a segment there), is looked through for
+/// records of the log like any segment whose header is invalid, without overflowing the LSN
+/// of each position it tries (`start + offset`); holding none, it goes as a leftover.
+#[test]
+fn a_stray_segment_file_named_at_the_end_of_the_lsn_range_does_not_panic_the_open() {
+    let records = samples();
+    let (fs, ends) = written_log(&records, 1 << 20);
+    let stray = Path::new(DIR).join(format!("{:016x}.wal", u64::MAX - 7));
+    let file = fs.open(&stray, OpenOptions::create()).unwrap();
+    file.write_all_at(0, &vec![0u8; WAL_SEGMENT_HEADER_BYTES + 4096])
+        .unwrap();
+    file.sync_data().unwrap();
+    drop(file);
+    let writer = LogWriter::open(Arc::new(fs.clone()), DIR, WalConfig::default()).unwrap();
+    assert_eq!(writer.start_lsn(), *ends.last().unwrap());
+    drop(writer);
+    assert!(!fs.exists(&stray).unwrap(), "the stray file was kept");
+    assert_eq!(read_back(&fs).0, records);
+}

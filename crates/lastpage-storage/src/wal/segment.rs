@@ -208,9 +208,14 @@ pub(crate) fn holds_records_of_log(
         let header_bytes: &[u8; WAL_RECORD_HEADER_BYTES] = body[at..at + WAL_RECORD_HEADER_BYTES]
             .try_into()
             .expect("a header's bytes");
+        // A file's name can say any LSN (no writer names a segment past `WAL_MAX_START_LSN`,
+        // but a stray file can): a position past the end of the range holds no record.
+        let Some(lsn) = start.checked_add(at as u64) else {
+            break;
+        };
         let header = RecordHeader::parse(header_bytes);
         let end = at + header.total_len as usize;
-        if header.problem(super::Lsn(start + at as u64)).is_none()
+        if header.problem(super::Lsn(lsn)).is_none()
             && end <= body.len()
             && super::record::seeded_checksum(
                 checksum_seed,
