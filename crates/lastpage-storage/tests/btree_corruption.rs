@@ -353,3 +353,74 @@ fn a_child_link_back_to_the_root_is_reported_as_corruption() {
         assert!(tree.get(&key(ROWS)).unwrap().is_some());
     }
 }
+
+/// A tree whose root is at level 255, the highest a page's level byte holds, with every page
+/// on the way down full (pages that pass every check made when a page is read: each inner
+/// page's separators ascend and all name one child one level below it). An insert that splits
+/// every page up to the root cannot grow the tree another level, and fails with an error: the
+/// new root's level was `255 + 1`, which overflowed.
+#[test]
+fn a_root_at_the_highest_level_that_must_split_fails_the_insert_without_panicking() {
+    use lastpage_storage::latch::LatchPolicy;
+    use lastpage_storage::page::PageKind;
+    let pool = Arc::new(BufferPool::new());
+    let index_id = 1;
+    // Each level's separators of their own (a split pushes one up to the level above, which
+    // must not hold it already), all above the leaf's keys.
+    let separator = |level: u8, number: u32| {
+        let mut key = vec![b's', level];
+        key.extend_from_slice(&number.to_be_bytes());
+        key
+    };
+    let mut below = {
+        let mut leaf = pool
+            .allocate(LatchPolicy::default(), PageKind::Leaf, 0, index_id)
+            .unwrap();
+        let mut number = 0;
+        while leaf
+            .page_mut()
+            .insert_leaf(number, &separator(0, number as u32), &[b'v'; 100])
+            .is_ok()
+        {
+            number += 1;
+        }
+        leaf.page_id()
+    };
+    for level in 1..=u8::MAX {
+        let mut inner = pool
+            .allocate(LatchPolicy::default(), PageKind::Inner, level, index_id)
+            .unwrap();
+        inner.page_mut().set_low_child(below);
+        let mut number = 0;
+        while inner
+            .page_mut()
+            .insert_inner(number, &separator(level, number as u32), below)
+            .is_ok()
+        {
+            number += 1;
+        }
+        assert_eq!(inner.page().check_layout(), Ok(()));
+        below = inner.page_id();
+    }
+    let tree = BTree::open(
+        Arc::clone(&pool),
+        index_id,
+        below,
+        TreeOptions {
+            insert_path: InsertPath::Classic,
+            ..TreeOptions::default()
+        },
+        0,
+    );
+    // Below every key: every descent takes the low child, down to the full leaf. Refused
+    // before anything changed, so a second attempt fails the same way.
+    for attempt in 0..2 {
+        let inserted = catch_unwind(AssertUnwindSafe(|| tree.insert(b"a", &[b'n'; 100])));
+        match inserted {
+            Err(_) => panic!("the insert panicked (attempt {attempt})"),
+            Ok(Ok(())) => panic!("a tree grew past level 255"),
+            Ok(Err(error)) => assert!(error.to_string().contains("level 255"), "{error}"),
+        }
+    }
+    assert_eq!(tree.get(b"a").unwrap(), None);
+}

@@ -300,6 +300,16 @@ impl BTree {
             // leaf chain but not in its parent, so descents missed its rows, an insert of one
             // of their keys made a duplicate, and the integrity check failed.
             let needed = split_pages_needed(&path, plan.separator.len());
+            // One page more than the path: the split reaches the root and grows the tree a
+            // level. A root at the highest level a page's level byte records cannot grow (the
+            // new root's level overflowed); only a damaged tree has one, since a tree of 255
+            // levels holds more rows than any pool. Refused before anything changes.
+            if needed > path.len() && path[0].page().level() == u8::MAX {
+                return Err(corrupt(
+                    path[0].page_id(),
+                    "the root is at level 255 and cannot grow another level for a split".into(),
+                ));
+            }
             let mut pages = self.reserve_split_pages(needed)?;
             let split = self.split_on_path(&mut path, &plan, &mut pages);
             self.recycle_split_pages(pages);
