@@ -423,4 +423,10 @@ fn a_root_at_the_highest_level_that_must_split_fails_the_insert_without_panickin
         }
     }
     assert_eq!(tree.get(b"a").unwrap(), None);
+    // The integrity checker counted the levels in a byte too.
+    let checked = catch_unwind(AssertUnwindSafe(|| tree.check_integrity()));
+    let error = checked
+        .expect("the integrity check panicked")
+        .expect_err("the integrity check passed");
+    assert!(error.to_string().contains("level 255"), "{error}");
 }

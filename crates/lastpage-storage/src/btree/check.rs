@@ -74,7 +74,15 @@ impl BTree {
                 .map_err(|error| self.unreadable(self.root, &error))?;
             root.page().level()
         };
-        walk.check.levels = root_level + 1;
+        // The count of levels is a byte, like a page's level: a root at the highest level
+        // (which only a damaged tree has; writes refuse to grow a root past it) has one level
+        // more than the count holds, and overflowed it.
+        walk.check.levels = root_level.checked_add(1).ok_or_else(|| {
+            self.error(
+                self.root,
+                format!("the root is at level {root_level}, higher than a tree can grow"),
+            )
+        })?;
         self.check_page(self.root, root_level, None, None, &mut walk)?;
         if walk.previous_leaf_next != NO_PAGE {
             return Err(self.error(
