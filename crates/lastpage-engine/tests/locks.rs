@@ -818,10 +818,11 @@ fn a_reader_goes_when_the_x_lock_it_waits_for_goes_even_with_a_writer_queued_ahe
 /// its timeout (it got the row when it was released 1.5 s after it queued, with a 1 s timeout).
 ///
 /// The sleeps only make the request's waits long. The clock starts once the request is seen
-/// queued, so a late start of its thread cannot move its deadline past the row's release; the
-/// release comes 0.5 s after the deadline, so a test thread that overslept by less than that
-/// cannot hand the request the row in time, and 0.2 s before the deadline a fresh timeout for
-/// the row would give it (1.7 s), which is what the test would miss if it overslept by more.
+/// queued, so a late start of its thread cannot move its deadline (1 s) past the row's release
+/// (1.5 s), and only a test thread that overslept by more than 0.5 s could hand it the row in
+/// time. A fresh timeout for the row, started at the range's release (0.7 s), would run to
+/// 1.7 s, past the row's release: that is the bug the test catches (it would miss it only if
+/// the test thread overslept by more than 0.2 s).
 #[test]
 fn a_timeout_covers_the_wait_for_a_range_and_then_for_the_row() {
     let manager = Arc::new(LockManager::new(4));
