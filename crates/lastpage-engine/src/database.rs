@@ -19,7 +19,7 @@ use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
     DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES,
     MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS,
-    WAL_MAX_SEGMENT_BYTES, WAL_MAX_START_LSN, WAL_ROW_CHANGE_MAX_BYTES,
+    WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -378,13 +378,13 @@ impl Database {
         // No log reaches past its last possible segment (a segment header starting beyond
         // `WAL_MAX_START_LSN` is invalid): a checkpoint naming such a position is damage, and
         // recovery would start reading the log there.
-        let max_lsn = WAL_MAX_START_LSN + WAL_MAX_SEGMENT_BYTES;
         if let Some(catalog) = &catalog
-            && (catalog.checkpoint_lsn > max_lsn || catalog.oldest_active_lsn > max_lsn)
+            && (catalog.checkpoint_lsn > WAL_MAX_END_LSN
+                || catalog.oldest_active_lsn > WAL_MAX_END_LSN)
         {
             return Err(EngineError::CorruptCatalog(format!(
                 "the checkpoint LSN {} or recovery start LSN {} is beyond any log position \
-                 ({max_lsn})",
+                 ({WAL_MAX_END_LSN})",
                 catalog.checkpoint_lsn, catalog.oldest_active_lsn
             )));
         }

@@ -190,6 +190,11 @@ pub const WAL_MAX_START_LSN: u64 = 1 << 62;
 /// header claiming more was not written by the writer.
 pub const WAL_MAX_SEGMENT_BYTES: u64 = 1 << 40;
 
+/// No log position lies beyond this: the end of the largest segment at the last start a
+/// segment header may name. A log reader stops here, and a checkpoint naming a position past
+/// it is refused at the open.
+pub const WAL_MAX_END_LSN: u64 = WAL_MAX_START_LSN + WAL_MAX_SEGMENT_BYTES;
+
 /// Largest log record, header and payload, that the log accepts or a reader believes: a length
 /// field above it marks garbage (a torn tail). One megabyte holds any row change (key plus old
 /// and new values, each limited by a page) with room for large checkpoint records.

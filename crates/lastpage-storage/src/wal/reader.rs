@@ -25,9 +25,7 @@ use lastpage_io::{File, FileSystem, OpenOptions};
 use super::record::{Record, RecordHeader};
 use super::segment::{self, HEADER_BYTES};
 use super::{Lsn, WalError, align_up};
-use crate::limits::{
-    WAL_MAX_SEGMENT_BYTES, WAL_MAX_START_LSN, WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES,
-};
+use crate::limits::{WAL_MAX_END_LSN, WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES};
 
 /// Why the valid log ends where it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,7 +190,7 @@ impl LogReader {
             return Ok(None);
         }
         let position = self.position;
-        if position > WAL_MAX_START_LSN + WAL_MAX_SEGMENT_BYTES {
+        if position > WAL_MAX_END_LSN {
             // No segment reaches this far (a segment header starting beyond
             // `WAL_MAX_START_LSN` is invalid): the log's files end before it. Stopped here, so
             // that a start no log has (a damaged checkpoint LSN) cannot overflow the sums of
