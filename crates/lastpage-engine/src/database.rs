@@ -1210,26 +1210,21 @@ impl Database {
         // catalog can hold a counter at the end of the range: a wrapping increment handed out
         // u32::MAX, whose description then overflowed, and after it ids already in use.
         let name = definition.name.clone();
-        let used_up = |what: &str, next: u32| EngineError::InvalidDefinition {
-            table: name.clone(),
-            reason: format!("the database's {what} ids are used up (the next is {next})"),
+        let take_id = |counter: &AtomicU32, what: &str| {
+            counter
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
+                .map_err(|next| EngineError::InvalidDefinition {
+                    table: name.clone(),
+                    reason: format!("the database's {what} ids are used up (the next is {next})"),
+                })
         };
-        let id = self
-            .inner
-            .next_table_id
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
-            .map_err(|next| used_up("table", next))?;
-        let index_ids_used_up = |next| used_up("index", next);
+        let id = take_id(&self.inner.next_table_id, "table")?;
         let pool = &self.inner.pool;
         // The trees made so far, so that a creation that fails half way (a database at its
         // page limit) frees their pages: each is a root and nothing else yet.
         let mut made = Vec::new();
         let created = Table::create(self.inner.instance, id, definition, &mut |options| {
-            let index_id = self
-                .inner
-                .next_index_id
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
-                .map_err(index_ids_used_up)?;
+            let index_id = take_id(&self.inner.next_index_id, "index")?;
             let tree = lastpage_storage::btree::BTree::create(Arc::clone(pool), index_id, options)?;
             made.push((index_id, tree.root(), options));
             Ok(tree)
