@@ -1,0 +1,113 @@
+//! A bulk load in one explicit transaction, the shape the lock manager's per-row cost shows
+//! in: every row a transaction inserts holds a row lock until it ends, so a million-row
+//! transaction holds a million locks.
+//!
+//! `cargo run --release -p lastpage-engine --example one_transaction -- DIR [ROWS]` creates a
+//! durable database in `DIR` (which must not exist; it is removed at the end), inserts ROWS
+//! rows (default 1,000,000) one statement each into an identity-keyed table in one
+//! transaction and commits it, then does the same again and rolls it back, reopens the
+//! database and checks the committed rows are all there. It prints the time per row of each
+//! step and the process's peak resident memory (Linux's `VmHWM`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lastpage_engine::{
+    ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, TableDef, Uniqueness,
+    Value,
+};
+
+/// The buffer pool's budget: small, so that the load also evicts pages while it runs.
+const MEMORY_BUDGET_BYTES: usize = 64 << 20;
+const PAYLOAD_BYTES: usize = 100;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().ok_or("usage: one_transaction DIR [ROWS]")?);
+    let rows: usize = match args.next() {
+        Some(rows) => rows.parse()?,
+        None => 1_000_000,
+    };
+    if dir.exists() {
+        return Err(format!("{} exists; give a directory to create", dir.display()).into());
+    }
+    let options = || DatabaseOptions {
+        memory_budget_bytes: MEMORY_BUDGET_BYTES,
+        ..DatabaseOptions::default()
+    };
+    let result = run(&dir, rows, &options);
+    std::fs::remove_dir_all(&dir)?;
+    result
+}
+
+fn run(
+    dir: &std::path::Path,
+    rows: usize,
+    options: &dyn Fn() -> DatabaseOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let db = Database::open(dir, options())?;
+    let table = db.create_table(
+        TableDef::new("BulkLoad")
+            .column(ColumnDef::new("InsertID", DataType::BigInt).identity(1, 1))
+            .column(ColumnDef::new("Payload", DataType::VarChar(PAYLOAD_BYTES as u16)).not_null())
+            .clustered(IndexDef::new(
+                "PK_BulkLoad",
+                &["InsertID"],
+                Uniqueness::PrimaryKey,
+            )),
+    )?;
+    let session = db.session();
+    let payload = "x".repeat(PAYLOAD_BYTES);
+    for commit in [true, false] {
+        session.begin()?;
+        let start = Instant::now();
+        for _ in 0..rows {
+            table.insert(
+                &session,
+                InsertRow::new().set(1, Value::String(payload.clone())),
+            )?;
+        }
+        let inserted = start.elapsed();
+        if commit {
+            session.commit()?;
+        } else {
+            session.rollback()?;
+        }
+        let ended = start.elapsed() - inserted;
+        println!(
+            "{rows} inserts in one transaction: {:.3} µs per insert, {} {:.3} µs per row; \
+             peak resident memory {}",
+            per_row_us(inserted, rows),
+            if commit { "commit" } else { "rollback" },
+            per_row_us(ended, rows),
+            peak_resident_memory()
+        );
+    }
+    drop(table);
+    drop(session);
+    db.close()?;
+    let db = Database::open(dir, options())?;
+    let found = db.table("BulkLoad")?.row_count();
+    println!("after reopening: {found} rows (expected {rows})");
+    if found != rows as u64 {
+        return Err(format!("expected {rows} rows after reopening, found {found}").into());
+    }
+    Ok(())
+}
+
+fn per_row_us(elapsed: Duration, rows: usize) -> f64 {
+    elapsed.as_secs_f64() * 1e6 / rows.max(1) as f64
+}
+
+/// `VmHWM` from `/proc/self/status`, or "unknown" where there is none.
+fn peak_resident_memory() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .map(|value| value.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
