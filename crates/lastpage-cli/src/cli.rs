@@ -140,7 +140,7 @@ pub enum RemedyArg {
     Mod16,
     /// mod16, and the table hash-partitioned on ModValue into 16 partitions (16 B-trees).
     Partition16,
-    /// Each session inserts its rows in 100-row statements (`insert_batch`); --rows-per-thread
+    /// Each session inserts its rows in 100-row statements (`insert_batch_values`); --rows-per-thread
     /// is rounded up to a multiple of 100 and latencies are per statement.
     Batch100,
 }

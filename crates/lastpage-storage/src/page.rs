@@ -31,8 +31,8 @@
 //! | 12 | 4 | previous leaf (0 = none) |
 //! | 16 | 4 | next leaf (0 = none), or the low child of an inner page |
 //! | 20 | 4 | index id of the owning B+tree |
-//! | 24 | 8 | page LSN (reserved for the write-ahead log) |
-//! | 32 | 4 | checksum (reserved for the data file) |
+//! | 24 | 8 | page LSN (reserved, zero: the log is logical and records no page LSN) |
+//! | 32 | 4 | checksum (reserved, zero: the data file keeps each page's CRC32C in its page map) |
 //! | 36 | 60 | reserved, zero |
 
 use std::cmp::Ordering;

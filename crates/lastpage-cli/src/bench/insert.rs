@@ -88,7 +88,7 @@ pub enum Remedy {
     Mod16,
     /// [`Remedy::Mod16`] and hash partitioning on ModValue into 16 partitions.
     Partition16,
-    /// 100-row statements (`Table::insert_batch`) instead of single-row inserts.
+    /// 100-row statements (`Table::insert_batch_values`) instead of single-row inserts.
     Batch100,
 }
 
@@ -602,11 +602,11 @@ pub struct InsertReport {
     pub elapsed_sec: f64,
     /// `rows / elapsed_sec`.
     pub rows_per_sec: f64,
-    /// Per-statement latency (`Table::insert`, or `Table::insert_batch` for batch100),
+    /// Per-statement latency (`Table::insert`, or `Table::insert_batch_values` for batch100),
     /// microseconds.
     pub latency_us: LatencyReport,
     /// What one latency sample is: `"row"` (a single-row insert) or `"statement"` (a
-    /// `rows_per_statement`-row `insert_batch`).
+    /// `rows_per_statement`-row `insert_batch_values`).
     pub latency_unit: &'static str,
     /// Every wait type with a nonzero count, plus PAGELATCH_EX/SH/UP, WRITELOG, LOGBUFFER,
     /// LCK_M_S and LCK_M_X always.
@@ -1028,7 +1028,7 @@ struct Worker {
     payload_column: usize,
     /// Rows to insert (a multiple of `rows_per_statement`).
     rows: u64,
-    /// 1: single-row `insert`; more: `insert_batch` statements of that many rows.
+    /// 1: single-row `insert`; more: `insert_batch_values` statements of that many rows.
     rows_per_statement: u64,
 }
 
