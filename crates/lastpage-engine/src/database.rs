@@ -18,8 +18,8 @@ use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
     DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES,
-    MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS,
-    WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
+    MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
+    RECOVERY_WRITE_BACK_PAUSE_MS, WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -1280,34 +1280,51 @@ impl Database {
     /// Adds a table whose trees already exist (from a checkpoint image).
     pub(crate) fn attach_table(&self, entry: &crate::catalog::CatalogEntry) -> Result<()> {
         let pool = &self.inner.pool;
-        let mut trees = entry.index_trees.iter().flat_map(|index| {
-            (0..index.index_id_per_partition.len()).map(move |partition| {
-                (
-                    index.index_id_per_partition[partition],
-                    index.root_per_partition.get(partition).copied(),
-                    index
-                        .rows_per_partition
-                        .get(partition)
-                        .copied()
-                        .unwrap_or(0),
-                    index
-                        .spare_leaves_per_partition
-                        .get(partition)
-                        .map_or(&[][..], Vec::as_slice),
-                )
-            })
-        });
+        let mut trees = entry
+            .index_trees
+            .iter()
+            .enumerate()
+            .flat_map(|(position, index)| {
+                (0..index.index_id_per_partition.len()).map(move |partition| {
+                    (
+                        (position, partition),
+                        index.index_id_per_partition[partition],
+                        index.root_per_partition.get(partition).copied(),
+                        index
+                            .rows_per_partition
+                            .get(partition)
+                            .copied()
+                            .unwrap_or(0),
+                        index
+                            .spare_leaves_per_partition
+                            .get(partition)
+                            .map_or(&[][..], Vec::as_slice),
+                    )
+                })
+            });
         let table = Table::create(
             self.inner.instance,
             entry.table_id,
             entry.definition.clone(),
             &mut |options| {
-                let Some((index_id, Some(root), rows, spare_leaves)) = trees.next() else {
+                let Some(((position, partition), index_id, Some(root), rows, spare_leaves)) =
+                    trees.next()
+                else {
                     return Err(EngineError::Storage(format!(
                         "the catalog entry of table {} lists fewer trees than its indexes need",
                         entry.table_id
                     )));
                 };
+                // A count no tree can reach is damage: the tree's counter counts in an i64,
+                // and one seeded near its end wrapped on the next insert (the table then read
+                // as empty).
+                if rows > MAX_TREE_ROWS {
+                    return Err(EngineError::CorruptCatalog(format!(
+                        "index {position} of table '{}', partition {partition}, has a row count \
+                         of {rows}, more than a tree can hold ({MAX_TREE_ROWS})",
+                        entry.definition.name
+                    )));
+                }
                 let tree = lastpage_storage::btree::BTree::open(
                     Arc::clone(pool),
                     index_id,

@@ -954,8 +954,9 @@ impl Table {
 
     /// Rows in the table. Exact when no write is in flight.
     pub fn row_count(&self) -> u64 {
-        // Saturating: each tree's count starts from the catalog, which damage can make as
-        // large as a u64 (a plain sum of three partitions' overflowed).
+        // Saturating, though the open refuses a count above `limits::MAX_TREE_ROWS` (far
+        // from overflowing this sum): a plain sum of forged counts overflowed before it did,
+        // and a wrong count must never be a panic.
         self.clustered
             .trees
             .iter()

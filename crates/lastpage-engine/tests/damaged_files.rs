@@ -657,12 +657,14 @@ fn a_catalog_whose_table_or_index_ids_are_used_up_refuses_new_tables_without_pan
     }
 }
 
-/// A catalog whose row counts are as large as a u64 can be (checksums valid) opens, and
-/// counting the rows does not panic. The counts were summed with `+`: over the partitions of
-/// a table (u64) and over a tree's counter stripes (i64), both overflowing.
+/// A catalog whose row counts no tree can hold (checksums valid) is refused with an error
+/// naming the table and the partition, and one at the most a tree can hold opens and counts
+/// on without wrapping. A tree's counter counts in an i64 and was seeded from the catalog as
+/// it was: a count near `i64::MAX` wrapped on the next insert, and the table read as empty.
 #[test]
-fn a_catalog_with_absurd_row_counts_does_not_panic_counting_rows() {
+fn a_catalog_with_absurd_row_counts_is_refused() {
     use lastpage_engine::catalog::Catalog;
+    use lastpage_storage::limits::MAX_TREE_ROWS;
     let fs = FaultyFileSystem::new(FaultyConfig::new(8));
     let db = Database::open(DIR, options(&fs)).unwrap();
     let table = db
@@ -675,38 +677,62 @@ fn a_catalog_with_absurd_row_counts_does_not_panic_counting_rows() {
         .unwrap();
     drop(table);
     db.close().unwrap();
-    rewrite_catalog(&fs, |blob| {
-        let mut catalog = Catalog::decode(blob).unwrap();
-        for trees in &mut catalog.tables[0].index_trees {
-            trees.rows_per_partition.fill(u64::MAX);
-        }
-        *blob = catalog.encode().unwrap();
-    });
-    let count = || {
-        let db = Database::open(DIR, options(&fs)).unwrap();
-        let table = db.table("Spread").unwrap();
-        let before = table.row_count();
-        // A row inserted by another thread is counted in another stripe of its tree's counter.
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    table
-                        .insert(&db.session(), InsertRow::new().set(0, 3i64))
-                        .unwrap();
-                    table.row_count()
-                })
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        });
-        (before, table.row_count())
+    let mut original = None;
+    rewrite_catalog(&fs, |blob| original = Some(Catalog::decode(blob).unwrap()));
+    let original = original.unwrap();
+    // Only the last partition's count is forged: the error must name it.
+    let with_rows = |rows: u64| {
+        let mut catalog = original.clone();
+        *catalog.tables[0].index_trees[0]
+            .rows_per_partition
+            .last_mut()
+            .unwrap() = rows;
+        let bytes = catalog.encode().unwrap();
+        rewrite_catalog(&fs, |blob| *blob = bytes);
     };
-    match catch_unwind(AssertUnwindSafe(count)) {
-        Err(panic) => panic!("counting the rows panicked: {}", panic_message(panic)),
-        // Three trees of i64::MAX rows each (a tree counts in an i64); the insert may wrap
-        // the stripe it lands on, which only lowers its tree's count.
-        Ok((before, after)) => {
-            assert_eq!(before, u64::MAX);
-            assert!(after >= 2 * i64::MAX as u64, "{after}");
+    for rows in [
+        u64::MAX,
+        i64::MAX as u64 + 1,
+        i64::MAX as u64,
+        i64::MAX as u64 - 1,
+        MAX_TREE_ROWS + 1,
+    ] {
+        with_rows(rows);
+        match catch_unwind(AssertUnwindSafe(|| Database::open(DIR, options(&fs)))) {
+            Err(panic) => panic!(
+                "row count {rows}: the open panicked: {}",
+                panic_message(panic)
+            ),
+            Ok(Ok(db)) => panic!(
+                "a catalog with a row count of {rows} was accepted; the table counts {} rows",
+                db.table("Spread").unwrap().row_count()
+            ),
+            Ok(Err(error)) => {
+                let error = error.to_string();
+                assert!(
+                    error.contains("catalog")
+                        && error.contains("'Spread', partition 2")
+                        && error.contains(&format!("row count of {rows}")),
+                    "unclear error: {error}"
+                );
+            }
         }
     }
+    // The largest count a tree can hold opens, and rows inserted by this thread and by another
+    // (each adds to its own stripe of the tree's counter) count on from it.
+    with_rows(MAX_TREE_ROWS);
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    let table = db.table("Spread").unwrap();
+    assert_eq!(table.row_count(), MAX_TREE_ROWS);
+    let insert = |id: i64| {
+        table
+            .insert(&db.session(), InsertRow::new().set(0, id))
+            .unwrap()
+    };
+    // Id 2 goes to the last partition, whose count was forged (partition = id modulo 3).
+    insert(2);
+    std::thread::scope(|scope| {
+        scope.spawn(|| insert(5)).join().unwrap();
+    });
+    assert_eq!(table.row_count(), MAX_TREE_ROWS + 2);
 }

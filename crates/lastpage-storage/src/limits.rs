@@ -29,6 +29,16 @@ pub const INNER_RECORD_HEADER_BYTES: usize = 6;
 /// Bytes of a page usable for slots and records.
 pub const PAGE_BODY_BYTES: usize = PAGE_SIZE_BYTES - PAGE_HEADER_BYTES;
 
+/// The most rows one leaf page can hold: every row takes at least its slot and its record
+/// header, even with an empty key and an empty value. A bound, not a capacity anyone reaches.
+pub const MAX_LEAF_ROWS: u64 = (PAGE_BODY_BYTES / (SLOT_BYTES + LEAF_RECORD_HEADER_BYTES)) as u64;
+
+/// The most rows (index entries) one B+tree can hold: [`MAX_LEAF_ROWS`] on every page a pool can
+/// have. The engine's open refuses a catalog's row count above it as damage: a tree's row
+/// counter is an i64 (see `btree::StripedCounter`), and a count restored from a forged catalog
+/// near `i64::MAX` wrapped on the next insert, so that the table then read as empty.
+pub const MAX_TREE_ROWS: u64 = MAX_POOL_PAGES as u64 * MAX_LEAF_ROWS;
+
 /// Most pages one buffer pool can address (128 GiB of 8 KiB pages): the page table is a
 /// two-level array of `PAGE_TABLE_CHUNK_PAGES`-entry chunks.
 pub const MAX_PAGES: usize = 1 << 24;
@@ -160,6 +170,9 @@ const _: () =
     assert!(3 * (MAX_KEY_BYTES + INNER_RECORD_HEADER_BYTES + SLOT_BYTES) <= PAGE_BODY_BYTES);
 const _: () = assert!(MAX_KEY_BYTES + LEAF_RECORD_HEADER_BYTES <= MAX_RECORD_BYTES);
 const _: () = assert!(MAX_PAGES.is_multiple_of(PAGE_TABLE_CHUNK_PAGES));
+// A tree's row counter starts at most at `MAX_TREE_ROWS` and each row added is on a page, so
+// it stays far from the end of its i64 range.
+const _: () = assert!(MAX_TREE_ROWS <= i64::MAX as u64 / 1024);
 // A backoff round shifts a `u32` by at most these.
 const _: () = assert!(LATCH_SPIN_MAX_PAUSE_LOG2 < 32 && BRIEF_SPIN_MAX_PAUSE_LOG2 < 32);
 

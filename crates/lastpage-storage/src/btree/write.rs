@@ -43,8 +43,9 @@ impl StripedCounter {
     }
 
     /// The sum of all stripes, clamped to the range of an i64. Exact when no add is in flight.
-    /// Added up wide: a tree's row count starts from the catalog, which damage can make as
-    /// large as an i64, and one more row in another stripe overflowed a plain sum.
+    /// Added up wide: a tree's row count starts from what its caller recorded (the engine's
+    /// open refuses a catalog's above `limits::MAX_TREE_ROWS`, but `BTree::open` takes any u64),
+    /// and one more row in another stripe overflowed a plain sum of a count near `i64::MAX`.
     pub fn sum(&self) -> i64 {
         let sum: i128 = self
             .stripes
