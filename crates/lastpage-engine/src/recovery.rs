@@ -261,11 +261,49 @@ fn tree_map(db: &Database) -> HashMap<u32, (Arc<Table>, usize)> {
     map
 }
 
+/// Refuses a create-table record whose table id or index ids a live table already uses. Ids
+/// only grow, so a real log never names one twice; a forged record that did would have the
+/// replay send the live table's logged changes to whichever table its id map held last.
+fn refuse_ids_in_use(db: &Database, entry: &CatalogEntry, lsn: u64) -> Result<()> {
+    let created: std::collections::HashSet<u32> = entry.index_ids().collect();
+    for table in db.tables() {
+        let mut clashes = Vec::new();
+        if table.id() == entry.table_id {
+            clashes.push(format!("table id {}", entry.table_id));
+        }
+        let mut shared: Vec<u32> = table
+            .index_ids()
+            .filter(|id| created.contains(id))
+            .collect();
+        shared.sort_unstable();
+        if !shared.is_empty() {
+            clashes.push(format!("index ids {shared:?}"));
+        }
+        if !clashes.is_empty() {
+            return Err(corrupt(
+                lsn,
+                format!(
+                    "a create-table record for table '{}' names {}, which live table '{}' \
+                     already uses",
+                    entry.definition.name,
+                    clashes.join(" and "),
+                    table.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn apply_schema(db: &Database, description: &[u8], lsn: u64) -> Result<()> {
     match description.split_first() {
         Some((&SCHEMA_CREATE, rest)) => {
-            let catalog = Catalog::decode(rest)?;
+            // The description's own check refuses ids it names twice.
+            let catalog = Catalog::decode(rest).map_err(|error| {
+                corrupt(lsn, format!("a malformed create-table record: {error}"))
+            })?;
             for entry in &catalog.tables {
+                refuse_ids_in_use(db, entry, lsn)?;
                 db.recreate_table(entry)?;
             }
             Ok(())

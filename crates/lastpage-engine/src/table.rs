@@ -2704,6 +2704,12 @@ impl Table {
         std::iter::once(&self.clustered).chain(&self.nonclustered)
     }
 
+    /// The index id of every tree of every index (log records name trees by it).
+    pub(crate) fn index_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.indexes()
+            .flat_map(|index| index.trees.iter().map(BTree::index_id))
+    }
+
     /// Takes every tree out of a dropped table that nothing else uses (`&mut` proves it), for
     /// its pages to be freed (see `Database::reclaim_dropped_tables`). The table is left with
     /// no trees and is not used again.

@@ -736,3 +736,138 @@ fn a_catalog_with_absurd_row_counts_is_refused() {
     });
     assert_eq!(table.row_count(), MAX_TREE_ROWS + 2);
 }
+
+/// Rewrites the log's last create-table record with `change`, applied to the one-table catalog
+/// it holds (ids only, so that the record keeps its length), every checksum fixed.
+fn rewrite_last_create_record(
+    fs: &FaultyFileSystem,
+    change: impl FnOnce(&mut lastpage_engine::catalog::Catalog),
+) {
+    use lastpage_engine::catalog::Catalog;
+    // A schema record's payload is its description's length (u32) and the description: the
+    // create tag (1), then a one-table catalog.
+    rewrite_last_log_record(fs, 10, |record| {
+        let len = u32_at(record, 24) as usize;
+        assert_eq!(
+            record[28], 1,
+            "the last schema record is no create-table record"
+        );
+        let blob = &mut record[29..28 + len];
+        let mut catalog = Catalog::decode(blob).unwrap();
+        change(&mut catalog);
+        let mut bytes = catalog.encode().unwrap();
+        assert_eq!(bytes.len(), blob.len());
+        // An index id placed at `STAND_IN` (which encoding accepts) becomes the table's
+        // clustered index id: a duplicate, which encoding would refuse.
+        let clustered = catalog.tables[0].index_trees[0].index_id_per_partition[0];
+        if let Some(at) = bytes
+            .windows(4)
+            .position(|window| window == STAND_IN.to_le_bytes())
+        {
+            bytes[at..at + 4].copy_from_slice(&clustered.to_le_bytes());
+            let covered = bytes.len() - 4;
+            let crc = crc32c::crc32c(&bytes[..covered]);
+            bytes[covered..].copy_from_slice(&crc.to_le_bytes());
+        }
+        blob.copy_from_slice(&bytes);
+    });
+}
+
+/// An index id that `rewrite_last_create_record` replaces with the clustered one's.
+const STAND_IN: u32 = 0x5EED_1C00;
+
+/// A crashed database whose log creates 'Orders' (one row) and then 'Other' (one row), with
+/// no checkpoint after them, so that the open replays both creations.
+fn two_tables_in_the_log() -> FaultyFileSystem {
+    let (fs, db) = database_with_one_row(9);
+    let other = db
+        .create_table(
+            TableDef::new("Other")
+                .column(ColumnDef::new("Id", DataType::BigInt).not_null())
+                .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
+                .clustered(IndexDef::new("PK_Other", &["Id"], Uniqueness::PrimaryKey))
+                .nonclustered(IndexDef::new(
+                    "IX_Other",
+                    &["Payload"],
+                    Uniqueness::NonUnique,
+                )),
+        )
+        .unwrap();
+    let session = db.session();
+    other
+        .insert(&session, InsertRow::new().set(0, 7i64).set(1, "other"))
+        .unwrap();
+    db.table("Orders")
+        .unwrap()
+        .insert(&session, InsertRow::new().set(0, 2i64).set(1, payload(2)))
+        .unwrap();
+    let fs = fs.crash_with(CrashMode::LoseUnsynced);
+    drop((other, session, db));
+    fs
+}
+
+/// A create-table record forged (checksums valid) to name the table id or an index id of a
+/// table already live at that point of the replay is refused with an error naming the ids,
+/// and so is one naming an index id twice. The replay created the table anyway, and its id
+/// maps then sent the live table's logged changes to whichever table they held last, mixing
+/// the tables' rows; only the checkpoint ending the open failed, blaming the catalog's encoder
+/// ('The catalog cannot be encoded: index id 1 is used twice') rather than the log.
+#[test]
+fn a_create_table_record_naming_ids_in_use_is_refused() {
+    // The original log replays: 'Orders' then 'Other', each with its rows.
+    let fs = two_tables_in_the_log();
+    let db = Database::open(DIR, options(&fs)).unwrap();
+    assert_eq!(db.table("Orders").unwrap().row_count(), 2);
+    assert_eq!(db.table("Other").unwrap().row_count(), 1);
+    drop(db);
+    // 'Orders' took the first table id and index id, 'Other' the next ones (ids only grow).
+    type Forgery = fn(&mut lastpage_engine::catalog::Catalog);
+    let forgeries: [(&str, Forgery, &str); 4] = [
+        (
+            "the clustered index id of 'Orders'",
+            |catalog| catalog.tables[0].index_trees[0].index_id_per_partition[0] -= 1,
+            "index ids [",
+        ),
+        (
+            "for its nonclustered index, the clustered index id of 'Orders'",
+            |catalog| catalog.tables[0].index_trees[1].index_id_per_partition[0] -= 2,
+            "index ids [",
+        ),
+        (
+            "the table id of 'Orders'",
+            |catalog| catalog.tables[0].table_id -= 1,
+            "table id ",
+        ),
+        (
+            "its own clustered index id twice",
+            |catalog| {
+                catalog.next_index_id = STAND_IN + 1;
+                catalog.tables[0].index_trees[1].index_id_per_partition[0] = STAND_IN;
+            },
+            "used twice",
+        ),
+    ];
+    for (what, forge, expected) in forgeries {
+        let fs = two_tables_in_the_log();
+        rewrite_last_create_record(&fs, forge);
+        match catch_unwind(AssertUnwindSafe(|| Database::open(DIR, options(&fs)))) {
+            Err(panic) => panic!("{what}: the open panicked: {}", panic_message(panic)),
+            Ok(Ok(db)) => panic!(
+                "a create-table record naming {what} was accepted: 'Orders' holds {} rows, \
+                 'Other' {}",
+                db.table("Orders").unwrap().row_count(),
+                db.table("Other").unwrap().row_count()
+            ),
+            Ok(Err(error)) => {
+                let error = error.to_string();
+                println!("{what}: {error}");
+                assert!(
+                    error.contains("recovery cannot continue")
+                        && error.contains("create-table record")
+                        && error.contains(expected),
+                    "{what}: unclear error: {error}"
+                );
+            }
+        }
+    }
+}
