@@ -261,8 +261,9 @@ pub struct DurableArgs {
           value_parser = clap::value_parser!(u64).range(2..=100_000))]
     pub batch_rows: u64,
     /// Directory for the databases (a fresh subdirectory is created in it and removed at the
-    /// end). Default: the system's temporary directory. Put it on the disk you want to measure:
-    /// on tmpfs an fdatasync costs nothing.
+    /// end; a DIR that does not exist is created and, left empty, removed too). Default: the
+    /// system's temporary directory. Put it on the disk you want to measure: on tmpfs an
+    /// fdatasync costs nothing.
     #[arg(long, value_name = "DIR")]
     pub db: Option<PathBuf>,
     /// A smoke run: 0.3 s per cell at 1 and 4 threads, batches of 100 rows.
@@ -315,7 +316,8 @@ pub struct RecoveryArgs {
     #[arg(long, default_value_t = 4096, value_name = "M",
           value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub memory_mb: u64,
-    /// Directory for the database (a fresh subdirectory is created in it). Default: the
+    /// Directory for the database (a fresh subdirectory is created in it; a DIR that does not
+    /// exist is created, and removed at the end with it unless --keep). Default: the
     /// system's temporary directory. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
     pub db: Option<PathBuf>,
@@ -369,7 +371,8 @@ pub struct CheckpointArgs {
           value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub baseline_ms: u64,
     /// Directory for the database (a fresh subdirectory is created in it and removed at the
-    /// end). Default: the system's temporary directory. Put it on the disk you want to measure.
+    /// end; a DIR that does not exist is created and, left empty, removed too). Default: the
+    /// system's temporary directory. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
     pub db: Option<PathBuf>,
     /// A smoke run: 16 MiB of log, a 200 ms baseline.

@@ -598,10 +598,11 @@ impl Scratch {
         self.0.join(child).display().to_string()
     }
 
-    /// Asserts that `what` (a bench, which removes its run's files at the end) left nothing here.
+    /// Asserts that `what` (a bench, which removes its run's files at the end) left nothing here,
+    /// and kept the directory itself, which was there before it.
     fn assert_left_empty(&self, what: &str) {
         let left: Vec<_> = std::fs::read_dir(&self.0)
-            .expect("read the scratch directory")
+            .unwrap_or_else(|error| panic!("{what} did not keep its --db directory: {error}"))
             .collect();
         assert!(left.is_empty(), "{what} left files behind");
     }
@@ -660,14 +661,12 @@ fn durable_insert_reports_group_commit() {
 /// Runs `lastpage bench <bench> --quick --json --db <scratch>`, which must succeed, and returns
 /// its output and its JSON report.
 fn quick_bench(bench: &str, scratch: &Scratch) -> (Output, Value) {
-    let output = lastpage(&[
-        "bench",
-        bench,
-        "--quick",
-        "--json",
-        "--db",
-        &scratch.path(""),
-    ]);
+    quick_bench_in(bench, &scratch.path(""))
+}
+
+/// Runs `lastpage bench <bench> --quick --json --db <db>`, as [`quick_bench`] does.
+fn quick_bench_in(bench: &str, db: &str) -> (Output, Value) {
+    let output = lastpage(&["bench", bench, "--quick", "--json", "--db", db]);
     assert!(
         output.status.success(),
         "bench {bench} failed: {}\nstdout: {}",
@@ -1046,4 +1045,44 @@ fn checkpoint_bench_times_a_writer_through_a_checkpoint() {
     }
     assert!(report["throughput_ratio"].is_number(), "{report}");
     scratch.assert_left_empty("bench checkpoint");
+}
+
+/// A `--db` that does not exist is created with its missing parents, and the bench removes
+/// them again at the end; a `--db` that existed is kept. Only the run's own subdirectory was
+/// removed: `bench durable --db a/b` left `a` and `a/b` behind, empty.
+#[test]
+fn benches_remove_the_directories_they_created_and_keep_the_others() {
+    let scratch = Scratch::new("created-dirs");
+    for bench in ["durable", "checkpoint", "recovery"] {
+        let output = lastpage(&[
+            "bench",
+            bench,
+            "--quick",
+            "--json",
+            "--db",
+            &scratch.path("new/nested"),
+        ]);
+        assert!(
+            output.status.success(),
+            "bench {bench} failed: {}",
+            text(&output.stderr)
+        );
+        scratch.assert_left_empty(&format!("bench {bench} --db <new>/nested"));
+    }
+    // A `--db` that was there, empty, is kept (the other bench tests run in one that holds
+    // nothing either; here it is the directory named, not its parent).
+    std::fs::create_dir(scratch.0.join("kept")).expect("create kept");
+    quick_bench_in("durable", &scratch.path("kept"));
+    let left: Vec<_> = std::fs::read_dir(&scratch.0)
+        .expect("read the scratch directory")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, ["kept"], "bench durable --db <existing>");
+    assert!(
+        std::fs::read_dir(scratch.0.join("kept"))
+            .expect("kept is kept")
+            .next()
+            .is_none(),
+        "bench durable left files in --db"
+    );
 }

@@ -22,7 +22,7 @@ use hdrhistogram::Histogram;
 use lastpage_engine::{Database, InsertRow, Table};
 use serde::Serialize;
 
-use super::durable::{ROW_BYTES, remove_dir, run_directory, verify_lastpage};
+use super::durable::{ROW_BYTES, run_directory, verify_lastpage};
 use super::insert::{BenchError, InsertConfig, Workload, round3, round6};
 use super::recovery::{LoadReport, MIB, load, memory_budget_bytes};
 use super::render::{machine, number, run_footer, table, thousands};
@@ -124,17 +124,18 @@ pub fn run_checkpoint(config: &CheckpointConfig) -> Result<CheckpointReport, Ben
         automatic_checkpoints: false,
         ..OpenSettings::new(Durability::Full)
     };
-    let dir = run_directory(config.db.as_deref(), "checkpoint")?;
+    let run = run_directory(config.db.as_deref(), "checkpoint")?;
+    let db_dir = run.path().display().to_string();
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
-    let result = load_and_measure(config, settings, &dir);
-    remove_dir(&dir);
+    let result = load_and_measure(config, settings, run.path());
+    run.remove();
     let (load, checkpoint, baseline, during, verified) = result?;
     let (_, other_cpu_load_percent) = cpu_load.finish();
     Ok(CheckpointReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
         cpu_model: sys::cpu_model(),
-        db_dir: dir.display().to_string(),
+        db_dir,
         row_bytes: ROW_BYTES,
         writer_statement_rows: WRITER_STATEMENT_ROWS,
         load,

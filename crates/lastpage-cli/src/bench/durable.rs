@@ -743,23 +743,72 @@ pub(super) fn remove_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The directory a run's databases go in, with the directories made for it, so that removing
+/// it leaves the file system as the run found it.
+pub(super) struct RunDirectory {
+    path: PathBuf,
+    /// The directories `run_directory` created, the run's own first and then each missing
+    /// parent outwards (a `--db` that did not exist, and its missing parents).
+    created: Vec<PathBuf>,
+}
+
+impl RunDirectory {
+    /// The run's own directory.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the run's directory with everything in it, then each directory created for it
+    /// that is empty by then, innermost first. A directory that existed before the run is
+    /// kept, and so is one created for it that something else has since put a file in.
+    pub(super) fn remove(self) {
+        remove_dir(&self.path);
+        remove_created(&self.created);
+    }
+}
+
+/// Removes the directories in `created` (innermost first) while they are empty: the first
+/// that is not stops it, since its parents then are not empty either. One that is not there
+/// (the run's own, removed already, or one a failed creation never made) is passed over.
+fn remove_created(created: &[PathBuf]) {
+    for dir in created {
+        match std::fs::remove_dir(dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => break,
+            _ => {}
+        }
+    }
+}
+
 /// The directory the run's databases go in: a new subdirectory of `--db` (or of the system's
 /// temporary directory), so that nothing already there is touched. `bench` names the
-/// benchmark in the directory's name (`durable`, `recovery`).
-pub(super) fn run_directory(base: Option<&Path>, bench: &str) -> Result<PathBuf, BenchError> {
+/// benchmark in the directory's name (`durable`, `recovery`). A `--db` that does not exist is
+/// created, with its missing parents, and [`RunDirectory::remove`] removes them again.
+pub(super) fn run_directory(base: Option<&Path>, bench: &str) -> Result<RunDirectory, BenchError> {
     let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis())
         .unwrap_or(0);
-    let dir = base.join(format!(
+    let path = base.join(format!(
         "lastpage-bench-{bench}-{}-{stamp}",
         std::process::id()
     ));
-    std::fs::create_dir_all(&dir).map_err(|error| {
-        BenchError::InvalidConfig(format!("cannot create {}: {error}", dir.display()))
-    })?;
-    Ok(dir)
+    // Noted before they are made: afterwards nothing tells them from directories that were
+    // there. (A relative `--db` ends in the empty path, which is never created.)
+    let created: Vec<PathBuf> = path
+        .ancestors()
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    if let Err(error) = std::fs::create_dir_all(&path) {
+        // The parents it made before it failed go too.
+        remove_created(&created);
+        return Err(BenchError::InvalidConfig(format!(
+            "cannot create {}: {error}",
+            path.display()
+        )));
+    }
+    Ok(RunDirectory { path, created })
 }
 
 /// Runs the whole comparison.
@@ -784,18 +833,20 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
     } else {
         config.threads.iter().copied().max()
     };
-    let dir = run_directory(config.db.as_deref(), "durable")?;
+    let run = run_directory(config.db.as_deref(), "durable")?;
+    let dir = run.path();
+    let db_dir = dir.display().to_string();
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
-    let result = disk::measure(&dir, config.seconds).and_then(|disk| {
+    let result = disk::measure(dir, config.seconds).and_then(|disk| {
         // One thread never parks (it leads every turn): nothing to measure.
         let wakeups = judged_threads
             .filter(|&threads| threads > 1)
             .map(|threads| wakeups::measure(threads, config.seconds.min(WAKEUP_PROBE_SECONDS)))
             .transpose()?;
-        run_cells(config, budget, &dir).map(|cells| (disk, wakeups, cells))
+        run_cells(config, budget, dir).map(|cells| (disk, wakeups, cells))
     });
-    remove_dir(&dir);
+    run.remove();
     let (disk, wakeups, cells) = result?;
     let (_, other_cpu_load_percent) = cpu_load.finish();
 
@@ -856,7 +907,7 @@ pub fn run_durable(config: &DurableConfig) -> Result<DurableReport, BenchError> 
     Ok(DurableReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
         cpu_model: sys::cpu_model(),
-        db_dir: dir.display().to_string(),
+        db_dir,
         seconds_per_cell: config.rows.is_none().then_some(config.seconds),
         rows_per_cell: config.rows,
         batch_rows: config.batch_rows,
@@ -1162,12 +1213,13 @@ mod tests {
 
     #[test]
     fn sqlite_cells_verify() {
-        let dir = run_directory(None, "durable").expect("dir");
+        let run = run_directory(None, "durable").expect("dir");
+        let dir = run.path();
         let budget = Budget {
             seconds: 10.0,
             rows: Some(40),
         };
-        let device = sys::BlockDevice::of(&dir);
+        let device = sys::BlockDevice::of(dir);
         let cell =
             sqlite_cell(&dir.join("s.db"), device.as_ref(), 4, budget, 1).expect("autocommit");
         assert_eq!(
@@ -1187,6 +1239,6 @@ mod tests {
             (cell.rows, cell.commits, cell.verified.as_str()),
             (40, 2, "ok")
         );
-        remove_dir(&dir);
+        run.remove();
     }
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 use lastpage_engine::{Database, Direction, InsertRow, KeyRange, Table};
 use serde::Serialize;
 
-use super::durable::{ROW_BYTES, remove_dir, run_directory, verify_lastpage};
+use super::durable::{ROW_BYTES, run_directory, verify_lastpage};
 use super::insert::{BenchError, InsertConfig, Workload, round3, round6};
 use super::render::{machine, number, run_footer, table, thousands};
 use crate::durable::{self, Durability, OpenSettings};
@@ -173,19 +173,21 @@ pub fn run_recovery(config: &RecoveryConfig) -> Result<RecoveryReport, BenchErro
         automatic_checkpoints: false,
         ..OpenSettings::new(Durability::Full)
     };
-    let dir = run_directory(config.db.as_deref(), "recovery")?;
+    let run = run_directory(config.db.as_deref(), "recovery")?;
+    let db_dir = run.path().display().to_string();
     let started = Instant::now();
     let cpu_load = sys::LoadProbe::start();
-    let result = load_crash_recover(config, settings, &dir);
+    let result = load_crash_recover(config, settings, run.path());
+    // A kept database keeps the directories made for it too.
     if !config.keep {
-        remove_dir(&dir);
+        run.remove();
     }
     let (load, recovery, verification) = result?;
     let (_, other_cpu_load_percent) = cpu_load.finish();
     Ok(RecoveryReport {
         cpus: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
         cpu_model: sys::cpu_model(),
-        db_dir: dir.display().to_string(),
+        db_dir,
         kept: config.keep,
         log_target_bytes: config.log_mb * MIB,
         memory_budget_bytes: memory_budget_bytes as u64,
