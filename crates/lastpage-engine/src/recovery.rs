@@ -32,7 +32,7 @@ use lastpage_io::FileSystem;
 use lastpage_storage::limits::MAX_TXN_ID;
 use lastpage_storage::wal::{LogReader, Lsn, RawRecord, Record};
 
-use crate::catalog::{Catalog, CatalogEntry, insert_path_of_tag, insert_path_tag};
+use crate::catalog::{Catalog, CatalogEntry, insert_path_of_tag, insert_path_tag, table_name_key};
 use crate::database::Database;
 use crate::error::{EngineError, Result};
 use crate::schema::IndexOptions;
@@ -261,12 +261,25 @@ fn tree_map(db: &Database) -> HashMap<u32, (Arc<Table>, usize)> {
     map
 }
 
-/// Refuses a create-table record whose table id or index ids a live table already uses. Ids
-/// only grow, so a real log never names one twice; a forged record that did would have the
-/// replay send the live table's logged changes to whichever table its id map held last.
+/// Refuses a create-table record whose table id, index ids or name a live table already uses.
+/// Ids only grow, so a real log never names one twice; a forged record that did would have the
+/// replay send the live table's logged changes to whichever table its id map held last. And a
+/// real log drops a table before it creates another of the same name; a forged record that
+/// did not would replace the live table, and its rows with it.
 fn refuse_ids_in_use(db: &Database, entry: &CatalogEntry, lsn: u64) -> Result<()> {
     let created: std::collections::HashSet<u32> = entry.index_ids().collect();
+    let name = table_name_key(&entry.definition.name);
     for table in db.tables() {
+        if table_name_key(table.name()) == name {
+            return Err(corrupt(
+                lsn,
+                format!(
+                    "a create-table record for table '{}' reuses the name of live table '{}'",
+                    entry.definition.name,
+                    table.name()
+                ),
+            ));
+        }
         let mut clashes = Vec::new();
         if table.id() == entry.table_id {
             clashes.push(format!("table id {}", entry.table_id));

@@ -776,13 +776,14 @@ fn rewrite_last_create_record(
 /// An index id that `rewrite_last_create_record` replaces with the clustered one's.
 const STAND_IN: u32 = 0x5EED_1C00;
 
-/// A crashed database whose log creates 'Orders' (one row) and then 'Other' (one row), with
-/// no checkpoint after them, so that the open replays both creations.
+/// A crashed database whose log creates 'Orders' (one row) and then 'Others' (one row), with
+/// no checkpoint after them, so that the open replays both creations. (The names are of one
+/// length, so that a forgery can give the second the first's name and keep the record's.)
 fn two_tables_in_the_log() -> FaultyFileSystem {
     let (fs, db) = database_with_one_row(9);
     let other = db
         .create_table(
-            TableDef::new("Other")
+            TableDef::new("Others")
                 .column(ColumnDef::new("Id", DataType::BigInt).not_null())
                 .column(ColumnDef::new("Payload", DataType::VarChar(100)).not_null())
                 .clustered(IndexDef::new("PK_Other", &["Id"], Uniqueness::PrimaryKey))
@@ -808,21 +809,27 @@ fn two_tables_in_the_log() -> FaultyFileSystem {
 
 /// A create-table record forged (checksums valid) to name the table id or an index id of a
 /// table already live at that point of the replay is refused with an error naming the ids,
-/// and so is one naming an index id twice. The replay created the table anyway, and its id
+/// and so is one naming an index id twice, and one reusing a live table's name (which
+/// replaced that table, rows and all). The replay created the table anyway, and its id
 /// maps then sent the live table's logged changes to whichever table they held last, mixing
 /// the tables' rows; only the checkpoint ending the open failed, blaming the catalog's encoder
 /// ('The catalog cannot be encoded: index id 1 is used twice') rather than the log.
 #[test]
 fn a_create_table_record_naming_ids_in_use_is_refused() {
-    // The original log replays: 'Orders' then 'Other', each with its rows.
+    // The original log replays: 'Orders' then 'Others', each with its rows.
     let fs = two_tables_in_the_log();
     let db = Database::open(DIR, options(&fs)).unwrap();
     assert_eq!(db.table("Orders").unwrap().row_count(), 2);
-    assert_eq!(db.table("Other").unwrap().row_count(), 1);
+    assert_eq!(db.table("Others").unwrap().row_count(), 1);
     drop(db);
-    // 'Orders' took the first table id and index id, 'Other' the next ones (ids only grow).
+    // 'Orders' took the first table id and index id, 'Others' the next ones (ids only grow).
     type Forgery = fn(&mut lastpage_engine::catalog::Catalog);
-    let forgeries: [(&str, Forgery, &str); 4] = [
+    let forgeries: [(&str, Forgery, &str); 5] = [
+        (
+            "the name of 'Orders' (in other letter case)",
+            |catalog| catalog.tables[0].definition.name = "ORDERS".to_string(),
+            "reuses the name of live table 'Orders'",
+        ),
         (
             "the clustered index id of 'Orders'",
             |catalog| catalog.tables[0].index_trees[0].index_id_per_partition[0] -= 1,
@@ -853,10 +860,12 @@ fn a_create_table_record_naming_ids_in_use_is_refused() {
         match catch_unwind(AssertUnwindSafe(|| Database::open(DIR, options(&fs)))) {
             Err(panic) => panic!("{what}: the open panicked: {}", panic_message(panic)),
             Ok(Ok(db)) => panic!(
-                "a create-table record naming {what} was accepted: 'Orders' holds {} rows, \
-                 'Other' {}",
-                db.table("Orders").unwrap().row_count(),
-                db.table("Other").unwrap().row_count()
+                "a create-table record naming {what} was accepted; the tables and their rows: \
+                 {:?}",
+                db.tables()
+                    .iter()
+                    .map(|table| (table.name().to_string(), table.row_count()))
+                    .collect::<Vec<_>>()
             ),
             Ok(Err(error)) => {
                 let error = error.to_string();
