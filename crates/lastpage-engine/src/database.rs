@@ -327,8 +327,11 @@ impl Database {
         let io = |what: &str, error: std::io::Error| {
             EngineError::Storage(format!("{what} {}: {error}", dir.display()))
         };
-        fs.create_dir_all(&dir)
-            .map_err(|error| io("creating", error))?;
+        // The directory's name must be durable before any commit in it is acknowledged: a
+        // crash that lost it would lose the whole database. The log writer makes `wal/`
+        // durable in it, and the pool the data file, but nothing else synced its parent.
+        lastpage_io::create_dir_all_durable(fs.as_ref(), &dir)
+            .map_err(|error| io("creating and syncing", error))?;
         // One process, one handle: two writers of the same files would destroy each other's
         // checkpoint images and log. The lock lives as long as the database.
         let lock = fs

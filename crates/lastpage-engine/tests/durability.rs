@@ -3490,6 +3490,32 @@ fn a_full_disk_fails_the_commit_and_nothing_acknowledged_is_lost() {
     db.check_integrity().unwrap();
 }
 
+/// A new database's directory is as durable as the commits made in it. Before, the open
+/// created it and never synced its parent: the log writer made `wal/` durable inside it and
+/// the pool the data file, but a crash that lost the directory's own name (which no sync had
+/// made durable) lost the whole database with every acknowledged commit; a missing parent the
+/// open created was no better. The fault-injecting file system keeps a new directory's name
+/// only once its parent is synced, as a real one need not either.
+#[test]
+fn a_new_database_directory_survives_a_crash_with_its_acknowledged_commits() {
+    for dir in [DIR, "/srv/lastpage/db"] {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(31));
+        let db = Database::open(dir, options(&fs)).unwrap();
+        db.create_table(orders()).unwrap();
+        let session = db.session();
+        let acknowledged = insert_orders(&db, &session, 10);
+        let after = crash(&fs, CrashMode::LoseUnsynced, db, session, ());
+        assert!(
+            after.exists(Path::new(dir)).unwrap(),
+            "{dir}: the crash took the database's directory"
+        );
+        let rows = orders_rows(&Database::open(dir, options(&after)).unwrap());
+        for id in &acknowledged {
+            assert!(rows.contains_key(id), "{dir}: acknowledged {id} lost");
+        }
+    }
+}
+
 /// Table names differing only in the case of a non-ASCII letter are two tables, to the
 /// database and to its catalog alike. Before, the catalog's check folded all of Unicode and
 /// refused the pair, so every checkpoint failed and the database could not be opened again.

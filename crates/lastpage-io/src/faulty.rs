@@ -30,8 +30,11 @@
 //! reservation, `allocate`, fails whole), the Nth directory sync fails (making none of the
 //! directory's changes durable), and the Nth read fails.
 //!
-//! Directories are simplified: `create_dir_all` is durable at once, and only files have names
-//! that can be lost.
+//! Directories are simplified: they are only created (`create_dir_all`), never removed or
+//! renamed. A new directory's entry is durable, as a file's name is, only once its parent
+//! directory was synced ([`FileSystem::sync_dir`]); a crash before that keeps it or loses it,
+//! and with it everything under it. A directory without a parent (`/`, or the first component
+//! of a relative path) stands for the file system's mount point and is durable at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
@@ -242,6 +245,9 @@ struct State {
     /// Set by `crash`: every later operation fails.
     crashed: bool,
     dirs: BTreeSet<PathBuf>,
+    /// The directories whose entry is durable (see the module documentation); a subset of
+    /// `dirs`.
+    durable_dirs: BTreeSet<PathBuf>,
     names: BTreeMap<PathBuf, u64>,
     durable_names: BTreeMap<PathBuf, u64>,
     inodes: HashMap<u64, Inode>,
@@ -447,6 +453,7 @@ impl FaultyFileSystem {
                 rng: SplitMix64(config.seed),
                 crashed: false,
                 dirs: BTreeSet::new(),
+                durable_dirs: BTreeSet::new(),
                 names: BTreeMap::new(),
                 durable_names: BTreeMap::new(),
                 inodes: HashMap::new(),
@@ -528,12 +535,36 @@ impl FaultyFileSystem {
         state.crashed = true;
         let tear = self.inner.config.tear;
 
+        // Directories first: one whose entry is not durable is kept or lost, and a lost one
+        // takes everything under it along. A parent sorts before its children, so each
+        // directory's parent is decided before it. (No choice is drawn when every directory is
+        // durable, so that seeds keep their outcomes.)
+        let mut dirs = BTreeSet::new();
+        for dir in state.dirs.clone() {
+            let parent_kept = match dir.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => dirs.contains(parent),
+                _ => true,
+            };
+            let kept = parent_kept
+                && (state.durable_dirs.contains(&dir)
+                    || match mode {
+                        CrashMode::LoseUnsynced => false,
+                        CrashMode::KeepUnsynced => true,
+                        CrashMode::Random => state.rng.below(2) == 1,
+                    });
+            if kept {
+                dirs.insert(dir);
+            }
+        }
+        let in_kept_dir = |name: &PathBuf| name.parent().is_none_or(|parent| dirs.contains(parent));
+
         // The namespace: where the volatile and durable entries of a name differ, the crash
         // keeps one of them.
         let all_names: BTreeSet<PathBuf> = state
             .names
             .keys()
             .chain(state.durable_names.keys())
+            .filter(|name| in_kept_dir(name))
             .cloned()
             .collect();
         let mut names = BTreeMap::new();
@@ -589,7 +620,8 @@ impl FaultyFileSystem {
             State {
                 rng: SplitMix64(config.seed),
                 crashed: false,
-                dirs: state.dirs.clone(),
+                durable_dirs: dirs.clone(),
+                dirs,
                 durable_names: names.clone(),
                 names,
                 inodes,
@@ -865,8 +897,15 @@ impl FileSystem for FaultyFileSystem {
         let mut state = self.state();
         state.check_alive()?;
         for ancestor in path.ancestors() {
-            if !ancestor.as_os_str().is_empty() {
-                state.dirs.insert(ancestor.to_path_buf());
+            if !ancestor.as_os_str().is_empty() && state.dirs.insert(ancestor.to_path_buf()) {
+                // A directory without a parent stands for the mount point: durable at once.
+                // Any other is durable once its parent is synced.
+                if ancestor
+                    .parent()
+                    .is_none_or(|parent| parent.as_os_str().is_empty())
+                {
+                    state.durable_dirs.insert(ancestor.to_path_buf());
+                }
             }
         }
         Ok(())
@@ -907,6 +946,11 @@ impl FileSystem for FaultyFileSystem {
         for (name, inode) in &state.names {
             if name.parent() == Some(path) {
                 state.durable_names.insert(name.clone(), *inode);
+            }
+        }
+        for dir in &state.dirs {
+            if dir.parent() == Some(path) {
+                state.durable_dirs.insert(dir.clone());
             }
         }
         Ok(())

@@ -17,7 +17,8 @@
 //!   durable only after a later `sync_data` returned `Ok` (`fdatasync` flushes the metadata
 //!   needed to read the data back).
 //! - A newly created, renamed or removed name is durable only after [`FileSystem::sync_dir`] on
-//!   its parent directory returned `Ok`.
+//!   its parent directory returned `Ok`; so is a directory [`FileSystem::create_dir_all`] made,
+//!   and a crash that loses a directory's name loses everything under it.
 //! - After `sync_data` failed, nothing about the unsynced writes of that file is known: some may
 //!   be on disk, some may be lost forever, and (as Linux does since "fsyncgate") a *later*
 //!   `sync_data` may return `Ok` without having written them. Callers must treat a failed sync as
@@ -36,6 +37,29 @@ use std::path::{Path, PathBuf};
 pub use faulty::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FaultyStats, Tear};
 pub use power_cut::PowerCut;
 pub use std_fs::StdFileSystem;
+
+/// Creates the directory `path` and any missing parents, and makes their names durable: syncs
+/// the parent of `path`, and of every directory it created, before it returns. Without the
+/// syncs a crash could take the new directory, and every file made durable in it since, along
+/// with its name. The parent of `path` is synced even when `path` existed already: a process
+/// that created it may have stopped before its own sync. (A path's first component stands
+/// for a directory that exists already, the current one for a relative path.)
+pub fn create_dir_all_durable(fs: &dyn FileSystem, path: &Path) -> io::Result<()> {
+    let mut created = vec![path];
+    for ancestor in path.ancestors().skip(1) {
+        if ancestor.as_os_str().is_empty() || fs.exists(ancestor)? {
+            break;
+        }
+        created.push(ancestor);
+    }
+    fs.create_dir_all(path)?;
+    for dir in created {
+        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            fs.sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
 
 /// How [`FileSystem::open`] opens a file. Files are always opened for reading and writing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,7 +188,8 @@ pub trait FileSystem: Send + Sync + Debug {
     /// other shows.
     fn link_count(&self, path: &Path) -> io::Result<u64>;
 
-    /// Creates the directory `path` and any missing parents.
+    /// Creates the directory `path` and any missing parents. Each new directory's name is
+    /// durable only after [`FileSystem::sync_dir`] on its parent.
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
 
     /// The names (not full paths) of the files in directory `path`, sorted.

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 
 use lastpage_io::{
     CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, Tear,
+    create_dir_all_durable,
 };
 
 fn fs(seed: u64) -> FaultyFileSystem {
     println!("seed {seed}");
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    fs.create_dir_all(Path::new("/db")).unwrap();
+    create_dir_all_durable(&fs, Path::new("/db")).unwrap();
     fs
 }
 
@@ -91,7 +92,7 @@ fn random_crash_loses_applies_or_tears_each_unsynced_write_at_sector_boundaries(
     let mut outcomes = [0usize; 3];
     for seed in 0..200 {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Sectors(512)));
-        fs.create_dir_all(Path::new("/db")).unwrap();
+        create_dir_all_durable(&fs, Path::new("/db")).unwrap();
         let file = durable_file(&fs, "log", &[]);
         // One write of 2000 bytes at offset 100: sector boundaries inside it at 512, 1024, 1536 and 2048.
         file.write_all_at(100, &[0xAB; 2000]).unwrap();
@@ -121,7 +122,7 @@ fn byte_granular_tears_cut_anywhere_and_small_writes_within_a_sector_are_not_tor
     let mut cuts = std::collections::BTreeSet::new();
     for seed in 0..300 {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
-        fs.create_dir_all(Path::new("/db")).unwrap();
+        create_dir_all_durable(&fs, Path::new("/db")).unwrap();
         let file = durable_file(&fs, "log", &[]);
         file.write_all_at(0, &[7; 10]).unwrap();
         let bytes = read_all(&fs.crash(), "log").unwrap();
@@ -137,7 +138,7 @@ fn byte_granular_tears_cut_anywhere_and_small_writes_within_a_sector_are_not_tor
     // With sector tears, a write inside one sector is all or nothing.
     for seed in 0..100 {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-        fs.create_dir_all(Path::new("/db")).unwrap();
+        create_dir_all_durable(&fs, Path::new("/db")).unwrap();
         let file = durable_file(&fs, "log", &[]);
         file.write_all_at(10, &[7; 100]).unwrap();
         let bytes = read_all(&fs.crash(), "log").unwrap();
@@ -150,7 +151,7 @@ fn byte_granular_tears_cut_anywhere_and_small_writes_within_a_sector_are_not_tor
 fn crashes_are_deterministic_for_a_seed() {
     let run = |seed: u64| {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
-        fs.create_dir_all(Path::new("/db")).unwrap();
+        create_dir_all_durable(&fs, Path::new("/db")).unwrap();
         let file = durable_file(&fs, "log", &[]);
         for i in 0..20u8 {
             file.write_all_at(u64::from(i) * 7, &[i + 1; 9]).unwrap();
@@ -197,7 +198,8 @@ fn names_are_durable_only_after_sync_dir() {
     let crashed = fs.crash();
     assert_eq!(read_all(&crashed, "final").unwrap(), b"v2");
     assert!(!crashed.exists(&path("tmp")).unwrap());
-    assert_eq!(fs.stats().dir_syncs, 1);
+    // One of `/`, which made `/db` durable (see `fs`), and one of `/db`.
+    assert_eq!(fs.stats().dir_syncs, 2);
 }
 
 #[test]
@@ -295,6 +297,51 @@ fn allocate_extends_with_zeros_durably_only_after_sync_and_counts_against_the_di
     );
     file.allocate(9).unwrap();
     assert_eq!(file.len().unwrap(), 9);
+}
+
+/// A directory `create_dir_all` made is durable only once its parent is synced: a crash before
+/// that keeps it or loses it, and a lost directory takes its files along, synced names and
+/// contents included (on a real file system, the files of a directory whose name is lost are
+/// unreachable). `create_dir_all_durable` syncs the parents of every directory it made.
+#[test]
+fn a_new_directory_and_its_files_are_durable_only_once_its_parent_is_synced() {
+    let make = |seed: u64, durably: bool| {
+        println!("seed {seed}");
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        let dir = Path::new("/srv/db");
+        if durably {
+            create_dir_all_durable(&fs, dir).unwrap();
+        } else {
+            fs.create_dir_all(dir).unwrap();
+        }
+        let file = fs.open(&dir.join("f"), OpenOptions::create()).unwrap();
+        file.write_all_at(0, b"durable").unwrap();
+        file.sync_data().unwrap();
+        fs.sync_dir(dir).unwrap();
+        fs
+    };
+    let kept = |fs: &FaultyFileSystem| {
+        let db = fs.exists(Path::new("/srv/db")).unwrap();
+        let file = fs.exists(Path::new("/srv/db/f")).unwrap();
+        assert_eq!(db, file, "a file outlived its directory, or the reverse");
+        assert!(fs.exists(Path::new("/")).unwrap(), "the mount point went");
+        db
+    };
+    assert!(!kept(&make(1, false).crash_with(CrashMode::LoseUnsynced)));
+    assert!(kept(&make(1, false).crash_with(CrashMode::KeepUnsynced)));
+    let mut seen = [false; 2];
+    for seed in 0..32 {
+        seen[usize::from(kept(&make(seed, false).crash()))] = true;
+        assert!(kept(&make(seed, true).crash()), "seed {seed}");
+    }
+    assert_eq!(seen, [true, true]);
+    // Syncing the directory's parent later makes it durable too, and a second crash keeps it.
+    let fs = make(2, false);
+    fs.sync_dir(Path::new("/srv")).unwrap();
+    fs.sync_dir(Path::new("/")).unwrap();
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert!(kept(&crashed));
+    assert!(kept(&crashed.crash_with(CrashMode::LoseUnsynced)));
 }
 
 #[test]

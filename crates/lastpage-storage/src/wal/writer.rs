@@ -310,14 +310,11 @@ impl LogWriter {
     ) -> Result<LogWriter, WalError> {
         config.validate()?;
         let dir = dir.into();
-        fs.create_dir_all(&dir)
-            .map_err(|error| WalError::io(format!("creating {}", dir.display()), error))?;
         // The directory's own entry must be durable too, or a crash could take every segment
         // with it.
-        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            fs.sync_dir(parent)
-                .map_err(|error| WalError::io(format!("fsync of {}", parent.display()), error))?;
-        }
+        lastpage_io::create_dir_all_durable(fs.as_ref(), &dir).map_err(|error| {
+            WalError::io(format!("creating and syncing {}", dir.display()), error)
+        })?;
         let recovered = recover_end(&fs, &dir, &config, expected)?;
         let dir: StdArc<Path> = StdArc::from(dir);
         let counters = Counters::default();
