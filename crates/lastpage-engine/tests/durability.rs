@@ -583,6 +583,56 @@ fn a_checkpoint_that_cannot_sync_the_data_file_stops_the_database_and_a_full_dis
     }
 }
 
+/// A checkpoint whose fdatasync of the data file fails after the log was flushed up to its
+/// capture (the sync of the image's pages, of its page map, or of its meta slot) stops the
+/// database and removes no log: the previous image stays the one an open trusts (or, if the
+/// meta slot reached the disk all the same, the new one, whose log is there too), and every
+/// acknowledged commit since the previous image is only in the log. A checkpoint that went on
+/// to truncate the log would lose them. The crash keeps or loses whatever was not synced.
+#[test]
+fn a_checkpoint_whose_image_cannot_be_synced_stops_the_database_and_removes_no_log() {
+    let data_file = Path::new(DIR).join(DATA_FILE_NAME);
+    for (nth, what) in [(1, "pages"), (2, "page map"), (3, "meta slot")] {
+        for mode in [CrashMode::LoseUnsynced, CrashMode::KeepUnsynced] {
+            let fs = FaultyFileSystem::new(FaultyConfig::new(43));
+            let db = open(&fs);
+            let table = db.create_table(orders()).unwrap();
+            let session = db.session();
+            let rows = orders_of_80_bytes();
+            for _ in 0..20 {
+                table.insert_batch(&session, rows.clone()).unwrap();
+            }
+            // Written and synced ahead, so that the checkpoint writes no page before its
+            // capture: its first three fdatasyncs of the data file are then its image's.
+            db.pool().write_dirty_pages().unwrap();
+            let segments = log_segments(&fs);
+            assert!(segments > 2, "{segments} log segments: none to remove");
+            fs.inject(FaultRule::sync_fails(nth).on_path(&data_file));
+            let error = db.checkpoint().unwrap_err();
+            assert!(
+                matches!(error, EngineError::DatabaseFailed(_)) && error.to_string().contains(what),
+                "{what}: {error}"
+            );
+            assert_eq!(
+                log_segments(&fs),
+                segments,
+                "{what}: the failed checkpoint removed log"
+            );
+            let refused = table
+                .insert_batch(&session, rows[..1].to_vec())
+                .unwrap_err();
+            assert!(
+                matches!(refused, EngineError::DatabaseFailed(_)),
+                "{what}: a commit after the failed checkpoint: {refused}"
+            );
+            let after = crash(&fs, mode, db, (session, table), ());
+            let db = open(&after);
+            assert_eq!(orders_rows(&db).len(), 10_000, "{what}, {mode:?}");
+            db.check_integrity().unwrap();
+        }
+    }
+}
+
 /// [`options`] with a buffer pool of 64 pages.
 fn small_budget(fs: &FaultyFileSystem) -> DatabaseOptions {
     DatabaseOptions {
