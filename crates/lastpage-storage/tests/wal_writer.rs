@@ -676,6 +676,79 @@ fn a_full_disk_fails_the_log_like_a_failed_fsync() {
     check_log(&fs.crash(), &acked);
 }
 
+/// A full disk while a flush zero-fills a new segment ahead of its log fails the log like a
+/// failed write. Without a prepared file the writer extends a segment with zeros inline, past
+/// what it writes, so that later flushes commit no metadata; a disk with room for the new
+/// segment's header and the flush's records but not for those zeros must not let the flush
+/// report its commits durable without its fdatasync. The commit is not acknowledged, every
+/// later append is refused, no acknowledged commit is lost, and after the crash (zeros and log
+/// bytes kept, lost or torn) the log opens and goes on.
+#[test]
+fn a_full_disk_while_a_new_segment_is_zero_filled_fails_the_log_and_loses_nothing() {
+    const SEGMENT: u64 = 64 << 10;
+    let second = Path::new(DIR).join(format!("{SEGMENT:016x}.wal"));
+    let modes = [
+        CrashMode::Random,
+        CrashMode::LoseUnsynced,
+        CrashMode::KeepUnsynced,
+    ];
+    for seed in 0..6u64 {
+        let fs = faulty(FaultyConfig::new(seed).tear(Tear::Bytes));
+        let wal_config = WalConfig {
+            prepare_segments: false,
+            ..config(4096, SEGMENT)
+        };
+        let writer = open(&fs, wal_config);
+        // Room for the second segment's header and its first flush of one small transaction,
+        // far from room for its zeros.
+        fs.inject(
+            FaultRule::disk_full_after(WAL_SEGMENT_HEADER_BYTES as u64 + 1024).on_path(&second),
+        );
+        let mut acked = Vec::new();
+        let error = loop {
+            let txn = acked.len() as u64 + 1;
+            match commit_small(&writer, txn) {
+                Ok(_) => acked.push(txn),
+                Err(error) => break error,
+            }
+            assert!(txn < 100_000, "seed {seed}: the disk never filled");
+        };
+        let WalError::Failed { source, .. } = &error else {
+            panic!("seed {seed}: {error}");
+        };
+        assert_eq!(
+            source.kind(),
+            ErrorKind::StorageFull,
+            "seed {seed}: {error}"
+        );
+        assert!(
+            error.to_string().contains(&second.display().to_string()),
+            "seed {seed}: {error}"
+        );
+        assert!(writer.durable_lsn().0 > SEGMENT - 1024, "seed {seed}");
+        assert!(commit_small(&writer, u64::MAX).is_err(), "seed {seed}");
+        drop(writer);
+        let mode = modes[seed as usize % modes.len()];
+        let crashed = fs.crash_with(mode);
+        let committed = committed_in(&crashed);
+        assert!(
+            committed.starts_with(&acked),
+            "seed {seed}, {mode:?}: acknowledged commits lost"
+        );
+        // The log opens after the crash and goes on, into the second segment.
+        let writer = open(&crashed, wal_config);
+        let next = committed.len() as u64 + 1;
+        let end = commit_small(&writer, next).unwrap();
+        assert!(end.0 > SEGMENT, "seed {seed}: {end:?}");
+        drop(writer);
+        assert_eq!(
+            committed_after_power_loss(&crashed).last(),
+            Some(&next),
+            "seed {seed}, {mode:?}"
+        );
+    }
+}
+
 #[test]
 fn waiting_for_an_lsn_never_handed_out_is_an_error() {
     let fs = faulty(FaultyConfig::new(7));
@@ -1770,7 +1843,12 @@ fn commit_small(writer: &LogWriter, txn: u64) -> Result<Lsn, WalError> {
 
 /// The transactions whose commit records a power loss leaves in `fs`'s log.
 fn committed_after_power_loss(fs: &FaultyFileSystem) -> Vec<u64> {
-    let after = fs.crash_with(CrashMode::LoseUnsynced);
+    committed_in(&fs.crash_with(CrashMode::LoseUnsynced))
+}
+
+/// The transactions whose commit records are in `fs`'s log.
+fn committed_in(fs: &FaultyFileSystem) -> Vec<u64> {
+    let after = fs.clone();
     let mut reader = LogReader::open(Arc::new(after), DIR, Lsn::ZERO).unwrap();
     let mut committed = Vec::new();
     while let Some(entry) = reader.next_record().unwrap() {
