@@ -1096,24 +1096,33 @@ fn segments_after_large_flushes_are_reserved_not_zeroed_and_survive_a_crash() {
     check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
 }
 
+/// A preparation whose fdatasync fails, or that finds the disk full while it writes its zeros,
+/// is given up and counted; the writer creates segments inline, loses nothing and does not
+/// fail (the prepared file is no part of the log).
 #[test]
 fn a_failed_preparation_only_means_that_segments_are_created_inline() {
-    let fs = faulty(FaultyConfig::new(29));
-    fs.inject(FaultRule::syncs_fail_from(1).on_path(Path::new(DIR).join("next-segment.prepared")));
-    let writer = open(&fs, config(4096, 4096));
-    let acked = commit_until(&writer, |stats| {
-        stats.segment_preparation_failures >= 2 && stats.durable_lsn.0 > 8 * 4096
-    });
-    let stats = writer.stats();
-    println!("{stats:?}");
-    assert!(stats.segment_preparation_failures >= 2, "{stats:?}");
-    assert_eq!(
-        stats.prepared_segments, 0,
-        "a file whose sync failed was used"
-    );
-    assert!(!writer.is_failed());
-    drop(writer);
-    check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+    let prepared = Path::new(DIR).join("next-segment.prepared");
+    for (what, rule) in [
+        ("a failed fdatasync", FaultRule::syncs_fail_from(1)),
+        ("a full disk", FaultRule::disk_full_after(0)),
+    ] {
+        let fs = faulty(FaultyConfig::new(29));
+        fs.inject(rule.on_path(&prepared));
+        let writer = open(&fs, config(4096, 4096));
+        let acked = commit_until(&writer, |stats| {
+            stats.segment_preparation_failures >= 2 && stats.durable_lsn.0 > 8 * 4096
+        });
+        let stats = writer.stats();
+        println!("{what}: {stats:?}");
+        assert!(stats.segment_preparation_failures >= 2, "{what}: {stats:?}");
+        assert_eq!(
+            stats.prepared_segments, 0,
+            "{what}: a file whose preparation failed was used"
+        );
+        assert!(!writer.is_failed(), "{what}");
+        drop(writer);
+        check_log(&fs.crash_with(CrashMode::LoseUnsynced), &acked);
+    }
 }
 
 /// One randomized run of segment recycling: a committer appends autocommit inserts while a
