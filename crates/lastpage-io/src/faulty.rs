@@ -33,8 +33,9 @@
 //! Directories are simplified: they are only created (`create_dir_all`), never removed or
 //! renamed. A new directory's entry is durable, as a file's name is, only once its parent
 //! directory was synced ([`FileSystem::sync_dir`]); a crash before that keeps it or loses it,
-//! and with it everything under it. A directory without a parent (`/`, or the first component
-//! of a relative path) stands for the file system's mount point and is durable at once.
+//! and with it everything under it. `/` stands for the file system's mount point and is durable
+//! at once; so does `.`, the directory relative paths start from, whose sync makes their first
+//! components durable.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
@@ -556,7 +557,10 @@ impl FaultyFileSystem {
                 dirs.insert(dir);
             }
         }
-        let in_kept_dir = |name: &PathBuf| name.parent().is_none_or(|parent| dirs.contains(parent));
+        let in_kept_dir = |name: &PathBuf| {
+            name.parent()
+                .is_none_or(|parent| parent.as_os_str().is_empty() || dirs.contains(parent))
+        };
 
         // The namespace: where the volatile and durable entries of a name differ, the crash
         // keeps one of them.
@@ -898,12 +902,9 @@ impl FileSystem for FaultyFileSystem {
         state.check_alive()?;
         for ancestor in path.ancestors() {
             if !ancestor.as_os_str().is_empty() && state.dirs.insert(ancestor.to_path_buf()) {
-                // A directory without a parent stands for the mount point: durable at once.
-                // Any other is durable once its parent is synced.
-                if ancestor
-                    .parent()
-                    .is_none_or(|parent| parent.as_os_str().is_empty())
-                {
+                // The root stands for the mount point: durable at once. Any other directory is
+                // durable once its parent (`.` for a relative path's first component) is synced.
+                if ancestor.parent().is_none() {
                     state.durable_dirs.insert(ancestor.to_path_buf());
                 }
             }
@@ -929,7 +930,9 @@ impl FileSystem for FaultyFileSystem {
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state();
         state.check_alive()?;
-        if !state.dirs.contains(path) {
+        // `.` is the directory relative paths start from: it holds their first components.
+        let current = path == Path::new(".");
+        if !current && !state.dirs.contains(path) {
             return Err(not_found(path));
         }
         state.stats.dir_syncs += 1;
@@ -940,16 +943,18 @@ impl FileSystem for FaultyFileSystem {
             )));
         }
         let state = &mut *state;
+        // What `parent()` says of the names this directory holds.
+        let holder = if current { Path::new("") } else { path };
         state
             .durable_names
-            .retain(|name, _| name.parent() != Some(path));
+            .retain(|name, _| name.parent() != Some(holder));
         for (name, inode) in &state.names {
-            if name.parent() == Some(path) {
+            if name.parent() == Some(holder) {
                 state.durable_names.insert(name.clone(), *inode);
             }
         }
         for dir in &state.dirs {
-            if dir.parent() == Some(path) {
+            if dir.parent() == Some(holder) {
                 state.durable_dirs.insert(dir.clone());
             }
         }

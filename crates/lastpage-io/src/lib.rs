@@ -42,8 +42,8 @@ pub use std_fs::StdFileSystem;
 /// the parent of `path`, and of every directory it created, before it returns. Without the
 /// syncs a crash could take the new directory, and every file made durable in it since, along
 /// with its name. The parent of `path` is synced even when `path` existed already: a process
-/// that created it may have stopped before its own sync. (A path's first component stands
-/// for a directory that exists already, the current one for a relative path.)
+/// that created it may have stopped before its own sync. A relative path's first component
+/// is synced into the current directory (`.`).
 pub fn create_dir_all_durable(fs: &dyn FileSystem, path: &Path) -> io::Result<()> {
     let mut created = vec![path];
     for ancestor in path.ancestors().skip(1) {
@@ -54,8 +54,11 @@ pub fn create_dir_all_durable(fs: &dyn FileSystem, path: &Path) -> io::Result<()
     }
     fs.create_dir_all(path)?;
     for dir in created {
-        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            fs.sync_dir(parent)?;
+        match dir.parent() {
+            Some(parent) if parent.as_os_str().is_empty() => fs.sync_dir(Path::new("."))?,
+            Some(parent) => fs.sync_dir(parent)?,
+            // The root: nothing holds its name.
+            None => {}
         }
     }
     Ok(())

@@ -342,6 +342,19 @@ fn a_new_directory_and_its_files_are_durable_only_once_its_parent_is_synced() {
     let crashed = fs.crash_with(CrashMode::LoseUnsynced);
     assert!(kept(&crashed));
     assert!(kept(&crashed.crash_with(CrashMode::LoseUnsynced)));
+    // A relative path's first component is held by the current directory, `.`.
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    fs.create_dir_all(Path::new("rel/db")).unwrap();
+    fs.sync_dir(Path::new("rel")).unwrap();
+    assert!(
+        !fs.crash_with(CrashMode::LoseUnsynced)
+            .exists(Path::new("rel"))
+            .unwrap()
+    );
+    let fs = FaultyFileSystem::new(FaultyConfig::new(3));
+    create_dir_all_durable(&fs, Path::new("rel/db")).unwrap();
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert!(crashed.exists(Path::new("rel/db")).unwrap());
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use lastpage_io::{FileSystem, OpenOptions, StdFileSystem};
+use lastpage_io::{FileSystem, OpenOptions, StdFileSystem, create_dir_all_durable};
 
 fn scratch_dir(name: &str) -> PathBuf {
     let dir =
@@ -81,4 +81,18 @@ fn allocate_reserves_zeros_without_shrinking() {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `create_dir_all_durable` makes missing parents too, and syncs real directories (which the
+/// operating system must let it open and fsync); a directory that exists already is synced
+/// into its parent again.
+#[test]
+fn directories_are_created_and_synced_into_their_parents() {
+    let fs = StdFileSystem::new();
+    let top = scratch_dir("std-fs-dirs");
+    let dir = top.join("a").join("b");
+    create_dir_all_durable(&fs, &dir).unwrap();
+    assert!(fs.exists(&dir).unwrap());
+    create_dir_all_durable(&fs, &dir).unwrap();
+    std::fs::remove_dir_all(&top).unwrap();
 }

@@ -78,9 +78,8 @@ pub const DATA_FILE: &str = "db/data.lp";
 /// A fault-injecting file system seeded with `seed`, with the data file's directory made.
 #[allow(dead_code)]
 pub fn faulty(seed: u64) -> lastpage_io::FaultyFileSystem {
-    use lastpage_io::FileSystem;
     let fs = lastpage_io::FaultyFileSystem::new(lastpage_io::FaultyConfig::new(seed));
-    fs.create_dir_all(std::path::Path::new("db")).unwrap();
+    lastpage_io::create_dir_all_durable(&fs, std::path::Path::new("db")).unwrap();
     fs
 }
 
