@@ -63,6 +63,27 @@ fn orders_of_80_bytes() -> Vec<InsertRow> {
         .collect()
 }
 
+/// A database on a new file system seeded with `seed`, whose `Orders` holds 10,000 rows of
+/// [`orders_of_80_bytes`] (20 committed batches, about 1.2 MB of log: several segments), with
+/// the table and the session that inserted them.
+fn ten_thousand_orders(
+    seed: u64,
+) -> (
+    FaultyFileSystem,
+    Database,
+    Arc<lastpage_engine::Table>,
+    lastpage_engine::Session,
+) {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+    let db = open(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    for _ in 0..20 {
+        table.insert_batch(&session, orders_of_80_bytes()).unwrap();
+    }
+    (fs, db, table, session)
+}
+
 /// Opens with an automatic checkpoint after every 16 KiB of log, so that a test's inserts
 /// start the checkpointer.
 fn open_checkpointing_every_16_kib(fs: &FaultyFileSystem) -> Database {
@@ -594,14 +615,8 @@ fn a_checkpoint_whose_image_cannot_be_synced_stops_the_database_and_removes_no_l
     let data_file = Path::new(DIR).join(DATA_FILE_NAME);
     for (nth, what) in [(1, "pages"), (2, "page map"), (3, "meta slot")] {
         for mode in [CrashMode::LoseUnsynced, CrashMode::KeepUnsynced] {
-            let fs = FaultyFileSystem::new(FaultyConfig::new(43));
-            let db = open(&fs);
-            let table = db.create_table(orders()).unwrap();
-            let session = db.session();
+            let (fs, db, table, session) = ten_thousand_orders(43);
             let rows = orders_of_80_bytes();
-            for _ in 0..20 {
-                table.insert_batch(&session, rows.clone()).unwrap();
-            }
             // Written and synced ahead, so that the checkpoint writes no page before its
             // capture: its first three fdatasyncs of the data file are then its image's.
             db.pool().write_dirty_pages().unwrap();
@@ -926,14 +941,8 @@ fn a_database_reopens_after_a_checkpoint_at_a_log_segment_boundary() {
 
 #[test]
 fn checkpoints_remove_old_log_and_bound_recovery() {
-    let fs = FaultyFileSystem::new(FaultyConfig::new(5));
-    let db = open(&fs);
-    let table = db.create_table(orders()).unwrap();
-    let session = db.session();
+    let (fs, db, table, session) = ten_thousand_orders(5);
     let rows = orders_of_80_bytes();
-    for _ in 0..20 {
-        table.insert_batch(&session, rows.clone()).unwrap();
-    }
     let stats = db.checkpoint().unwrap();
     assert!(stats.segments_removed > 0, "{stats:?}");
     table.insert_batch(&session, rows[..10].to_vec()).unwrap();
