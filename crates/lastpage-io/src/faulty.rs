@@ -27,8 +27,15 @@
 //! since "fsyncgate", each unsynced write of that file is then either written or silently
 //! dropped, and a later `sync_data` succeeds without bringing the dropped ones back), writes past
 //! a byte budget fail with `ENOSPC` (`ErrorKind::StorageFull`) after writing what fits (a space
-//! reservation, `allocate`, fails whole), the Nth directory sync fails (making none of the
-//! directory's changes durable), and the Nth read fails.
+//! reservation, `allocate`, fails whole), and the Nth call (or every call from the Nth on) of any
+//! other [`Operation`] fails with an I/O error (`EIO`): a read, a write, a size query, a length
+//! change, a reservation, a lock, an open, a removal, a rename, a lookup, a link count, a
+//! directory's creation, listing or sync: every call of the two traits. Such a failure
+//! changes nothing, with one exception: a write that fails with `EIO` may have written a prefix
+//! of its bytes (none, or a torn part, as the seeded generator chooses; never all of them), as a
+//! `pwrite` loop that fails halfway does. A failed directory sync makes none of the directory's
+//! changes durable. A rule can apply to every file, to one path, or to every path under a
+//! directory (such as the log's).
 //!
 //! Directories are simplified: they are only created (`create_dir_all`), never removed or
 //! renamed. A new directory's entry is durable, as a file's name is, only once its parent
@@ -102,59 +109,145 @@ pub enum CrashMode {
     KeepUnsynced,
 }
 
-/// A fault to inject, optionally only for one file.
+/// A fault to inject, optionally only for one file or the files under one directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultRule {
     kind: FaultKind,
-    path: Option<PathBuf>,
+    scope: Scope,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FaultKind {
-    SyncFails { nth: u64, sticky: bool },
-    DirSyncFails { nth: u64 },
-    DiskFull { budget: u64 },
-    ReadFails { nth: u64, sticky: bool },
+    /// The `nth` matching call fails, and with `sticky` every later one too.
+    Fails {
+        operation: Operation,
+        nth: u64,
+        sticky: bool,
+    },
+    DiskFull {
+        budget: u64,
+    },
 }
 
-/// The sorts of call a [`FaultRule`] can make fail.
+/// Which paths a [`FaultRule`] applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Scope {
+    Everywhere,
+    /// Exactly this path.
+    Path(PathBuf),
+    /// This path and every path under it.
+    Under(PathBuf),
+}
+
+/// The sorts of call a [`FaultRule`] can make fail with an I/O error (`EIO`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    Sync,
-    DirSync,
+pub enum Operation {
+    /// [`File::read_at`]: fails without reading.
     Read,
+    /// [`File::write_all_at`]: fails after writing a prefix of its bytes, possibly empty, never
+    /// all of them (see the module documentation).
+    Write,
+    /// [`File::sync_data`]: fails as [`FaultRule::sync_fails`] describes.
+    Sync,
+    /// [`File::len`]: fails without saying the size.
+    Len,
+    /// [`File::set_len`]: fails without changing the size.
+    SetLen,
+    /// [`File::allocate`]: fails without reserving anything.
+    Allocate,
+    /// [`File::try_lock`]: fails without taking the lock.
+    Lock,
+    /// [`FileSystem::open`], whatever its options: fails without creating or truncating.
+    Open,
+    /// [`FileSystem::remove`]: fails with the name still there.
+    Remove,
+    /// [`FileSystem::rename`]: fails with both names as they were. A rule's path matches
+    /// either name.
+    Rename,
+    /// [`FileSystem::exists`]: fails without saying whether the path exists.
+    Exists,
+    /// [`FileSystem::link_count`]: fails without counting.
+    LinkCount,
+    /// [`FileSystem::create_dir_all`]: fails without creating any directory.
+    CreateDir,
+    /// [`FileSystem::list_dir`]: fails without listing.
+    ListDir,
+    /// [`FileSystem::sync_dir`]: fails without making any of the directory's changes durable.
+    SyncDir,
+}
+
+impl Operation {
+    /// How an error message names the call, before the file or directory it was on.
+    fn name(self) -> &'static str {
+        match self {
+            Operation::Read => "read of",
+            Operation::Write => "write of",
+            Operation::Sync => "fdatasync of",
+            Operation::Len => "size query of",
+            Operation::SetLen => "length change of",
+            Operation::Allocate => "space reservation of",
+            Operation::Lock => "lock of",
+            Operation::Open => "open of",
+            Operation::Remove => "removal of",
+            Operation::Rename => "rename of",
+            Operation::Exists => "lookup of",
+            Operation::LinkCount => "link count of",
+            Operation::CreateDir => "creation of directory",
+            Operation::ListDir => "listing of directory",
+            Operation::SyncDir => "fsync of directory",
+        }
+    }
+}
+
+/// The error of a call an injected fault fails: `what` names the call and its file.
+fn injected(operation: Operation, what: std::fmt::Arguments<'_>) -> io::Error {
+    io::Error::other(format!(
+        "injected fault: {} {what} failed (EIO)",
+        operation.name()
+    ))
 }
 
 impl FaultRule {
     /// The `nth` `sync_data` call from now (1 is the next one) fails; later ones succeed again,
     /// as they do on Linux, whether or not the writes the failed one dropped were written.
     pub fn sync_fails(nth: u64) -> FaultRule {
-        FaultRule {
-            kind: FaultKind::SyncFails {
-                nth: nth.max(1),
-                sticky: false,
-            },
-            path: None,
-        }
+        FaultRule::fails(Operation::Sync, nth)
     }
 
     /// The `nth` `sync_data` call from now and every later one fail (a disk that is gone).
     pub fn syncs_fail_from(nth: u64) -> FaultRule {
-        FaultRule {
-            kind: FaultKind::SyncFails {
-                nth: nth.max(1),
-                sticky: true,
-            },
-            path: None,
-        }
+        FaultRule::fails_from(Operation::Sync, nth)
     }
 
     /// The `nth` [`FileSystem::sync_dir`] call from now fails, making none of the directory's
     /// changes durable (a crash after it keeps each of them or not, as it would have before).
     pub fn dir_sync_fails(nth: u64) -> FaultRule {
+        FaultRule::fails(Operation::SyncDir, nth)
+    }
+
+    /// The `nth` call of `operation` from now (1 is the next one) fails with an I/O error
+    /// (`EIO`); later ones succeed again. See [`Operation`] for what each failed call did.
+    pub fn fails(operation: Operation, nth: u64) -> FaultRule {
         FaultRule {
-            kind: FaultKind::DirSyncFails { nth: nth.max(1) },
-            path: None,
+            kind: FaultKind::Fails {
+                operation,
+                nth: nth.max(1),
+                sticky: false,
+            },
+            scope: Scope::Everywhere,
+        }
+    }
+
+    /// The `nth` call of `operation` from now and every later one fail with an I/O error
+    /// (`EIO`): a disk, or a part of the file system, that went bad.
+    pub fn fails_from(operation: Operation, nth: u64) -> FaultRule {
+        FaultRule {
+            kind: FaultKind::Fails {
+                operation,
+                nth: nth.max(1),
+                sticky: true,
+            },
+            scope: Scope::Everywhere,
         }
     }
 
@@ -163,37 +256,35 @@ impl FaultRule {
     pub fn disk_full_after(budget: u64) -> FaultRule {
         FaultRule {
             kind: FaultKind::DiskFull { budget },
-            path: None,
+            scope: Scope::Everywhere,
         }
     }
 
     /// The `nth` `read_at` call from now fails with an I/O error.
     pub fn read_fails(nth: u64) -> FaultRule {
-        FaultRule {
-            kind: FaultKind::ReadFails {
-                nth: nth.max(1),
-                sticky: false,
-            },
-            path: None,
-        }
+        FaultRule::fails(Operation::Read, nth)
     }
 
     /// The `nth` `read_at` call from now and every later one fail.
     pub fn reads_fail_from(nth: u64) -> FaultRule {
+        FaultRule::fails_from(Operation::Read, nth)
+    }
+
+    /// The same rule, applied only to the file opened under `path`, or to the name or
+    /// directory `path` for a call on names or directories (calls on other paths are neither
+    /// counted nor failed).
+    pub fn on_path(self, path: impl Into<PathBuf>) -> FaultRule {
         FaultRule {
-            kind: FaultKind::ReadFails {
-                nth: nth.max(1),
-                sticky: true,
-            },
-            path: None,
+            scope: Scope::Path(path.into()),
+            ..self
         }
     }
 
-    /// The same rule, applied only to the file opened under `path` (calls on other files are
-    /// neither counted nor failed).
-    pub fn on_path(self, path: impl Into<PathBuf>) -> FaultRule {
+    /// The same rule, applied only to `dir` and the paths under it (such as the log's
+    /// directory and its segments), by the same measure as [`FaultRule::on_path`].
+    pub fn under(self, dir: impl Into<PathBuf>) -> FaultRule {
         FaultRule {
-            path: Some(path.into()),
+            scope: Scope::Under(dir.into()),
             ..self
         }
     }
@@ -214,6 +305,9 @@ pub struct FaultyStats {
     pub reads: u64,
     /// `sync_dir` calls.
     pub dir_syncs: u64,
+    /// Calls of any [`Operation`] that a rule made fail (a failed `sync_data` counts here as
+    /// well as in `failed_syncs`; a full disk counts in neither).
+    pub injected_failures: u64,
 }
 
 /// The in-memory, crash-simulating, fault-injecting file system. Clones share the same state.
@@ -276,13 +370,18 @@ enum Pending {
 #[derive(Debug)]
 struct ActiveRule {
     rule: FaultRule,
-    /// Matching calls seen so far (syncs or reads), or bytes written so far (disk full).
+    /// Matching calls seen so far, or bytes written so far (disk full).
     seen: u64,
 }
 
 impl ActiveRule {
-    fn applies_to(&self, path: &Path) -> bool {
-        self.rule.path.as_deref().is_none_or(|only| only == path)
+    /// Whether the rule applies to a call on `paths` (both names, for a rename).
+    fn applies_to(&self, paths: &[&Path]) -> bool {
+        paths.iter().any(|path| match &self.rule.scope {
+            Scope::Everywhere => true,
+            Scope::Path(only) => only == path,
+            Scope::Under(dir) => path.starts_with(dir),
+        })
     }
 }
 
@@ -353,17 +452,20 @@ impl State {
         }
     }
 
-    /// Counts a call against every matching rule of its sort and says whether one fires.
-    fn call_fails(&mut self, path: &Path, call: Call) -> bool {
+    /// Counts a call on `paths` against every matching rule of its sort and says whether one
+    /// fires.
+    fn call_fails(&mut self, paths: &[&Path], call: Operation) -> bool {
         let mut fails = false;
         for active in &mut self.rules {
-            let (nth, sticky) = match (active.rule.kind, call) {
-                (FaultKind::SyncFails { nth, sticky }, Call::Sync) => (nth, sticky),
-                (FaultKind::ReadFails { nth, sticky }, Call::Read) => (nth, sticky),
-                (FaultKind::DirSyncFails { nth }, Call::DirSync) => (nth, false),
-                _ => continue,
+            let FaultKind::Fails {
+                operation,
+                nth,
+                sticky,
+            } = active.rule.kind
+            else {
+                continue;
             };
-            if !active.applies_to(path) {
+            if operation != call || !active.applies_to(paths) {
                 continue;
             }
             active.seen += 1;
@@ -371,14 +473,41 @@ impl State {
                 fails = true;
             }
         }
+        if fails {
+            self.stats.injected_failures += 1;
+        }
         fails
+    }
+
+    /// [`State::call_fails`] as an error, for a call that fails whole.
+    fn check_call(
+        &mut self,
+        paths: &[&Path],
+        call: Operation,
+        what: std::fmt::Arguments<'_>,
+    ) -> io::Result<()> {
+        if self.call_fails(paths, call) {
+            Err(injected(call, what))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// How many bytes of a write of `len` bytes at `offset` that fails with `EIO` reach the
+    /// file: none, or a torn prefix cut as `tear` allows (none if the write cannot be torn).
+    fn failed_write_prefix(&mut self, offset: u64, len: usize, tear: Tear) -> usize {
+        if self.rng.below(2) == 0 {
+            return 0;
+        }
+        self.tear_point(offset, len, tear).unwrap_or(0)
     }
 
     /// How many of `len` bytes fit in every matching disk-full budget, charging them.
     fn charge_write(&mut self, path: &Path, len: u64) -> u64 {
         let allowed = len.min(self.disk_room(path));
         for active in &mut self.rules {
-            if matches!(active.rule.kind, FaultKind::DiskFull { .. }) && active.applies_to(path) {
+            if matches!(active.rule.kind, FaultKind::DiskFull { .. }) && active.applies_to(&[path])
+            {
                 active.seen += allowed;
             }
         }
@@ -390,7 +519,7 @@ impl State {
         let mut room = u64::MAX;
         for active in &self.rules {
             if let FaultKind::DiskFull { budget } = active.rule.kind
-                && active.applies_to(path)
+                && active.applies_to(&[path])
             {
                 room = room.min(budget.saturating_sub(active.seen));
             }
@@ -662,12 +791,11 @@ impl File for FaultyFile {
         let mut state = self.fs.state();
         state.check_alive()?;
         state.stats.reads += 1;
-        if state.call_fails(&self.path, Call::Read) {
-            return Err(io::Error::other(format!(
-                "injected fault: read of {} failed (EIO)",
-                self.path.display()
-            )));
-        }
+        state.check_call(
+            &[self.path.as_path()],
+            Operation::Read,
+            format_args!("{}", self.path.display()),
+        )?;
         let image = &state.inodes[&self.inode].volatile;
         let start = usize::try_from(offset)
             .unwrap_or(usize::MAX)
@@ -681,7 +809,16 @@ impl File for FaultyFile {
         let mut state = self.fs.state();
         state.check_alive()?;
         state.stats.writes += 1;
-        let allowed = state.charge_write(&self.path, data.len() as u64) as usize;
+        // A write that fails with EIO writes a prefix, or nothing, and reports the failure; one
+        // that finds the disk full writes what fits. Either way what was written is pending like
+        // any write: reads see it, and a crash keeps, loses or tears it.
+        let eio = state.call_fails(&[self.path.as_path()], Operation::Write);
+        let wanted = if eio {
+            state.failed_write_prefix(offset, data.len(), self.fs.inner.config.tear)
+        } else {
+            data.len()
+        };
+        let allowed = state.charge_write(&self.path, wanted as u64) as usize;
         if allowed > 0 {
             let data = &data[..allowed];
             let inode = state
@@ -694,6 +831,16 @@ impl File for FaultyFile {
                 data: data.to_vec(),
             });
             state.stats.bytes_written += allowed as u64;
+        }
+        if eio {
+            return Err(injected(
+                Operation::Write,
+                format_args!(
+                    "{} bytes at offset {offset} of {} ({allowed} written)",
+                    data.len(),
+                    self.path.display()
+                ),
+            ));
         }
         if allowed < data.len() {
             return Err(io::Error::new(
@@ -718,7 +865,7 @@ impl File for FaultyFile {
         }
         let mut state = self.fs.state();
         state.check_alive()?;
-        let fails = state.call_fails(&self.path, Call::Sync);
+        let fails = state.call_fails(&[self.path.as_path()], Operation::Sync);
         let state = &mut *state;
         let inode = state
             .inodes
@@ -734,10 +881,10 @@ impl File for FaultyFile {
                 }
             }
             state.stats.failed_syncs += 1;
-            return Err(io::Error::other(format!(
-                "injected fault: fdatasync of {} failed (EIO)",
-                self.path.display()
-            )));
+            return Err(injected(
+                Operation::Sync,
+                format_args!("{}", self.path.display()),
+            ));
         }
         for op in &pending {
             apply(&mut inode.durable, op);
@@ -747,8 +894,13 @@ impl File for FaultyFile {
     }
 
     fn len(&self) -> io::Result<u64> {
-        let state = self.fs.state();
+        let mut state = self.fs.state();
         state.check_alive()?;
+        state.check_call(
+            &[self.path.as_path()],
+            Operation::Len,
+            format_args!("{}", self.path.display()),
+        )?;
         Ok(state.inodes[&self.inode].volatile.len() as u64)
     }
 
@@ -757,6 +909,11 @@ impl File for FaultyFile {
     fn try_lock(&self) -> io::Result<bool> {
         let mut state = self.fs.state();
         state.check_alive()?;
+        state.check_call(
+            &[self.path.as_path()],
+            Operation::Lock,
+            format_args!("{}", self.path.display()),
+        )?;
         if self.holds_lock.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(true);
         }
@@ -771,6 +928,11 @@ impl File for FaultyFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut state = self.fs.state();
         state.check_alive()?;
+        state.check_call(
+            &[self.path.as_path()],
+            Operation::SetLen,
+            format_args!("{} to {len} bytes", self.path.display()),
+        )?;
         self.change_size(&mut state, len);
         Ok(())
     }
@@ -781,6 +943,11 @@ impl File for FaultyFile {
     fn allocate(&self, len: u64) -> io::Result<()> {
         let mut state = self.fs.state();
         state.check_alive()?;
+        state.check_call(
+            &[self.path.as_path()],
+            Operation::Allocate,
+            format_args!("{len} bytes of {}", self.path.display()),
+        )?;
         let current = state.inodes[&self.inode].volatile.len() as u64;
         let growth = len.saturating_sub(current);
         if growth == 0 {
@@ -818,6 +985,7 @@ impl FileSystem for FaultyFileSystem {
     fn open(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn File>> {
         let mut state = self.state();
         state.check_alive()?;
+        state.check_call(&[path], Operation::Open, format_args!("{}", path.display()))?;
         let inode = match state.names.get(path).copied() {
             Some(_) if options.create_new => {
                 return Err(io::Error::new(
@@ -860,6 +1028,11 @@ impl FileSystem for FaultyFileSystem {
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[path],
+            Operation::Remove,
+            format_args!("{}", path.display()),
+        )?;
         state
             .names
             .remove(path)
@@ -870,6 +1043,11 @@ impl FileSystem for FaultyFileSystem {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[from, to],
+            Operation::Rename,
+            format_args!("{} to {}", from.display(), to.display()),
+        )?;
         if !state.parent_exists(to) {
             return Err(not_found(to));
         }
@@ -879,16 +1057,26 @@ impl FileSystem for FaultyFileSystem {
     }
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
-        let state = self.state();
+        let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[path],
+            Operation::Exists,
+            format_args!("{}", path.display()),
+        )?;
         Ok(state.names.contains_key(path) || state.dirs.contains(path))
     }
 
     /// The names the file has in the volatile namespace: more than one only after a crash
     /// kept both the old and the new name of a rename (see [`FaultyFileSystem::crash_with`]).
     fn link_count(&self, path: &Path) -> io::Result<u64> {
-        let state = self.state();
+        let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[path],
+            Operation::LinkCount,
+            format_args!("{}", path.display()),
+        )?;
         let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
         Ok(state
             .names
@@ -900,6 +1088,11 @@ impl FileSystem for FaultyFileSystem {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[path],
+            Operation::CreateDir,
+            format_args!("{}", path.display()),
+        )?;
         for ancestor in path.ancestors() {
             if !ancestor.as_os_str().is_empty() && state.dirs.insert(ancestor.to_path_buf()) {
                 // The root stands for the mount point: durable at once. Any other directory is
@@ -913,8 +1106,13 @@ impl FileSystem for FaultyFileSystem {
     }
 
     fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        let state = self.state();
+        let mut state = self.state();
         state.check_alive()?;
+        state.check_call(
+            &[path],
+            Operation::ListDir,
+            format_args!("{}", path.display()),
+        )?;
         if !state.dirs.contains(path) {
             return Err(not_found(path));
         }
@@ -936,12 +1134,11 @@ impl FileSystem for FaultyFileSystem {
             return Err(not_found(path));
         }
         state.stats.dir_syncs += 1;
-        if state.call_fails(path, Call::DirSync) {
-            return Err(io::Error::other(format!(
-                "injected fault: fsync of directory {} failed",
-                path.display()
-            )));
-        }
+        state.check_call(
+            &[path],
+            Operation::SyncDir,
+            format_args!("{}", path.display()),
+        )?;
         let state = &mut *state;
         // What `parent()` says of the names this directory holds.
         let holder = if current { Path::new("") } else { path };

@@ -5,7 +5,9 @@
 //! is what makes durability testable: [`StdFileSystem`] is the real thing (std's file APIs,
 //! `pwrite`/`pread`/`fdatasync`), and [`FaultyFileSystem`] is an in-memory file system that knows
 //! which bytes a power loss would keep, can simulate that crash deterministically from a seed, and
-//! can inject the failures real disks produce (a failed `fdatasync`, `ENOSPC`, failing reads).
+//! can inject the failures real disks produce (a failed `fdatasync`, `ENOSPC`, and `EIO` from
+//! any call of the two traits: reads, writes, opens, renames, removals, length changes,
+//! directories).
 //!
 //! The interface is deliberately small and positional: every read and write names its offset
 //! (`pread`/`pwrite`), and every method takes `&self`, so one open file can be written from many
@@ -34,7 +36,9 @@ use std::fmt::Debug;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use faulty::{CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FaultyStats, Tear};
+pub use faulty::{
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FaultyStats, Operation, Tear,
+};
 pub use power_cut::PowerCut;
 pub use std_fs::StdFileSystem;
 

@@ -6,8 +6,8 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, Tear,
-    create_dir_all_durable,
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, Operation,
+    Tear, create_dir_all_durable,
 };
 
 fn fs(seed: u64) -> FaultyFileSystem {
@@ -477,4 +477,154 @@ fn a_crash_that_keeps_both_names_of_a_rename_leaves_one_file_with_two_names() {
         assert_eq!(crashed.link_count(&path("old")).unwrap(), 1);
     }
     assert!(both, "no seed kept both names");
+}
+
+/// Whether `result` failed as an injected `EIO` does: an `Other` error naming the fault, not a
+/// full disk (whose handling differs: it may pass, a failed write need not).
+fn is_injected_eio<T>(result: std::io::Result<T>) -> bool {
+    result.err().is_some_and(|error| {
+        let message = error.to_string();
+        error.kind() == ErrorKind::Other
+            && message.contains("injected fault")
+            && message.contains("EIO")
+    })
+}
+
+/// A write that fails with `EIO` reports an I/O error, not a full disk, and may have written a
+/// prefix of its bytes, never all of them: nothing, or a part cut as the configured tears
+/// allow (here at any byte), as the seed chooses. What it wrote is unsynced like any write:
+/// reads see it, and a crash may lose it. Only the nth write fails, and only on its file.
+#[test]
+fn a_write_that_fails_with_eio_writes_a_prefix_or_nothing() {
+    let mut outcomes = [0usize; 2];
+    for seed in 0..60 {
+        println!("seed {seed}");
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
+        create_dir_all_durable(&fs, Path::new("/db")).unwrap();
+        let file = durable_file(&fs, "log", b"base");
+        let other = durable_file(&fs, "other", b"");
+        fs.inject(FaultRule::fails(Operation::Write, 2).on_path(path("log")));
+        file.write_all_at(4, b"first").unwrap();
+        other.write_all_at(0, b"not counted").unwrap();
+        assert!(
+            is_injected_eio(file.write_all_at(9, b"second")),
+            "seed {seed}"
+        );
+        let contents = fs.contents(&path("log")).unwrap();
+        let written = contents.len() - 9;
+        assert!(
+            written < 6,
+            "seed {seed}: the whole failed write was applied"
+        );
+        assert_eq!(contents, b"basefirstsecond"[..9 + written], "seed {seed}");
+        outcomes[usize::from(written > 0)] += 1;
+        // The next write succeeds again.
+        file.write_all_at(0, b"B").unwrap();
+        assert_eq!(fs.stats().injected_failures, 1);
+        assert_eq!(
+            read_all(&fs.crash_with(CrashMode::LoseUnsynced), "log").unwrap(),
+            b"base"
+        );
+    }
+    println!("nothing/prefix written over 60 seeds: {outcomes:?}");
+    assert!(outcomes.iter().all(|&n| n > 5), "{outcomes:?}");
+
+    // With sector tears a failed write inside one sector writes nothing; a sticky rule fails
+    // every write from the nth on.
+    let fs = fs(3);
+    let file = durable_file(&fs, "log", b"");
+    fs.inject(FaultRule::fails_from(Operation::Write, 1));
+    for _ in 0..10 {
+        assert!(is_injected_eio(file.write_all_at(10, &[1; 100])));
+    }
+    assert_eq!(fs.contents(&path("log")).unwrap(), b"");
+}
+
+/// Each call on names, lengths, locks and directories fails when a rule says so, with an `EIO`
+/// that names the fault, and changes nothing: the file system is as it was before the call, and
+/// the same call succeeds next time.
+#[test]
+fn name_length_and_directory_calls_fail_when_told_to_and_change_nothing() {
+    let fs = fs(21);
+    let file = durable_file(&fs, "a", b"0123456789");
+    let calls: [(Operation, &dyn Fn() -> std::io::Result<()>); 12] = [
+        (Operation::Open, &|| {
+            fs.open(&path("a"), OpenOptions::create().truncate())
+                .map(drop)
+        }),
+        (Operation::Remove, &|| fs.remove(&path("a"))),
+        (Operation::Rename, &|| fs.rename(&path("a"), &path("b"))),
+        (Operation::SetLen, &|| file.set_len(3)),
+        (Operation::Allocate, &|| file.allocate(100)),
+        (Operation::CreateDir, &|| {
+            fs.create_dir_all(Path::new("/db/sub/dir"))
+        }),
+        (Operation::SyncDir, &|| fs.sync_dir(Path::new("/db"))),
+        (Operation::Len, &|| file.len().map(drop)),
+        (Operation::Lock, &|| file.try_lock().map(drop)),
+        (Operation::Exists, &|| fs.exists(&path("a")).map(drop)),
+        (Operation::LinkCount, &|| {
+            fs.link_count(&path("a")).map(drop)
+        }),
+        (Operation::ListDir, &|| {
+            fs.list_dir(Path::new("/db")).map(drop)
+        }),
+    ];
+    for (operation, call) in calls {
+        fs.inject(FaultRule::fails(operation, 1));
+        assert!(is_injected_eio(call()), "{operation:?}");
+        assert_eq!(
+            fs.contents(&path("a")).unwrap(),
+            b"0123456789",
+            "{operation:?}"
+        );
+        assert!(!fs.exists(&path("b")).unwrap(), "{operation:?}");
+        assert!(!fs.exists(Path::new("/db/sub")).unwrap(), "{operation:?}");
+        fs.clear_faults();
+    }
+    assert_eq!(fs.stats().injected_failures, 12);
+    // The failed lock was not taken: another handle takes it.
+    let other = fs.open(&path("a"), OpenOptions::existing()).unwrap();
+    assert!(other.try_lock().unwrap());
+    drop(other);
+    // The failed directory sync made nothing durable; the calls succeed without the rules.
+    fs.create_dir_all(Path::new("/db/sub/dir")).unwrap();
+    fs.rename(&path("a"), &path("b")).unwrap();
+    fs.inject(FaultRule::fails(Operation::SyncDir, 1).on_path("/db"));
+    assert!(is_injected_eio(fs.sync_dir(Path::new("/db"))));
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert!(crashed.exists(&path("a")).unwrap());
+    assert!(!crashed.exists(&path("b")).unwrap());
+    assert!(!crashed.exists(Path::new("/db/sub")).unwrap());
+}
+
+/// A rule can be kept to a directory and everything under it (by path components: `/db/wal`
+/// holds `/db/wal/x`, not `/db/walrus`), matches either name of a rename, and counts only the
+/// calls it applies to.
+#[test]
+fn rules_under_a_directory_fail_only_the_calls_on_paths_under_it() {
+    let fs = fs(22);
+    fs.create_dir_all(Path::new("/db/wal")).unwrap();
+    fs.inject(FaultRule::fails_from(Operation::Open, 2).under("/db/wal"));
+    fs.open(&path("walrus"), OpenOptions::create()).unwrap();
+    fs.open(&path("data"), OpenOptions::create()).unwrap();
+    fs.open(Path::new("/db/wal/1.wal"), OpenOptions::create())
+        .unwrap();
+    for name in ["/db/wal/2.wal", "/db/wal/1.wal"] {
+        assert!(is_injected_eio(
+            fs.open(Path::new(name), OpenOptions::create())
+        ));
+    }
+    assert!(!fs.exists(Path::new("/db/wal/2.wal")).unwrap());
+    fs.open(&path("data"), OpenOptions::existing()).unwrap();
+
+    fs.inject(FaultRule::fails(Operation::Rename, 1).under("/db/wal"));
+    // Into the directory: the new name is under it.
+    assert!(is_injected_eio(
+        fs.rename(&path("walrus"), Path::new("/db/wal/3.wal"))
+    ));
+    assert!(fs.exists(&path("walrus")).unwrap());
+    fs.rename(&path("walrus"), Path::new("/db/wal/3.wal"))
+        .unwrap();
+    assert_eq!(fs.stats().injected_failures, 3);
 }
