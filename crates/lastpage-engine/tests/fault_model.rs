@@ -7,12 +7,20 @@
 //! a failed fdatasync of the current log segment, of the data file (which holds the checkpoint
 //! images and the catalog) or of any file, every fdatasync failing from some point on, a full
 //! disk (for every file, or for the data file only), a failed directory fsync, reads of the data
-//! file failing (the memory budget is small, so evicted pages are read back), or the power going
-//! at a file operation while the threads run. A fault is sometimes cleared again (the disk gets
-//! room) some statements later. Then the power goes (unsynced writes lost, applied, or torn at
-//! any byte or at a sector), or the process exits with the power on (the next open reads the
-//! page cache, the "fsyncgate" case), sometimes after a clean close, and the database is
-//! reopened, sometimes with a power cut during recovery first.
+//! file failing (the memory budget is small, so evicted pages are read back), writes failing
+//! with EIO after writing part of their bytes (of any file, or of the log), an open, rename,
+//! removal, length change, space reservation or listing failing with EIO (of any file, or in the
+//! log's directory: a new segment that cannot be created, a spare that cannot be made or taken,
+//! old log that cannot be listed or removed), or the power going at a file operation while the
+//! threads run.
+//! A fault is sometimes cleared again (the disk gets room) some statements later. Then the
+//! power goes (unsynced writes lost, applied, or torn at any byte or at a sector), or the
+//! process exits with the power on (the next open reads the page cache, the "fsyncgate" case),
+//! sometimes after a clean close, and the database is reopened, sometimes with a power cut
+//! during recovery first, and sometimes with an open that fails first: one of its file
+//! operations (of any kind but a space reservation, which an open does not make) fails with
+//! EIO, and the open must fail with an error that names the fault, or succeed, and leave files
+//! the next open recovers.
 //!
 //! The oracle. Every transaction inserts rows numbered per thread into `Events`, so the rows
 //! found after a reopen say which transactions are present. Each thread's keys of `Items` are
@@ -58,7 +66,8 @@ use lastpage_engine::{
     Session, Table, TableDef, Uniqueness, Value,
 };
 use lastpage_io::{
-    FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, PowerCut, Tear,
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, File, FileSystem, OpenOptions, Operation,
+    PowerCut, Tear,
 };
 use lastpage_storage::wal::WalConfig;
 use rand::rngs::StdRng;
@@ -66,7 +75,7 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::{delayed_options, random_crash_mode};
+use common::{CRASH_MODES, delayed_options, orders, orders_rows, random_crash_mode};
 
 const DIR: &str = "/db";
 /// Threads committing at once.
@@ -230,11 +239,13 @@ enum Seen {
     CutDuringOpen,
     ExitWithPowerOn,
     CleanClose,
+    FailedOpen,
+    OpenDespiteFault,
 }
 
-struct Coverage([AtomicU64; 9]);
+struct Coverage([AtomicU64; 11]);
 
-static COVERAGE: Coverage = Coverage([const { AtomicU64::new(0) }; 9]);
+static COVERAGE: Coverage = Coverage([const { AtomicU64::new(0) }; 11]);
 
 impl Coverage {
     fn note(&self, what: Seen, count: usize) {
@@ -252,6 +263,8 @@ impl Coverage {
             cut_open,
             exits,
             closes,
+            failed_opens,
+            opens_despite_fault,
         ] = self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
         format!(
             "{attempts} commit attempts checked; after the reopens, {unacknowledged_present} \
@@ -259,7 +272,8 @@ impl Coverage {
              {undurable_lost} acknowledged commits not yet known durable were lost; \
              {stopped} lifetimes stopped the database; power cuts while the threads ran \
              {cut_running}, during an open {cut_open}; exits with the power on {exits}; clean \
-             closes {closes}"
+             closes {closes}; opens failed by an injected fault {failed_opens}, and opens that \
+             succeeded although one fired {opens_despite_fault}"
         )
     }
 }
@@ -434,6 +448,10 @@ enum Fault {
     DataDiskFull,
     DirSync,
     DataRead,
+    /// Writes fail with EIO (after writing a prefix, or nothing), of any file or of the log.
+    WriteFails,
+    /// An open, rename, removal, length change, reservation or listing fails with EIO.
+    NameCallFails,
 }
 
 impl Shared {
@@ -994,10 +1012,13 @@ fn inject(fs: &FaultyFileSystem, rng: &mut StdRng) -> (Fault, FaultRule) {
         Fault::DataDiskFull,
         Fault::DirSync,
         Fault::DataRead,
-    ][rng.random_range(0..10)];
+        Fault::WriteFails,
+        Fault::NameCallFails,
+        Fault::NameCallFails,
+    ][rng.random_range(0..13)];
+    let wal = Path::new(DIR).join(WAL_DIR_NAME);
     let rule = match fault {
         Fault::LogSync => {
-            let wal = Path::new(DIR).join(WAL_DIR_NAME);
             let segment = fs
                 .list_dir(&wal)
                 .unwrap_or_default()
@@ -1024,8 +1045,122 @@ fn inject(fs: &FaultyFileSystem, rng: &mut StdRng) -> (Fault, FaultRule) {
             FaultRule::reads_fail_from(rng.random_range(1..20))
         }
         .on_path(data),
+        // Any write (log, data file, prepared segment), or the log's only (a flush, a
+        // segment's header, zeros written ahead): one of the next hundred, or all from it on.
+        Fault::WriteFails => {
+            let rule = eio_rule(rng, Operation::Write, 100);
+            if rng.random_bool(0.5) {
+                rule.under(wal)
+            } else {
+                rule
+            }
+        }
+        // Running, the log's directory sees most of these: new segments opened, spares made by
+        // a rename and taken by another, old segments listed and removed, prepared files
+        // reserved. The data file's length changes only when it is created.
+        Fault::NameCallFails => {
+            let operation = [
+                Operation::Open,
+                Operation::Rename,
+                Operation::Remove,
+                Operation::SetLen,
+                Operation::Allocate,
+                Operation::ListDir,
+            ][rng.random_range(0..6)];
+            let rule = eio_rule(rng, operation, 4);
+            if rng.random_bool(0.7) {
+                rule.under(wal)
+            } else {
+                rule
+            }
+        }
     };
     (fault, rule)
+}
+
+/// A rule that fails the nth call of `operation` (n below `within`), or every call from it.
+fn eio_rule(rng: &mut StdRng, operation: Operation, within: u64) -> FaultRule {
+    let nth = rng.random_range(1..within);
+    if rng.random_bool(0.5) {
+        FaultRule::fails(operation, nth)
+    } else {
+        FaultRule::fails_from(operation, nth)
+    }
+}
+
+/// The operations an open may find failing (see [`open_after_a_failed_open`]).
+const OPEN_FAULTS: [Operation; 14] = [
+    Operation::CreateDir,
+    Operation::SyncDir,
+    Operation::ListDir,
+    Operation::Exists,
+    Operation::LinkCount,
+    Operation::Open,
+    Operation::Lock,
+    Operation::Len,
+    Operation::Read,
+    Operation::Write,
+    Operation::Sync,
+    Operation::SetLen,
+    Operation::Remove,
+    Operation::Rename,
+];
+
+/// An open on `fs` with one of its file operations failing with EIO: the open must fail with
+/// an error that names the fault (or succeed, when the call it failed was one the open can do
+/// without, or was never made), and the process then exits, with the power on or in a crash.
+/// Returns the files the next open finds.
+fn open_after_a_failed_open(
+    fs: FaultyFileSystem,
+    config: &Config,
+    rng: &mut StdRng,
+    history: &mut Vec<String>,
+) -> Result<FaultyFileSystem, String> {
+    let operation = OPEN_FAULTS[rng.random_range(0..OPEN_FAULTS.len())];
+    let rule = eio_rule(rng, operation, 4);
+    let rule = if rng.random_bool(0.5) {
+        rule.under(Path::new(DIR).join(WAL_DIR_NAME))
+    } else {
+        rule
+    };
+    fs.inject(rule.clone());
+    let failures = fs.stats().injected_failures;
+    let opened = Database::open(DIR, config.options(Arc::new(fs.clone())));
+    let fired = fs.stats().injected_failures > failures;
+    fs.clear_faults();
+    match opened {
+        Ok(db) => {
+            COVERAGE.note(Seen::OpenDespiteFault, usize::from(fired));
+            history.push(format!("an open with {rule:?} succeeded (fired: {fired})"));
+            drop(db);
+        }
+        Err(error) => {
+            let message = error.to_string();
+            if !message.contains("injected fault") {
+                return Err(format!(
+                    "an open that failed on {rule:?} does not name the fault: {message}"
+                ));
+            }
+            COVERAGE.note(Seen::FailedOpen, 1);
+            history.push(format!("an open with {rule:?} failed: {message}"));
+        }
+    }
+    let end = rng.random_bool(0.5).then(|| random_crash_mode(rng));
+    history.push(format!("then the process ends (a crash: {end:?})"));
+    Ok(after_exit(fs, end))
+}
+
+/// The files the next process finds after the one using `fs` ends: in a crash in `mode`, or,
+/// with `None`, in an exit with the power on, after which the next open reads the page cache
+/// (the fault rules are cleared: the disk works again).
+fn after_exit(fs: FaultyFileSystem, mode: Option<CrashMode>) -> FaultyFileSystem {
+    match mode {
+        Some(mode) => fs.crash_with(mode),
+        None => {
+            fs.clear_faults();
+            fs
+        }
+    }
 }
 
 /// Every row of `Events`: (thread, number) -> identity value.
@@ -1239,7 +1374,8 @@ fn verify(
 }
 
 /// Opens the database on `fs`, sometimes with the power cut during the open first (then the
-/// open of what that cut left). Returns the database and the file system it runs on.
+/// open of what that cut left), sometimes with an open that an injected fault fails first.
+/// Returns the database and the file system it runs on.
 fn reopen(
     fs: FaultyFileSystem,
     config: &Config,
@@ -1271,6 +1407,9 @@ fn reopen(
             fs = cut.inner().clone();
             break;
         }
+    }
+    if rng.random_bool(0.25) {
+        fs = open_after_a_failed_open(fs, config, rng, history)?;
     }
     let watched = WatchedFs::new(fs);
     let db = Database::open(DIR, config.options(Arc::new(watched.clone())))
@@ -1705,4 +1844,110 @@ fn a_log_flush_that_fails_ahead_of_an_eviction_stops_the_database() {
         matches!(read, Err(EngineError::DatabaseFailed(_))),
         "a read after the log failed ahead of an eviction must be refused: {read:?}"
     );
+}
+
+/// Inserts an `Orders` row (see [`common::orders`]) with `payload` as one autocommit statement.
+fn insert_order(table: &Arc<Table>, session: &Session, payload: &str) -> Result<(), EngineError> {
+    let row = InsertRow::new().set(1, Value::String(payload.into()));
+    table.insert(session, row).map(drop)
+}
+
+/// A log write that fails with EIO, having written a prefix of its bytes or nothing (the seed
+/// chooses), stops the database as a failed fdatasync does: the commit that waited for it is
+/// not acknowledged and fails with `LogFailed` naming the fault, every later commit and read
+/// is refused, and after a crash (or an exit with the power on) the database opens with every
+/// acknowledged commit, passes its integrity check and takes commits again. Until the fault
+/// model could fail a write with anything but a full disk, no test reached this with EIO.
+#[test]
+fn a_log_write_that_fails_with_eio_stops_the_database_and_loses_no_acknowledged_commit() {
+    let wal = Path::new(DIR).join(WAL_DIR_NAME);
+    for seed in 0..8u64 {
+        println!("seed {seed}");
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed).tear(Tear::Bytes));
+        let db = Database::open(DIR, common::options(&fs)).unwrap();
+        let table = db.create_table(orders()).unwrap();
+        let session = db.session();
+        for n in 0..20 {
+            insert_order(&table, &session, &format!("before {n}")).unwrap();
+        }
+        fs.inject(FaultRule::fails(Operation::Write, 1 + seed % 3).under(&wal));
+        let mut acked = 20;
+        let error = loop {
+            match insert_order(&table, &session, &format!("after {acked}")) {
+                Ok(()) => acked += 1,
+                Err(error) => break error,
+            }
+            assert!(acked < 40, "seed {seed}: the fault never fired");
+        };
+        let message = error.to_string();
+        assert!(
+            matches!(error, EngineError::LogFailed(_))
+                && message.contains("injected fault")
+                && message.contains("EIO"),
+            "seed {seed}: {error:?}"
+        );
+        let commit = insert_order(&table, &session, "refused");
+        assert!(
+            matches!(commit, Err(EngineError::DatabaseFailed(_))),
+            "seed {seed}: a commit after the log failed: {commit:?}"
+        );
+        let read = table.get(&session, &[Value::BigInt(1)]);
+        assert!(
+            matches!(read, Err(EngineError::DatabaseFailed(_))),
+            "seed {seed}: a read after the log failed: {read:?}"
+        );
+        let after = after_exit(fs, CRASH_MODES.get(seed as usize % 4).copied());
+        drop((session, table, db));
+        let db = Database::open(DIR, common::options(&after)).unwrap();
+        let rows = orders_rows(&db);
+        // The failed commit may be there (its record may have reached the file), nothing
+        // after it may.
+        assert!(
+            rows.len() == acked || rows.len() == acked + 1,
+            "seed {seed}: {} rows after {acked} acknowledged commits",
+            rows.len()
+        );
+        for (index, (id, payload)) in rows.iter().take(acked).enumerate() {
+            let expected = if index < 20 {
+                format!("before {index}")
+            } else {
+                format!("after {index}")
+            };
+            assert_eq!((*id, payload), (index as i64 + 1, &expected), "seed {seed}");
+        }
+        db.check_integrity().unwrap();
+        let table = db.table("Orders").unwrap();
+        insert_order(&table, &db.session(), "reopened").unwrap();
+    }
+}
+
+/// The data file is cut to length zero when it is created (`File::set_len`); when that fails
+/// with EIO the open fails, naming the data file and the fault, and leaves nothing that keeps
+/// the next open from creating the database: after a crash or not, it does, and its commits
+/// survive the next crash.
+#[test]
+fn a_data_file_that_cannot_be_cut_at_its_creation_fails_the_open_and_the_next_open_creates_it() {
+    let data = Path::new(DIR).join(DATA_FILE_NAME);
+    for (seed, end) in [None, Some(CrashMode::Random)].into_iter().enumerate() {
+        println!("seed {seed}, end {end:?}");
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed as u64));
+        fs.inject(FaultRule::fails(Operation::SetLen, 1).on_path(&data));
+        let error = Database::open(DIR, common::options(&fs))
+            .err()
+            .expect("an open whose data file cannot be created must fail");
+        let message = error.to_string();
+        assert!(
+            message.contains("data file") && message.contains("injected fault"),
+            "{message}"
+        );
+        assert_eq!(fs.stats().injected_failures, 1);
+        let after = after_exit(fs, end);
+        let db = Database::open(DIR, common::options(&after)).unwrap();
+        let table = db.create_table(orders()).unwrap();
+        insert_order(&table, &db.session(), "created").unwrap();
+        let after = common::crash(&after, CrashMode::LoseUnsynced, db, table, ());
+        let db = Database::open(DIR, common::options(&after)).unwrap();
+        assert_eq!(orders_rows(&db).len(), 1);
+        db.check_integrity().unwrap();
+    }
 }
