@@ -15,7 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lastpage_io::{
-    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, PowerCut, Tear,
+    CrashMode, FaultRule, FaultyConfig, FaultyFileSystem, FileSystem, OpenOptions, Operation,
+    PowerCut, Tear,
 };
 use lastpage_storage::limits::{WAL_RESERVE_FLUSH_BYTES, WAL_SEGMENT_HEADER_BYTES};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
@@ -704,15 +705,7 @@ fn a_full_disk_while_a_new_segment_is_zero_filled_fails_the_log_and_loses_nothin
         fs.inject(
             FaultRule::disk_full_after(WAL_SEGMENT_HEADER_BYTES as u64 + 1024).on_path(&second),
         );
-        let mut acked = Vec::new();
-        let error = loop {
-            let txn = acked.len() as u64 + 1;
-            match commit_small(&writer, txn) {
-                Ok(_) => acked.push(txn),
-                Err(error) => break error,
-            }
-            assert!(txn < 100_000, "seed {seed}: the disk never filled");
-        };
+        let (acked, error) = commit_small_until_failure(&writer, Duration::ZERO);
         let WalError::Failed { source, .. } = &error else {
             panic!("seed {seed}: {error}");
         };
@@ -730,23 +723,58 @@ fn a_full_disk_while_a_new_segment_is_zero_filled_fails_the_log_and_loses_nothin
         drop(writer);
         let mode = modes[seed as usize % modes.len()];
         let crashed = fs.crash_with(mode);
-        let committed = committed_in(&crashed);
-        assert!(
-            committed.starts_with(&acked),
-            "seed {seed}, {mode:?}: acknowledged commits lost"
-        );
-        // The log opens after the crash and goes on, into the second segment.
-        let writer = open(&crashed, wal_config);
-        let next = committed.len() as u64 + 1;
-        let end = commit_small(&writer, next).unwrap();
-        assert!(end.0 > SEGMENT, "seed {seed}: {end:?}");
-        drop(writer);
-        assert_eq!(
-            committed_after_power_loss(&crashed).last(),
-            Some(&next),
-            "seed {seed}, {mode:?}"
+        recovered_log_goes_on_into(
+            &crashed,
+            &acked,
+            wal_config,
+            SEGMENT,
+            &format!("seed {seed}, {mode:?}"),
         );
     }
+}
+
+/// Commits small transactions (see [`commit_small`]) numbered from 1, pausing `pause` after
+/// each, until one fails; returns the acknowledged ones and the error.
+fn commit_small_until_failure(writer: &LogWriter, pause: Duration) -> (Vec<u64>, WalError) {
+    let mut acked = Vec::new();
+    loop {
+        let txn = acked.len() as u64 + 1;
+        match commit_small(writer, txn) {
+            Ok(_) => acked.push(txn),
+            Err(error) => return (acked, error),
+        }
+        if !pause.is_zero() {
+            thread::sleep(pause);
+        }
+        assert!(txn < 100_000, "the log never failed");
+    }
+}
+
+/// Checks the log a process left in `after` when its writer failed at the switch into the
+/// segment starting at `segment`: every acknowledged commit is there, and a writer opened on it
+/// goes on into that segment, durably.
+fn recovered_log_goes_on_into(
+    after: &FaultyFileSystem,
+    acked: &[u64],
+    wal_config: WalConfig,
+    segment: u64,
+    context: &str,
+) {
+    let committed = committed_in(after);
+    assert!(
+        committed.starts_with(acked),
+        "{context}: acknowledged commits lost"
+    );
+    let writer = open(after, wal_config);
+    let next = committed.len() as u64 + 1;
+    let end = commit_small(&writer, next).unwrap();
+    assert!(end.0 > segment, "{context}: {end:?}");
+    drop(writer);
+    assert_eq!(
+        committed_after_power_loss(after).last(),
+        Some(&next),
+        "{context}"
+    );
 }
 
 #[test]
@@ -2438,4 +2466,217 @@ fn a_damaged_header_over_only_the_end_of_the_last_record_keeps_that_record() {
     let writer = open(&fs, config(1 << 20, segment_bytes));
     assert_eq!(writer.start_lsn(), writer.durable_lsn());
     assert_eq!(commits_from(&fs, Lsn::ZERO), acked);
+}
+
+/// The ways a test ends a writer's process after an injected fault: a power loss in each crash
+/// mode, or an exit with the power on (the next open reads the page cache, where a failed
+/// write's prefix is).
+const ENDS: [Option<CrashMode>; 4] = [
+    Some(CrashMode::Random),
+    Some(CrashMode::LoseUnsynced),
+    Some(CrashMode::KeepUnsynced),
+    None,
+];
+
+/// The files the next process finds after `fs`'s process ends as `end` says.
+fn after_the_end(fs: &FaultyFileSystem, end: Option<CrashMode>) -> FaultyFileSystem {
+    match end {
+        Some(mode) => fs.crash_with(mode),
+        None => {
+            fs.clear_faults();
+            fs.clone()
+        }
+    }
+}
+
+/// Checks a log failure an injected `EIO` caused: the writer's own error, naming the file
+/// operation, its file and the fault, and no full disk.
+fn assert_failed_by_eio(error: &WalError, operation: &str, file: &Path, context: &str) {
+    let WalError::Failed { source, .. } = error else {
+        panic!("{context}: expected a log failure, got {error}");
+    };
+    assert_eq!(source.kind(), ErrorKind::Other, "{context}: {error}");
+    let message = error.to_string();
+    let file = file.display().to_string();
+    for part in [
+        operation,
+        file.as_str(),
+        "injected fault",
+        "no further commits",
+    ] {
+        assert!(
+            message.contains(part),
+            "{context}: {part:?} missing: {message}"
+        );
+    }
+}
+
+/// A log write that fails with EIO (having written a prefix of its bytes, or nothing) fails
+/// the log as a failed fdatasync does: the commits that waited for it are not acknowledged,
+/// every later append is refused, and after a power loss or a restart every acknowledged commit
+/// is there and the log goes on. Before this test only a full disk made a log write fail.
+#[test]
+fn a_log_write_that_fails_with_eio_fails_the_log_and_loses_nothing() {
+    let first = Path::new(DIR).join("0000000000000000.wal");
+    for seed in 0..8u64 {
+        let fs = faulty(FaultyConfig::new(seed).tear(Tear::Bytes));
+        let writer = open(&fs, WalConfig::default());
+        commit(&writer, 1).unwrap();
+        fs.inject(FaultRule::fails(Operation::Write, 1 + seed % 4).under(DIR));
+        let (mut acked, errors) = run_sessions(&writer, 4, 1_000, 100, None);
+        assert_eq!(
+            errors.len(),
+            4,
+            "seed {seed}: every session ends with an error"
+        );
+        for error in &errors {
+            assert_failed_by_eio(
+                error,
+                "writing log segment",
+                &first,
+                &format!("seed {seed}"),
+            );
+        }
+        assert!(writer.is_failed());
+        assert!(writer.append(&Record::Commit { txn: TxnId(1) }).is_err());
+        drop(writer);
+        acked.insert(1);
+        let end = ENDS[seed as usize % ENDS.len()];
+        println!("seed {seed}: {} acknowledged, then {end:?}", acked.len());
+        let after = after_the_end(&fs, end);
+        let (committed, _) = check_log(&after, &acked);
+        let writer = open(&after, WalConfig::default());
+        commit(&writer, 99_000_000).unwrap();
+        drop(writer);
+        let mut all = committed;
+        all.insert(99_000_000);
+        check_log(&after.crash_with(CrashMode::LoseUnsynced), &all);
+    }
+}
+
+/// A new log segment that cannot be opened (created inline, or, with a prepared file, opened
+/// after the prepared file was renamed to its name) fails the log: the flush that reached it
+/// acknowledges nothing, and after a power loss or a restart every acknowledged commit is
+/// there and the log goes on into the new segment.
+#[test]
+fn a_new_segment_that_cannot_be_opened_fails_the_log_and_loses_nothing() {
+    const SEGMENT: u64 = 4096;
+    let second = Path::new(DIR).join(format!("{SEGMENT:016x}.wal"));
+    for (index, prepare_segments) in [false, true, false, true].into_iter().enumerate() {
+        let context = format!("prepare_segments {prepare_segments}, end {:?}", ENDS[index]);
+        let fs = faulty(FaultyConfig::new(40 + index as u64));
+        let wal_config = WalConfig {
+            prepare_segments,
+            ..config(4096, SEGMENT)
+        };
+        let writer = open(&fs, wal_config);
+        fs.inject(FaultRule::fails_from(Operation::Open, 1).on_path(&second));
+        // A pause after each commit lets the preparer make its file before the switch, as time
+        // between commits would.
+        let (acked, error) = commit_small_until_failure(&writer, Duration::from_micros(200));
+        // With a preparer the prepared file may or may not have been ready at the switch: the
+        // segment was opened after its rename, or created inline.
+        let operation = if prepare_segments {
+            "log segment"
+        } else {
+            "creating log segment"
+        };
+        assert_failed_by_eio(&error, operation, &second, &context);
+        assert!(writer.durable_lsn().0 <= SEGMENT, "{context}");
+        assert!(commit_small(&writer, u64::MAX).is_err(), "{context}");
+        drop(writer);
+        let after = after_the_end(&fs, ENDS[index]);
+        recovered_log_goes_on_into(&after, &acked, wal_config, SEGMENT, &context);
+    }
+}
+
+/// Renames in the log's directory that fail (a segment the log no longer needs renamed to a
+/// spare, a spare renamed to the prepared file, the prepared file renamed to a new segment's
+/// name) cost only the reuse: the old segment is removed instead, the spare is removed and the
+/// next file zero-filled, the new segment is created inline. Nothing fails, and every
+/// acknowledged commit after the truncation survives a power loss.
+#[test]
+fn renames_that_fail_in_the_log_directory_only_cost_the_reuse_of_files() {
+    let fs = faulty(FaultyConfig::new(43));
+    let writer = open(&fs, config(4096, 4096));
+    commit_until(&writer, |stats| stats.durable_lsn.0 > 12 * 4096);
+    fs.inject(FaultRule::fails_from(Operation::Rename, 1).under(DIR));
+    let failures = writer.stats().segment_preparation_failures;
+    let truncated_to = writer.durable_lsn();
+    let removed = writer.remove_segments_before(truncated_to).unwrap();
+    assert!(removed >= 8, "{removed} removed");
+    let stats = writer.stats();
+    assert_eq!(
+        stats.spared_segments, 0,
+        "a failed rename made a spare: {stats:?}"
+    );
+    assert!(spare_files(&fs).is_empty());
+    assert!(
+        stats.segment_preparation_failures >= failures + removed as u64,
+        "{stats:?}"
+    );
+    // Segment switches go on; a prepared file cannot be taken, so each segment is created
+    // inline, and the failed take is counted.
+    let prepared = stats.prepared_segments;
+    let truncation_failures = stats.segment_preparation_failures;
+    let acked = commit_until(&writer, |stats| {
+        stats.durable_lsn.0 > 20 * 4096 && stats.segment_preparation_failures > truncation_failures
+    });
+    let stats = writer.stats();
+    println!("{stats:?}");
+    assert_eq!(stats.prepared_segments, prepared, "{stats:?}");
+    assert!(
+        stats.segment_preparation_failures > truncation_failures,
+        "{stats:?}"
+    );
+    assert!(!writer.is_failed());
+    drop(writer);
+    // From the truncation point on, the log holds exactly the commits made since.
+    let crashed = fs.crash_with(CrashMode::LoseUnsynced);
+    assert_eq!(commits_from(&crashed, truncated_to), acked);
+}
+
+/// An open of an existing log cuts the segment that holds its end to that end
+/// (`File::set_len`) and removes the segments after it. When either fails with EIO the open
+/// fails, saying what it could not do and why, and changes nothing that matters: the next open
+/// (after a power loss or not) finds every acknowledged commit and the log goes on.
+#[test]
+fn an_open_that_cannot_cut_or_remove_log_fails_clearly_and_the_next_open_succeeds() {
+    for (index, (operation, what)) in [
+        (Operation::SetLen, "truncating"),
+        (Operation::Remove, "removing"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for end in ENDS {
+            let context = format!("{operation:?}, {end:?}");
+            let fs = faulty(FaultyConfig::new(50 + index as u64).tear(Tear::Bytes));
+            let writer = open(&fs, config(4096, 4096));
+            let acked = commit_until(&writer, |stats| stats.durable_lsn.0 > 2 * 4096);
+            drop(writer);
+            // A segment after the last one, which the next open removes: a switch whose header
+            // never became durable, as a crash can leave it.
+            let next = segment_files(&fs).len() as u64 * 4096;
+            let stray = Path::new(DIR).join(format!("{next:016x}.wal"));
+            fs.open(&stray, OpenOptions::create()).unwrap();
+            fs.inject(FaultRule::fails(operation, 1).under(DIR));
+            let error = LogWriter::open(Arc::new(fs.clone()), DIR, config(4096, 4096))
+                .map(drop)
+                .unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains(what) && message.contains("injected fault"),
+                "{context}: {message}"
+            );
+            assert_eq!(fs.stats().injected_failures, 1, "{context}");
+            let after = after_the_end(&fs, end);
+            let writer = open(&after, config(4096, 4096));
+            commit(&writer, 99_000_000).unwrap();
+            drop(writer);
+            let mut all = acked;
+            all.insert(99_000_000);
+            check_log(&after.crash_with(CrashMode::LoseUnsynced), &all);
+        }
+    }
 }
