@@ -17,9 +17,9 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
-    DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES,
-    MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
-    RECOVERY_WRITE_BACK_PAUSE_MS, WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
+    DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_ESCALATION_THRESHOLD,
+    LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES, MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
+    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -61,6 +61,12 @@ pub struct DatabaseOptions {
     /// How long a lock request waits before failing (SET LOCK_TIMEOUT); `None` waits forever
     /// (deadlocks are still detected).
     pub lock_timeout: Option<Duration>,
+    /// How many row locks a transaction may take on one table before it tries to trade them
+    /// for one lock on the whole table (lock escalation, checked between the statements of an
+    /// explicit transaction; see `docs/locking.md`). `None` never escalates, like SQL Server's
+    /// `LOCK_ESCALATION = DISABLE`. By default `LOCK_ESCALATION_THRESHOLD` (5,000, SQL
+    /// Server's).
+    pub lock_escalation_threshold: Option<usize>,
     /// The log's buffer and segment sizes.
     pub wal: WalConfig,
     /// The file system a durable database uses; `None` is the real one. Tests pass a
@@ -82,6 +88,7 @@ impl Default for DatabaseOptions {
             checkpoint_log_bytes: CHECKPOINT_LOG_BYTES,
             delayed_flush_interval: Duration::from_millis(DELAYED_FLUSH_INTERVAL_MS),
             lock_timeout: None,
+            lock_escalation_threshold: Some(LOCK_ESCALATION_THRESHOLD),
             wal: WalConfig::default(),
             file_system: None,
             max_pages: MAX_POOL_PAGES,
@@ -97,6 +104,7 @@ impl std::fmt::Debug for DatabaseOptions {
             .field("checkpoint_log_bytes", &self.checkpoint_log_bytes)
             .field("delayed_flush_interval", &self.delayed_flush_interval)
             .field("lock_timeout", &self.lock_timeout)
+            .field("lock_escalation_threshold", &self.lock_escalation_threshold)
             .field("wal", &self.wal)
             .field("file_system", &self.file_system.as_ref().map(|_| "custom"))
             .field("max_pages", &self.max_pages)
@@ -694,6 +702,10 @@ impl Database {
 
     pub(crate) fn lock_timeout(&self) -> Option<Duration> {
         self.inner.options.lock_timeout
+    }
+
+    pub(crate) fn lock_escalation_threshold(&self) -> Option<usize> {
+        self.inner.options.lock_escalation_threshold
     }
 
     /// This database's instance number, unique in the process.

@@ -78,6 +78,25 @@ impl LockKey {
         }
     }
 
+    /// The lock of all of table `table_id` that a transaction escalates to (see
+    /// [`LockManager::try_escalate`]). It is a range's lock with an empty low end, which no row
+    /// key has (every one starts with its index's ordinal), so it names nothing else.
+    pub fn whole_table(table_id: u32) -> LockKey {
+        LockKey {
+            table_id,
+            range: true,
+            bytes: KeyBytes::Inline {
+                len: 0,
+                bytes: [0; LOCK_KEY_INLINE_BYTES],
+            },
+        }
+    }
+
+    /// Whether this is the lock of a whole table ([`LockKey::whole_table`]).
+    pub fn is_whole_table(&self) -> bool {
+        self.range && self.key().is_empty()
+    }
+
     /// The table the row belongs to.
     pub fn table_id(&self) -> u32 {
         self.table_id
@@ -215,6 +234,12 @@ pub struct LockStats {
     pub timeouts: u64,
     /// Requests that failed with [`LockError::Deadlock`].
     pub deadlocks: u64,
+    /// Transactions' row locks on a table traded for one lock on the whole table
+    /// ([`LockManager::try_escalate`]).
+    pub escalations: u64,
+    /// Escalations that did not happen because another transaction held or waited for a lock
+    /// on the table.
+    pub failed_escalations: u64,
 }
 
 impl LockStats {
@@ -223,6 +248,8 @@ impl LockStats {
         self.waits += other.waits;
         self.timeouts += other.timeouts;
         self.deadlocks += other.deadlocks;
+        self.escalations += other.escalations;
+        self.failed_escalations += other.failed_escalations;
     }
 }
 
@@ -534,13 +561,15 @@ struct WaitingTxns {
     waiting_for: HashMap<TxnId, LockKey>,
 }
 
-/// A key range one transaction holds X on as a whole (see [`LockManager::lock_range`]).
+/// A key range one transaction holds X on as a whole: a batch's fresh keys (see
+/// [`LockManager::lock_range`]) or a whole table (see [`LockManager::try_escalate`]).
 struct RangeLock {
     txn: TxnId,
-    /// The range's own lock entry: its key is the low end, marked as a range.
+    /// The range's own lock entry: its key is the low end, marked as a range (empty for a
+    /// whole table).
     entry: LockKey,
-    /// The high end (inclusive), a row key of the same table.
-    high: LockKey,
+    /// The high end (inclusive), a row key of the same table; `None` for a whole table.
+    high: Option<LockKey>,
 }
 
 impl RangeLock {
@@ -548,9 +577,28 @@ impl RangeLock {
     fn covers(&self, key: &LockKey) -> bool {
         key.table_id == self.entry.table_id
             && !key.range
-            && self.entry.key() <= key.key()
-            && key.key() <= self.high.key()
+            && self
+                .high
+                .as_ref()
+                .is_none_or(|high| self.entry.key() <= key.key() && key.key() <= high.key())
     }
+
+    fn is_whole_table(&self) -> bool {
+        self.high.is_none()
+    }
+}
+
+/// Which held ranges cover a row key a transaction asks for.
+enum Coverage {
+    /// None.
+    None,
+    /// Another transaction's range, whose lock entry this is: the request waits for it.
+    Other(LockKey),
+    /// A range of the requester's own fresh keys: nobody else can hold the key.
+    OwnKeys,
+    /// The requester's lock on the whole table: nobody else can take the key, but another
+    /// transaction may hold it already (a fresh key it inserted after the escalation).
+    OwnTable,
 }
 
 /// The row lock manager of one database. See the module documentation and `docs/locking.md`.
@@ -568,15 +616,22 @@ pub struct LockManager {
     /// FxHash, because SipHash costs more per lock than the whole rest of an uncontended
     /// acquire. A client that chose keys to collide would only slow its own shard's lookups.
     shard_hasher: FxBuildHasher,
-    /// The key ranges held now. Every row request looks here first, so the list is short (one
-    /// entry per batch of fresh keys inserted by a transaction that has not ended) and is only
-    /// read when `range_count` says it is not empty.
+    /// The key ranges held now. Every row request looks here, so the list is short (one entry
+    /// per batch of fresh keys inserted by a transaction that has not ended, and one per
+    /// escalated table) and is only read when `range_count` says it is not empty. Lock order:
+    /// a shard mutex before this one, never the other way round.
     ranges: Mutex<Vec<RangeLock>>,
     /// How many entries `ranges` has. Written under its mutex; a request that reads 0 skips the
-    /// mutex. A range is added before any row in it exists, and a request only ever asks about
-    /// a row it found (under the row's page latch, after the insert that made it), so it cannot
-    /// read a count older than the range that covers the row.
+    /// mutex. A lock request reads it under its key's shard mutex. A batch's range is added
+    /// before any row in it exists, and an escalation adds its table's before it looks through
+    /// the shards for other transactions' locks on the table: either the escalation finds a
+    /// request's lock in its shard, or the request took the shard mutex after the escalation
+    /// let it go, and so reads the count after the range was added.
     range_count: AtomicUsize,
+    /// Escalations that succeeded and that failed ([`LockStats::escalations`]); rare, so
+    /// counted outside the shards.
+    escalations: AtomicU64,
+    failed_escalations: AtomicU64,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -624,6 +679,8 @@ impl LockManager {
             shard_hasher: FxBuildHasher,
             ranges: Mutex::new(Vec::new()),
             range_count: AtomicUsize::new(0),
+            escalations: AtomicU64::new(0),
+            failed_escalations: AtomicU64::new(0),
         }
     }
 
@@ -651,6 +708,31 @@ impl LockManager {
         self.find_range(key, |range| {
             (Some(range.txn) != txn).then(|| range.entry.clone())
         })
+    }
+
+    /// Which ranges cover row key `key` for a request by `txn` (see [`Coverage`]). Another
+    /// transaction's range comes first: the request waits for it. Except, for a `fresh` key
+    /// (one nobody could name before `txn` made it), another transaction's lock on the whole
+    /// table: such a key is locked under a page latch and must never wait, and it is no row the
+    /// other transaction could have read or changed.
+    fn coverage(&self, txn: TxnId, key: &LockKey, fresh: bool) -> Coverage {
+        if self.range_count.load(Ordering::Acquire) == 0 || key.range {
+            return Coverage::None;
+        }
+        let ranges = sync::lock(&self.ranges);
+        let mut coverage = Coverage::None;
+        for range in ranges.iter().filter(|range| range.covers(key)) {
+            if range.txn != txn {
+                if !(fresh && range.is_whole_table()) {
+                    return Coverage::Other(range.entry.clone());
+                }
+            } else if !range.is_whole_table() {
+                coverage = Coverage::OwnKeys;
+            } else if matches!(coverage, Coverage::None) {
+                coverage = Coverage::OwnTable;
+            }
+        }
+        coverage
     }
 
     /// Locks every row key from `low` to `high` (inclusive, one table's keys, `low ≤ high`)
@@ -690,7 +772,7 @@ impl LockManager {
             range: true,
             ..low.clone()
         };
-        let granted = self.lock(txn, &entry, LockMode::Exclusive, timeout)?;
+        let granted = self.lock(txn, &entry, LockMode::Exclusive, timeout, true)?;
         let mut ranges = sync::lock(&self.ranges);
         match ranges
             .iter_mut()
@@ -699,15 +781,17 @@ impl LockManager {
             // The transaction already holds a range from the same low end: it now reaches as
             // far as the higher of the two ends.
             Some(held) => {
-                if held.high.key() < high.key() {
-                    held.high = high.clone();
+                if let Some(held_high) = &mut held.high
+                    && held_high.key() < high.key()
+                {
+                    *held_high = high.clone();
                 }
             }
             None => {
                 ranges.push(RangeLock {
                     txn,
                     entry: entry.clone(),
-                    high: high.clone(),
+                    high: Some(high.clone()),
                 });
                 self.range_count.store(ranges.len(), Ordering::Release);
             }
@@ -770,7 +854,15 @@ impl LockManager {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        self.lock(txn, key, mode, timeout).map(|_| ())
+        self.lock(txn, key, mode, timeout, false).map(|_| ())
+    }
+
+    /// [`LockManager::acquire`] of X on a key `txn` has just made (an identity key, under the
+    /// latch of the leaf it goes on), which must never wait: another transaction's lock on the
+    /// whole table does not cover it (see [`LockManager::try_escalate`]).
+    pub fn acquire_fresh(&self, txn: TxnId, key: &LockKey) -> Result<(), LockError> {
+        self.lock(txn, key, LockMode::Exclusive, None, true)
+            .map(|_| ())
     }
 
     fn lock(
@@ -779,22 +871,47 @@ impl LockManager {
         key: &LockKey,
         mode: LockMode,
         timeout: Option<Duration>,
+        fresh: bool,
     ) -> Result<Granted, LockError> {
         let patience = LockPatience::from_now(timeout);
-        // A row in another transaction's range is waited for first; one in the requester's own
-        // range is held already.
-        while let Some(range) = self.range_of_other(Some(txn), key) {
-            self.wait_out_exclusive(Some(txn), &range, mode.wait_type(), patience)?;
-        }
-        if self.in_own_range(txn, key) {
-            return Ok(Granted::AlreadyHeld);
-        }
         let shard_mutex = self.shard(key);
         let mut shard = sync::lock(shard_mutex);
+        // Ranges are looked at under the key's shard mutex, so that an escalation cannot miss
+        // the lock this takes (see `range_count`). A lock the requester holds already is
+        // granted first; a row in another transaction's range is waited for, and one in the
+        // requester's own range of fresh keys is held already.
+        let mut own_table = false;
+        if !key.range && self.range_count.load(Ordering::Acquire) != 0 {
+            loop {
+                let held = shard
+                    .entries
+                    .get(key)
+                    .and_then(|entry| entry.holders.mode_of(txn));
+                if held.is_some_and(|held| held.covers(mode)) {
+                    return Ok(Granted::AlreadyHeld);
+                }
+                match self.coverage(txn, key, fresh) {
+                    Coverage::Other(range) => {
+                        drop(shard);
+                        self.wait_out_exclusive(Some(txn), &range, mode.wait_type(), patience)?;
+                        shard = sync::lock(shard_mutex);
+                    }
+                    Coverage::OwnKeys => return Ok(Granted::AlreadyHeld),
+                    Coverage::OwnTable => {
+                        own_table = true;
+                        break;
+                    }
+                    Coverage::None => break,
+                }
+            }
+        }
         let Shard { entries, stats } = &mut *shard;
         // One lookup whether or not the key is locked (the usual case for a new row is that it
         // is not): cloning a key costs less than hashing and probing it a second time.
         let entry = match entries.entry(key.clone()) {
+            // Under the requester's lock on the whole table, a key nobody else holds needs no
+            // entry of its own: that is what makes escalating save memory.
+            Entry::Vacant(_) if own_table => return Ok(Granted::AlreadyHeld),
             Entry::Vacant(vacant) => {
                 vacant.insert(LockEntry {
                     holders: Holders::one(Holder { txn, mode }),
@@ -823,6 +940,9 @@ impl LockManager {
             }
             None => {
                 if !entry.has_queued_lock_requests() && entry.holders.admit(mode) {
+                    if own_table {
+                        return Ok(Granted::AlreadyHeld);
+                    }
                     entry.holders.push(Holder { txn, mode });
                     stats.acquired += 1;
                     return Ok(Granted::New);
@@ -930,6 +1050,75 @@ impl LockManager {
         }
     }
 
+    /// Tries to give `txn` an X lock on all of table `table_id` (SQL Server's lock escalation),
+    /// so that it can let go of its row locks there ([`TxnLocks::escalate_if_large`] does both)
+    /// and take no more of them: every row it locks in the table afterwards is covered by the
+    /// one lock and needs no memory of its own. Returns whether `txn` holds the table's lock
+    /// now. Never waits: if another transaction holds or waits for any lock on the table (a
+    /// row, a range, or the table), the escalation fails, as SQL Server's does, and `txn` goes
+    /// on with row locks.
+    ///
+    /// Once it holds the table, every other request for a row of it, and every READ COMMITTED
+    /// read of one, waits for `txn` to end, like a row lock's do; except a key another
+    /// transaction has just made (an identity key: see [`LockManager::acquire_fresh`]), which
+    /// was never a row `txn` could have read or changed. `txn` then has to wait for such a row
+    /// like any other transaction's, and does.
+    ///
+    /// Costs one pass over every lock held in the manager, under one shard mutex at a time.
+    pub fn try_escalate(&self, txn: TxnId, table_id: u32) -> bool {
+        let table = LockKey::whole_table(table_id);
+        {
+            let mut shard = sync::lock(self.shard(&table));
+            let Shard { entries, stats } = &mut *shard;
+            match entries.entry(table.clone()) {
+                Entry::Vacant(vacant) => {
+                    vacant.insert(LockEntry {
+                        holders: Holders::one(Holder {
+                            txn,
+                            mode: LockMode::Exclusive,
+                        }),
+                        queue: VecDeque::new(),
+                    });
+                    stats.acquired += 1;
+                }
+                Entry::Occupied(occupied) => {
+                    let held = occupied.get().holders.mode_of(txn) == Some(LockMode::Exclusive);
+                    if !held {
+                        self.failed_escalations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return held;
+                }
+            }
+        }
+        // Published before the shards are looked through (see `range_count`): a request that
+        // comes after this waits for the table instead of taking a lock the pass below misses.
+        {
+            let mut ranges = sync::lock(&self.ranges);
+            ranges.push(RangeLock {
+                txn,
+                entry: table.clone(),
+                high: None,
+            });
+            self.range_count.store(ranges.len(), Ordering::Release);
+        }
+        let conflict = self.shards.iter().any(|shard| {
+            sync::lock(shard).entries.iter().any(|(key, entry)| {
+                key.table_id == table_id
+                    && *key != table
+                    && (entry.holders.iter().any(|holder| holder.txn != txn)
+                        || entry.has_queued_lock_requests())
+            })
+        });
+        if conflict {
+            // Whoever waited for the table meanwhile goes on to its row.
+            self.release_all(txn, &[table]);
+            self.failed_escalations.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.escalations.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
     /// How many transactions are waiting for a lock right now and have already looked for a
     /// deadlock. Takes the waiting-transactions mutex: for tests and diagnostics, not for hot
     /// paths.
@@ -943,6 +1132,8 @@ impl LockManager {
         for shard in self.shards.iter() {
             total.merge(&sync::lock(shard).stats);
         }
+        total.escalations = self.escalations.load(Ordering::Relaxed);
+        total.failed_escalations = self.failed_escalations.load(Ordering::Relaxed);
         total
     }
 
@@ -1102,6 +1293,10 @@ impl LockManager {
 pub struct TxnLocks {
     txn: TxnId,
     keys: Vec<LockKey>,
+    /// How many keys the transaction must hold before [`TxnLocks::escalate_if_large`] looks
+    /// again (besides the threshold it is given): twice as many as when it last looked, so
+    /// that the looking costs a constant per lock taken.
+    next_escalation_check: usize,
 }
 
 impl TxnLocks {
@@ -1110,6 +1305,7 @@ impl TxnLocks {
         TxnLocks {
             txn,
             keys: Vec::new(),
+            next_escalation_check: 0,
         }
     }
 
@@ -1153,10 +1349,66 @@ impl TxnLocks {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        if manager.lock(self.txn, &key, mode, timeout)? == Granted::New {
+        if manager.lock(self.txn, &key, mode, timeout, false)? == Granted::New {
             self.keys.push(key);
         }
         Ok(())
+    }
+
+    /// [`LockManager::acquire_fresh`] for this transaction; a newly locked key is remembered.
+    pub fn acquire_fresh(&mut self, manager: &LockManager, key: LockKey) -> Result<(), LockError> {
+        if manager.lock(self.txn, &key, LockMode::Exclusive, None, true)? == Granted::New {
+            self.keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// Trades the transaction's row locks on each table it holds at least `threshold` of
+    /// (ranges not counted) for one lock on the whole table ([`LockManager::try_escalate`]),
+    /// and returns how many tables it escalated. To be called between statements, never
+    /// between [`TxnLocks::keys`]`().len()` and a [`TxnLocks::release_taken_since`] that
+    /// depends on it: the row locks it lets go leave the list.
+    ///
+    /// Looks only once the transaction holds `threshold` locks in all, and then again only
+    /// once it holds twice as many as when it last looked: an escalation that fails (another
+    /// transaction holds a lock on the table) is tried again later, and the passes over the
+    /// lock manager it costs add up to a constant per lock.
+    pub fn escalate_if_large(&mut self, manager: &LockManager, threshold: usize) -> usize {
+        let threshold = threshold.max(1);
+        if self.keys.len() < threshold.max(self.next_escalation_check) {
+            return 0;
+        }
+        let mut row_locks: Vec<(u32, usize)> = Vec::new();
+        for key in self.keys.iter().filter(|key| !key.range) {
+            match row_locks
+                .iter_mut()
+                .find(|(table, _)| *table == key.table_id)
+            {
+                Some((_, count)) => *count += 1,
+                None => row_locks.push((key.table_id, 1)),
+            }
+        }
+        let mut escalated = 0;
+        for (table_id, count) in row_locks {
+            if count < threshold || !manager.try_escalate(self.txn, table_id) {
+                continue;
+            }
+            let table = LockKey::whole_table(table_id);
+            let (released, mut kept): (Vec<LockKey>, Vec<LockKey>) = std::mem::take(&mut self.keys)
+                .into_iter()
+                .partition(|key| key.table_id == table_id && *key != table);
+            // Nobody else holds or waits for these (the escalation made sure), so letting
+            // them go grants nothing; a READ COMMITTED reader waiting for one of them wakes
+            // and waits for the table instead.
+            manager.release_all(self.txn, &released);
+            if !kept.contains(&table) {
+                kept.push(table);
+            }
+            self.keys = kept;
+            escalated += 1;
+        }
+        self.next_escalation_check = self.keys.len().saturating_mul(2);
+        escalated
     }
 
     /// Whether the transaction holds any lock.

@@ -193,12 +193,7 @@ impl FreshLocker<'_> {
     pub(crate) fn lock(&self, key: &[u8]) -> Result<()> {
         self.taken
             .borrow_mut()
-            .acquire(
-                self.db.locks(),
-                lock_key(self.table_id, 0, key),
-                LockMode::Exclusive,
-                None,
-            )
+            .acquire_fresh(self.db.locks(), lock_key(self.table_id, 0, key))
             .map_err(|error| EngineError::from_lock(error, self.process_id))
     }
 
@@ -589,6 +584,14 @@ impl Session {
             for entry in &mut txn.undo[savepoint..] {
                 entry.table.get_or_insert_with(|| Arc::clone(table));
             }
+        }
+        // Between statements, where no statement counts on its place in the list of locks:
+        // a transaction that has taken many row locks on a table trades them for one lock on
+        // the whole table, so that a large one does not hold memory for every row it touched.
+        if txn.explicit
+            && let Some(threshold) = db.lock_escalation_threshold()
+        {
+            txn.locks.escalate_if_large(db.locks(), threshold);
         }
         drop(slot);
         match (autocommit, result) {

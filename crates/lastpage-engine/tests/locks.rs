@@ -8,7 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lastpage_engine::locks::{LockError, LockKey, LockManager, LockMode, TxnId, TxnLocks};
-use lastpage_engine::{Database, DatabaseOptions, WaitType};
+use lastpage_engine::{Database, DatabaseOptions, EngineError, Value, WaitType};
+use lastpage_storage::limits::LOCK_ESCALATION_THRESHOLD;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -915,4 +916,438 @@ fn a_read_committed_reader_waits_for_a_row_within_one_timeout() {
         );
         second.join().unwrap().unwrap();
     });
+}
+
+/// A row key of table `table` from a number.
+fn row_of(table: u32, number: u32) -> LockKey {
+    LockKey::new(table, number.to_be_bytes())
+}
+
+#[test]
+fn an_escalated_transaction_holds_its_table_with_one_lock() {
+    let manager = Arc::new(LockManager::new(8));
+    let mut big = TxnLocks::new(TxnId(1));
+    for number in 0..20 {
+        big.acquire(&manager, row_of(1, number), Exclusive, ZERO)
+            .unwrap();
+    }
+    big.acquire(&manager, row_of(2, 7), Exclusive, ZERO)
+        .unwrap();
+    assert_eq!(big.escalate_if_large(&manager, 10), 1);
+    // Its 20 row locks on table 1 became one; the one on table 2 stays.
+    assert_eq!(big.keys(), &[row_of(2, 7), LockKey::whole_table(1)]);
+    let stats = manager.stats();
+    assert_eq!((stats.escalations, stats.failed_escalations), (1, 0));
+    // Every row of table 1 is the escalated transaction's now, those it never locked too...
+    for number in [3, 500] {
+        assert!(manager.is_locked_by_other(None, &row_of(1, number)));
+        assert!(!manager.is_locked_by_other(Some(TxnId(1)), &row_of(1, number)));
+        assert_eq!(
+            manager.acquire(TxnId(2), &row_of(1, number), Exclusive, ZERO),
+            Err(LockError::Timeout { ms: 0 })
+        );
+        assert_eq!(
+            manager.wait_for_shared(Some(TxnId(2)), &row_of(1, number), ZERO),
+            Err(LockError::Timeout { ms: 0 })
+        );
+    }
+    // ...and its own requests there take no memory.
+    big.acquire(&manager, row_of(1, 600), Exclusive, ZERO)
+        .unwrap();
+    big.acquire_fresh(&manager, row_of(1, 601)).unwrap();
+    assert_eq!(big.keys().len(), 2);
+    assert_eq!(manager.holds(TxnId(1), &row_of(1, 600)), Some(Exclusive));
+    // Other tables are not covered.
+    manager
+        .acquire(TxnId(2), &row_of(2, 8), Exclusive, ZERO)
+        .unwrap();
+
+    // A key another transaction has just made is its own (it was never a row the escalated
+    // transaction could have seen) and must not wait, since it is locked under a page latch;
+    // the escalated transaction then waits for that row like for any other's.
+    let mut other = TxnLocks::new(TxnId(3));
+    other.acquire_fresh(&manager, row_of(1, 1000)).unwrap();
+    assert_eq!(
+        manager.acquire(TxnId(1), &row_of(1, 1000), Exclusive, ZERO),
+        Err(LockError::Timeout { ms: 0 })
+    );
+    let waiter = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || {
+            let mut big = big;
+            big.acquire(&manager, row_of(1, 1000), Exclusive, None)
+                .map(|()| big)
+        })
+    };
+    wait_for_waiters(&manager, 1);
+    other.release_all(&manager);
+    let mut big = waiter.join().unwrap().unwrap();
+    assert_eq!(big.keys().len(), 3);
+    assert!(manager.is_locked_by_other(None, &row_of(1, 1000)));
+
+    // A request that waits for the table goes when the transaction ends.
+    let writer = {
+        let manager = Arc::clone(&manager);
+        thread::spawn(move || manager.acquire(TxnId(4), &row_of(1, 3), Exclusive, None))
+    };
+    wait_for_waiters(&manager, 1);
+    big.release_all(&manager);
+    writer.join().unwrap().unwrap();
+    assert!(!manager.is_locked_by_other(None, &row_of(1, 500)));
+    manager
+        .acquire(TxnId(5), &row_of(1, 500), Exclusive, ZERO)
+        .unwrap();
+}
+
+#[test]
+fn an_escalation_fails_while_another_transaction_locks_the_table_and_is_tried_again_later() {
+    let manager = Arc::new(LockManager::new(8));
+    let mut other = TxnLocks::new(TxnId(2));
+    other
+        .acquire(&manager, row_of(1, 999), Exclusive, ZERO)
+        .unwrap();
+    let mut big = TxnLocks::new(TxnId(1));
+    for number in 0..10 {
+        big.acquire(&manager, row_of(1, number), Exclusive, ZERO)
+            .unwrap();
+    }
+    assert_eq!(big.escalate_if_large(&manager, 10), 0);
+    assert_eq!(manager.stats().failed_escalations, 1);
+    assert_eq!(big.keys().len(), 10);
+    // The failed attempt left nothing behind: rows it never locked are free.
+    other
+        .acquire(&manager, row_of(1, 998), Exclusive, ZERO)
+        .unwrap();
+    assert!(!manager.is_locked_by_other(Some(TxnId(2)), &row_of(1, 500)));
+    // The next attempt comes only at twice the locks: 19 do not look again.
+    for number in 10..19 {
+        big.acquire(&manager, row_of(1, number), Exclusive, ZERO)
+            .unwrap();
+    }
+    assert_eq!(big.escalate_if_large(&manager, 10), 0);
+    assert_eq!(manager.stats().failed_escalations, 1);
+    other.release_all(&manager);
+
+    // A transaction queued for one of its rows also stops it: granting the row later would
+    // put that transaction inside the escalated table.
+    let queued_writer = queued(&manager, 3, row_of(1, 0), Exclusive, 1);
+    big.acquire(&manager, row_of(1, 19), Exclusive, ZERO)
+        .unwrap();
+    assert_eq!(big.escalate_if_large(&manager, 10), 0);
+    assert_eq!(manager.stats().failed_escalations, 2);
+    assert_eq!(big.keys().len(), 20);
+    // Once nobody else holds or waits for a lock on the table, it escalates.
+    for number in 20..40 {
+        big.acquire(&manager, row_of(1, number), Exclusive, ZERO)
+            .unwrap();
+    }
+    let (big, queued_writer) = {
+        let handle = thread::spawn(move || {
+            // The queued writer still waits: the escalation fails again until it is gone.
+            assert_eq!(big.escalate_if_large(&manager, 10), 0);
+            (big, manager)
+        });
+        let (mut big, manager) = handle.join().unwrap();
+        big.release_all(&manager);
+        queued_writer.join().unwrap().unwrap();
+        manager.release_all(TxnId(3), &[row_of(1, 0)]);
+        let mut big = TxnLocks::new(TxnId(4));
+        for number in 0..10 {
+            big.acquire(&manager, row_of(1, number), Exclusive, ZERO)
+                .unwrap();
+        }
+        assert_eq!(big.escalate_if_large(&manager, 10), 1);
+        (big, manager)
+    };
+    assert_eq!(big.keys(), &[LockKey::whole_table(1)]);
+    assert_eq!(queued_writer.stats().escalations, 1);
+    assert_eq!(queued_writer.stats().failed_escalations, 3);
+}
+
+/// Who holds what, as the test sees it: the owner of each row and of each table (0: nobody).
+struct Owners {
+    rows: Vec<AtomicU64>,
+    table: AtomicU64,
+}
+
+impl Owners {
+    fn take_row(&self, row: usize, txn: u64) {
+        let table = self.table.load(Ordering::SeqCst);
+        assert!(
+            table == 0 || table == txn,
+            "transaction {txn} locked row {row} inside transaction {table}'s table"
+        );
+        if let Err(owner) =
+            self.rows[row].compare_exchange(0, txn, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            assert_eq!(owner, txn, "row {row} locked by {owner} and {txn}");
+        }
+    }
+}
+
+#[test]
+fn escalations_keep_mutual_exclusion_with_row_locks_fresh_keys_and_readers() {
+    const THREADS: usize = 6;
+    const TXNS_PER_THREAD: usize = 1000;
+    const ROWS: usize = 12;
+    // Fresh keys are numbered from here on; each transaction makes at most one.
+    const FRESH_BASE: usize = ROWS;
+    const FRESH_KEYS: usize = THREADS * TXNS_PER_THREAD * 4;
+    let seed = seed();
+
+    let manager = Arc::new(LockManager::new(4));
+    let owners = Arc::new(Owners {
+        rows: (0..FRESH_BASE + FRESH_KEYS)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        table: AtomicU64::new(0),
+    });
+    let next_txn = Arc::new(AtomicU64::new(1));
+    let next_fresh = Arc::new(AtomicUsize::new(FRESH_BASE));
+    let escalated = Arc::new(AtomicU64::new(0));
+    let key_of = |row: usize| LockKey::new(1, (row as u32).to_be_bytes());
+    let threads: Vec<_> = (0..THREADS)
+        .map(|thread_index| {
+            let (manager, owners, next_txn, next_fresh, escalated) = (
+                Arc::clone(&manager),
+                Arc::clone(&owners),
+                Arc::clone(&next_txn),
+                Arc::clone(&next_fresh),
+                Arc::clone(&escalated),
+            );
+            let mut rng = StdRng::seed_from_u64(seed ^ (thread_index as u64).wrapping_mul(0x9e37));
+            thread::spawn(move || {
+                for _ in 0..TXNS_PER_THREAD {
+                    let started = Instant::now();
+                    loop {
+                        assert!(
+                            started.elapsed() < Duration::from_secs(60),
+                            "a transaction never finished: {:?}",
+                            manager.stats()
+                        );
+                        let txn = next_txn.fetch_add(1, Ordering::Relaxed);
+                        let mut locks = TxnLocks::new(TxnId(txn));
+                        let mut rows: Vec<usize> = Vec::new();
+                        let mut table = false;
+                        let timeout = Some(Duration::from_millis(rng.random_range(1..20)));
+                        let mut outcome = Ok(());
+                        for _ in 0..rng.random_range(1..=5) {
+                            let step = rng.random_range(0..10);
+                            if step < 2 {
+                                // Make a fresh key: it never waits, whoever holds the table.
+                                let row = next_fresh.fetch_add(1, Ordering::Relaxed);
+                                locks.acquire_fresh(&manager, key_of(row)).unwrap();
+                                let owner = owners.rows[row].swap(txn, Ordering::SeqCst);
+                                assert_eq!(owner, 0, "fresh row {row} was {owner}'s");
+                                rows.push(row);
+                            } else if step < 3 {
+                                // A READ COMMITTED read: it must not get past an X lock.
+                                let row = rng.random_range(0..ROWS);
+                                match manager.wait_for_shared(
+                                    Some(TxnId(txn)),
+                                    &key_of(row),
+                                    timeout,
+                                ) {
+                                    Ok(()) => {}
+                                    Err(error) => {
+                                        outcome = Err(error);
+                                        break;
+                                    }
+                                }
+                            } else if step < 4 && rows.len() >= 2 {
+                                // Escalate, with a threshold this transaction reaches.
+                                if locks.escalate_if_large(&manager, 2) == 1 {
+                                    let previous = owners.table.swap(txn, Ordering::SeqCst);
+                                    assert_eq!(previous, 0, "two escalated transactions");
+                                    for (row, owner) in owners.rows.iter().enumerate() {
+                                        let owner = owner.load(Ordering::SeqCst);
+                                        assert!(
+                                            owner == 0 || owner == txn || row >= FRESH_BASE,
+                                            "row {row} was {owner}'s when {txn} escalated"
+                                        );
+                                    }
+                                    table = true;
+                                    escalated.fetch_add(1, Ordering::Relaxed);
+                                }
+                            } else {
+                                // Lock an existing row, or a recent fresh one someone made.
+                                let made = next_fresh.load(Ordering::Relaxed);
+                                let row = if rng.random_bool(0.8) || made == FRESH_BASE {
+                                    rng.random_range(0..ROWS)
+                                } else {
+                                    rng.random_range(made.saturating_sub(8).max(FRESH_BASE)..made)
+                                };
+                                if let Err(error) =
+                                    locks.acquire(&manager, key_of(row), Exclusive, timeout)
+                                {
+                                    outcome = Err(error);
+                                    break;
+                                }
+                                if row < FRESH_BASE {
+                                    owners.take_row(row, txn);
+                                } else if let Err(owner) = owners.rows[row].compare_exchange(
+                                    0,
+                                    txn,
+                                    Ordering::SeqCst,
+                                    Ordering::SeqCst,
+                                ) {
+                                    assert_eq!(owner, txn, "row {row} locked by {owner} and {txn}");
+                                }
+                                if !rows.contains(&row) {
+                                    rows.push(row);
+                                }
+                            }
+                            if rng.random_bool(0.3) {
+                                thread::yield_now();
+                            }
+                        }
+                        // What the test believes goes first, then the locks.
+                        for &row in &rows {
+                            owners.rows[row].store(0, Ordering::SeqCst);
+                        }
+                        if table {
+                            owners.table.store(0, Ordering::SeqCst);
+                        }
+                        locks.release_all(&manager);
+                        // A pause between transactions, so that escalations sometimes find
+                        // the table free of other transactions' locks.
+                        thread::sleep(Duration::from_micros(rng.random_range(0..200)));
+                        match outcome {
+                            Ok(()) => break,
+                            Err(LockError::Deadlock { victim }) => assert_eq!(victim.0, txn),
+                            Err(LockError::Timeout { .. }) => {}
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = manager.stats();
+    println!("{stats:?}");
+    assert!(
+        stats.escalations > 0 && stats.failed_escalations > 0,
+        "the run never escalated, or never failed to: {stats:?}"
+    );
+    assert_eq!(stats.escalations, escalated.load(Ordering::Relaxed));
+    assert_eq!(manager.waiting_txns(), 0);
+    for row in 0..ROWS {
+        assert!(!manager.is_locked_by_other(None, &key_of(row)));
+    }
+}
+
+/// Inserts `Accounts` rows `ids` in `session`, one statement each.
+fn insert_accounts(
+    table: &Arc<lastpage_engine::Table>,
+    session: &lastpage_engine::Session,
+    ids: std::ops::Range<i32>,
+) {
+    for id in ids {
+        table
+            .insert(
+                session,
+                lastpage_engine::InsertRow::new()
+                    .set(0, Value::Int(id))
+                    .set(1, Value::Int(id % 7)),
+            )
+            .unwrap();
+    }
+}
+
+fn is_lock_timeout(result: Result<impl std::fmt::Debug, EngineError>) -> bool {
+    matches!(result, Err(EngineError::Lock(LockError::Timeout { .. })))
+}
+
+#[test]
+fn a_large_transaction_escalates_to_one_table_lock_and_locks_no_more_rows() {
+    for threshold in [Some(LOCK_ESCALATION_THRESHOLD), None] {
+        let db = Database::create(DatabaseOptions {
+            lock_timeout: Some(Duration::from_millis(20)),
+            lock_escalation_threshold: threshold,
+            ..DatabaseOptions::default()
+        })
+        .unwrap();
+        let accounts = db.create_table(common::accounts_by_balance()).unwrap();
+        let orders = db.create_table(common::orders()).unwrap();
+        let (big, other) = (db.session(), db.session());
+        insert_accounts(&accounts, &other, 0..3);
+
+        let rows = LOCK_ESCALATION_THRESHOLD as i32 + 1_000;
+        let acquired_before = db.lock_stats().acquired;
+        big.begin().unwrap();
+        insert_accounts(&accounts, &big, 100..100 + rows);
+        let stats = db.lock_stats();
+        let acquired = stats.acquired - acquired_before;
+        let context = format!("threshold {threshold:?}: {stats:?}");
+        if threshold.is_some() {
+            // One row lock a statement up to the threshold, then one for the table, then none.
+            assert_eq!(acquired, LOCK_ESCALATION_THRESHOLD as u64 + 1, "{context}");
+            assert_eq!(stats.escalations, 1, "{context}");
+        } else {
+            assert_eq!(acquired, rows as u64, "{context}");
+            assert_eq!(stats.escalations + stats.failed_escalations, 0, "{context}");
+        }
+        // Rows the transaction never touched are its own too once it holds the table: another
+        // session waits to change, read or insert one by name. Other tables, and an identity
+        // key it makes itself (a row nobody else could have seen), are not held back.
+        let escalated = threshold.is_some();
+        let update = accounts.update(&other, &[Value::Int(1)], &[(1, Value::Int(10))]);
+        assert_eq!(is_lock_timeout(update), escalated, "{context}");
+        assert_eq!(
+            is_lock_timeout(accounts.get(&other, &[Value::Int(2)])),
+            escalated,
+            "{context}"
+        );
+        let insert = accounts.insert(
+            &other,
+            lastpage_engine::InsertRow::new()
+                .set(0, Value::Int(50))
+                .set(1, Value::Int(5)),
+        );
+        assert_eq!(is_lock_timeout(insert), escalated, "{context}");
+        orders
+            .insert(
+                &other,
+                lastpage_engine::InsertRow::new().set(1, "elsewhere"),
+            )
+            .unwrap();
+        // The transaction's own rows are its own to change.
+        accounts
+            .update(&big, &[Value::Int(1)], &[(1, Value::Int(11))])
+            .unwrap();
+        accounts
+            .update(&big, &[Value::Int(100)], &[(1, Value::Int(12))])
+            .unwrap();
+        big.commit().unwrap();
+        // Committed, the table is free again.
+        accounts
+            .update(&other, &[Value::Int(1)], &[(1, Value::Int(10))])
+            .unwrap();
+        assert_eq!(
+            accounts.row_count(),
+            3 + rows as u64 + u64::from(!escalated)
+        );
+        accounts.check_integrity().unwrap();
+
+        // A rolled-back escalated transaction leaves nothing, and frees the table.
+        big.begin().unwrap();
+        insert_accounts(&accounts, &big, 100_000..100_000 + rows);
+        big.rollback().unwrap();
+        assert_eq!(
+            accounts.row_count(),
+            3 + rows as u64 + u64::from(!escalated)
+        );
+        accounts
+            .update(&other, &[Value::Int(2)], &[(1, Value::Int(20))])
+            .unwrap();
+        accounts.check_integrity().unwrap();
+        let stats = db.lock_stats();
+        assert_eq!(
+            stats.escalations,
+            if escalated { 2 } else { 0 },
+            "{stats:?}"
+        );
+    }
 }

@@ -256,3 +256,30 @@ fn a_lock_released_before_the_end_goes_to_its_waiter_and_the_rest_stay() {
         assert_eq!(manager.stats().acquired, 3);
     });
 }
+
+/// An escalation races another transaction's request for a row of the same table: either the
+/// escalation sees the row's lock and fails, or the request sees the table's lock and waits for
+/// it to go. Never both win, which the row's counters would catch: the escalated transaction
+/// counts itself into every row of the table it holds. A request that checked for the table's
+/// lock before taking its shard mutex could take the row after the escalation looked at its
+/// shard and before the table's lock was published to it.
+#[test]
+fn an_escalation_and_a_row_request_never_both_win() {
+    check(3, || {
+        let manager = Arc::new(LockManager::new(2));
+        let inside = Arc::new(Inside::default());
+        let other = {
+            let (manager, inside) = (Arc::clone(&manager), Arc::clone(&inside));
+            thread::spawn(move || transaction(&manager, &inside, 2, Exclusive))
+        };
+        let mut locks = TxnLocks::new(TxnId(1));
+        locks.acquire(&manager, key(2), Exclusive, None).unwrap();
+        if locks.escalate_if_large(&manager, 1) == 1 {
+            inside.enter(Exclusive);
+            inside.leave(Exclusive);
+        }
+        locks.release_all(&manager);
+        other.join().unwrap();
+        assert!(!manager.is_locked_by_other(None, &key(1)));
+    });
+}

@@ -352,6 +352,13 @@ pub const LOCK_MANAGER_DEFAULT_SHARDS: usize = 64;
 /// cache-line-padded mutex and an empty hash map, so this bounds the manager's fixed memory.
 pub const LOCK_MANAGER_MAX_SHARDS: usize = 1 << 16;
 
+/// Row locks one transaction may hold on one table before it tries to trade them for a single
+/// lock on the whole table (SQL Server's lock escalation threshold, 5,000). A transaction that
+/// fails to escalate, because another transaction holds a lock on the table, tries again once
+/// it holds twice as many locks, so the looking (one pass over every shard) costs a constant
+/// per lock however large the transaction grows.
+pub const LOCK_ESCALATION_THRESHOLD: usize = 5_000;
+
 /// Bytes of a row lock's key (index ordinal and encoded key) stored inside the lock itself;
 /// a longer key is allocated. Covers an identity (2 + 9 bytes), a GUID (2 + 17) and the
 /// remedies' (ModValue, InsertID) keys, and keeps a lock key at 40 bytes.
