@@ -993,24 +993,35 @@ impl LockManager {
         key: &LockKey,
         patience: LockPatience,
     ) -> Result<(), LockError> {
-        while let Some(range) = self.range_of_other(reader, key) {
-            self.wait_out_exclusive(reader, &range, WaitType::LckMS, patience)?;
+        loop {
+            while let Some(range) = self.range_of_other(reader, key) {
+                self.wait_out_exclusive(reader, &range, WaitType::LckMS, patience)?;
+            }
+            self.wait_out_exclusive(reader, key, WaitType::LckMS, patience)?;
+            // A transaction that escalated while this waited for its row lock let go of the
+            // row only after its lock on the table was published (see
+            // `LockManager::try_escalate`), so a look at the ranges now finds that lock.
+            if self.range_of_other(reader, key).is_none() {
+                return Ok(());
+            }
         }
-        self.wait_out_exclusive(reader, key, WaitType::LckMS, patience)
     }
 
     /// Whether a transaction other than `txn` holds X on `key`: what a READ COMMITTED reader
     /// must not read past. S locks of others do not count (readers do not block readers). One
     /// shard mutex, no allocation.
     pub fn is_locked_by_other(&self, txn: Option<TxnId>, key: &LockKey) -> bool {
-        if self.range_of_other(txn, key).is_some() {
-            return true;
-        }
-        let shard = sync::lock(self.shard(key));
-        shard
-            .entries
-            .get(key)
-            .is_some_and(|entry| entry.holders.exclusive_by_other(txn))
+        // The row first, then the ranges: a transaction that escalates publishes its lock on
+        // the table before it lets go of its row locks, so a row found unlocked here either
+        // was never its, or is covered by a range the look below finds.
+        let locked = {
+            let shard = sync::lock(self.shard(key));
+            shard
+                .entries
+                .get(key)
+                .is_some_and(|entry| entry.holders.exclusive_by_other(txn))
+        };
+        locked || self.range_of_other(txn, key).is_some()
     }
 
     /// The mode in which `txn` holds `key`, if it does.

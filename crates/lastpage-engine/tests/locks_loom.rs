@@ -283,3 +283,48 @@ fn an_escalation_and_a_row_request_never_both_win() {
         assert!(!manager.is_locked_by_other(None, &key(1)));
     });
 }
+
+/// A READ COMMITTED reader waits for a row whose transaction escalates meanwhile, letting go
+/// of the row's own lock: the reader must go on waiting, for the table's lock, until the
+/// transaction ends. A reader that took the row's release for the end would read the row's
+/// uncommitted value (the engine's lookups found such a row still noted as deleted).
+#[test]
+fn a_reader_of_a_row_goes_on_waiting_when_its_writer_escalates() {
+    check(3, || {
+        let manager = Arc::new(LockManager::new(2));
+        let committed = Arc::new(AtomicUsize::new(0));
+        let mut locks = TxnLocks::new(TxnId(1));
+        locks.acquire(&manager, key(1), Exclusive, None).unwrap();
+        let reader = {
+            let (manager, committed) = (Arc::clone(&manager), Arc::clone(&committed));
+            thread::spawn(move || {
+                // A look at any moment, the escalation's included, finds the row locked until
+                // the commit.
+                if !manager.is_locked_by_other(Some(TxnId(2)), &key(1)) {
+                    assert_eq!(
+                        committed.load(Ordering::SeqCst),
+                        1,
+                        "unlocked before the commit"
+                    );
+                }
+                manager
+                    .wait_for_shared(Some(TxnId(2)), &key(1), None)
+                    .unwrap();
+                assert_eq!(
+                    committed.load(Ordering::SeqCst),
+                    1,
+                    "read before the commit"
+                );
+                assert!(!manager.is_locked_by_other(Some(TxnId(2)), &key(1)));
+            })
+        };
+        let escalated = locks.escalate_if_large(&manager, 1);
+        // While the writer has not ended, its row reads as locked, by the row's lock or the
+        // table's, whenever the look comes.
+        assert!(manager.is_locked_by_other(Some(TxnId(2)), &key(1)));
+        committed.store(1, Ordering::SeqCst);
+        locks.release_all(&manager);
+        reader.join().unwrap();
+        assert!(escalated <= 1);
+    });
+}

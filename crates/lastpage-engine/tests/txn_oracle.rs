@@ -223,20 +223,55 @@ impl Oracle {
 /// A durable database on `fs` (opened or created there), or an in-memory one without `fs`, whose
 /// lock waits time out after `lock_timeout`.
 fn database(fs: Option<&FaultyFileSystem>, lock_timeout: Option<Duration>) -> Database {
+    database_escalating(fs, lock_timeout, false)
+}
+
+/// [`database`], in which, if `escalate`, an explicit transaction tries to escalate to a lock
+/// on the whole table after every statement (a threshold of one row lock), so that the
+/// concurrent tests below run with escalated transactions among the others.
+fn database_escalating(
+    fs: Option<&FaultyFileSystem>,
+    lock_timeout: Option<Duration>,
+    escalate: bool,
+) -> Database {
+    let lock_escalation_threshold = if escalate {
+        Some(1)
+    } else {
+        DatabaseOptions::default().lock_escalation_threshold
+    };
     match fs {
         Some(fs) => Database::open(
             DIR,
             DatabaseOptions {
                 lock_timeout,
+                lock_escalation_threshold,
                 ..options(fs)
             },
         ),
         None => Database::create(DatabaseOptions {
             lock_timeout,
+            lock_escalation_threshold,
             ..DatabaseOptions::default()
         }),
     }
     .unwrap()
+}
+
+/// After a run with escalations, checks that transactions tried to escalate. How many
+/// succeeded depends on the schedule (an attempt fails while another transaction holds a lock
+/// on the table): tens to hundreds a run here, which the printed statistics show, but a run
+/// with none is possible, and `tests/locks.rs` tests successful ones for certain.
+fn assert_escalated(db: &Database, escalate: bool) {
+    let stats = db.lock_stats();
+    println!("{stats:?}");
+    if escalate {
+        assert!(
+            stats.escalations + stats.failed_escalations > 0,
+            "no transaction tried to escalate: {stats:?}"
+        );
+    } else {
+        assert_eq!(stats.escalations, 0, "{stats:?}");
+    }
 }
 
 fn is_timeout<T: std::fmt::Debug>(result: &Result<T, EngineError>) -> bool {
@@ -932,7 +967,7 @@ fn interleaved_transactions_match_the_oracle_through_crashes() {
 /// detector needs (a timeout here would be a deadlock it missed), a victim rolls back and
 /// reruns. Scans must always find every account exactly once, and at the end the balances
 /// must add up to what they started at and nothing may be left locked.
-fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
+fn transfers(seed: u64, durable: bool, short_timeouts: bool, escalate: bool) {
     const ACCOUNTS: i64 = 8;
     const WRITERS: u64 = 5;
     const TRANSACTIONS: usize = 60;
@@ -944,7 +979,7 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
     } else {
         Duration::from_secs(30)
     });
-    let db = database(durable.then_some(&fs), lock_timeout);
+    let db = database_escalating(durable.then_some(&fs), lock_timeout, escalate);
     let (table, setup) = accounts_filled(&db, ACCOUNTS, |_| 100);
     let done = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
@@ -1071,6 +1106,7 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool) {
         assert_eq!(stats.timeouts, 0, "a deadlock went undetected: {stats:?}");
     }
     db.check_integrity().unwrap();
+    assert_escalated(&db, escalate);
     // Nothing is left locked: every row can be locked (within the timeout) by a newcomer.
     for key in 0..ACCOUNTS {
         let fresh = db.session();
@@ -1125,15 +1161,24 @@ fn rng_bool(thread: u64, position: usize) -> bool {
 #[test]
 fn concurrent_transfers_keep_the_total_and_every_deadlock_is_detected() {
     let seed = seed();
-    transfers(seed, false, false);
-    transfers(seed.wrapping_add(1), true, false);
+    transfers(seed, false, false, false);
+    transfers(seed.wrapping_add(1), true, false, false);
+}
+
+/// The transfers, with transactions that escalate to a lock on the table among the others:
+/// the total is kept, and every deadlock through a table's lock is found too.
+#[test]
+fn concurrent_transfers_with_lock_escalation_keep_the_total() {
+    let seed = seed();
+    transfers(seed, false, false, true);
+    transfers(seed.wrapping_add(1), true, false, true);
 }
 
 #[test]
 fn transfers_with_lock_timeouts_leave_nothing_behind() {
     let seed = seed();
-    transfers(seed, false, true);
-    transfers(seed.wrapping_add(1), true, true);
+    transfers(seed, false, true, false);
+    transfers(seed.wrapping_add(1), true, true, false);
 }
 
 /// Writers put a mark (-1) on rows in explicit transactions (an update, or a delete and an
@@ -1142,13 +1187,17 @@ fn transfers_with_lock_timeouts_leave_nothing_behind() {
 /// mark and the keys never change once committed, so READ COMMITTED readers (lookups, scans
 /// both ways, index lookups, inside transactions of their own or not) must never see it, and
 /// must always find every row.
-fn marks(seed: u64, durable: bool) {
+fn marks(seed: u64, durable: bool, escalate: bool) {
     const ROWS: i64 = 12;
     const WRITERS: u64 = 3;
     const ROUNDS: usize = 150;
     const MARK: i64 = -1;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-    let db = database(durable.then_some(&fs), Some(Duration::from_secs(30)));
+    let db = database_escalating(
+        durable.then_some(&fs),
+        Some(Duration::from_secs(30)),
+        escalate,
+    );
     let (table, setup) = accounts_filled(&db, ROWS, |key| key);
     let done = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
@@ -1276,13 +1325,23 @@ fn marks(seed: u64, durable: bool) {
     assert_eq!(rows.len(), ROWS as usize, "{rows:?}");
     assert!(rows.iter().all(|&(_, value)| value != MARK), "{rows:?}");
     db.check_integrity().unwrap();
+    assert_escalated(&db, escalate);
 }
 
 #[test]
 fn read_committed_readers_never_see_a_mark_that_never_commits() {
     let seed = seed();
-    marks(seed, false);
-    marks(seed.wrapping_add(1), true);
+    marks(seed, false, false);
+    marks(seed.wrapping_add(1), true, false);
+}
+
+/// The marks, with writers whose transactions escalate to a lock on the table: readers still
+/// never see a mark, and find every row.
+#[test]
+fn read_committed_readers_never_see_a_mark_with_lock_escalation() {
+    let seed = seed();
+    marks(seed, false, true);
+    marks(seed.wrapping_add(1), true, true);
 }
 
 /// Writers move money between accounts and write each transfer into a ledger in the same
@@ -1496,13 +1555,13 @@ fn transfers_are_atomic_and_durable_through_a_crash_in_the_middle() {
 /// another key and back; then it commits (and counts the increment) or rolls back. No
 /// increment may be lost or applied twice: each row ends at the number of committed
 /// increments of it, in memory and after a reopen.
-fn counters(seed: u64, durable: bool) {
+fn counters(seed: u64, durable: bool, escalate: bool) {
     const ROWS: i64 = 6;
     const WRITERS: u64 = 4;
     const ROUNDS: usize = 120;
     let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
     let lock_timeout = Some(Duration::from_secs(30));
-    let db = database(durable.then_some(&fs), lock_timeout);
+    let db = database_escalating(durable.then_some(&fs), lock_timeout, escalate);
     let table = db.create_table(accounts_by_balance()).unwrap();
     let counts: Vec<Vec<i64>> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..WRITERS)
@@ -1593,6 +1652,7 @@ fn counters(seed: u64, durable: bool) {
     };
     assert_eq!(read(&db), expected, "increments lost or doubled");
     db.check_integrity().unwrap();
+    assert_escalated(&db, escalate);
     if durable {
         drop(table);
         let after = fs.crash_with(CrashMode::LoseUnsynced);
@@ -1605,6 +1665,15 @@ fn counters(seed: u64, durable: bool) {
 #[test]
 fn concurrent_increments_are_neither_lost_nor_doubled() {
     let seed = seed();
-    counters(seed, false);
-    counters(seed.wrapping_add(1), true);
+    counters(seed, false, false);
+    counters(seed.wrapping_add(1), true, false);
+}
+
+/// The increments, with writers whose transactions escalate to a lock on the table: none is
+/// lost or doubled.
+#[test]
+fn concurrent_increments_with_lock_escalation_are_neither_lost_nor_doubled() {
+    let seed = seed();
+    counters(seed, false, true);
+    counters(seed.wrapping_add(1), true, true);
 }
