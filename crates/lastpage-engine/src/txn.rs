@@ -474,6 +474,12 @@ impl<'s> WriteScope<'s> {
     /// Moves a statement's `staged` changes (logged already, if they are logged) into the undo
     /// list, in the form undoing them needs (see [`UndoChange`]), leaving `staged` empty.
     fn keep_for_undo(&mut self, table: &Arc<Table>, staged: &mut Vec<RowChange>) {
+        // An explicit transaction keeps its entries past the statement, so its batches' keys
+        // are moved out of the buffer their rows' values share: the entries then keep only the
+        // keys alive. An autocommit statement's entries go with it, buffer and all.
+        if self.txn.explicit {
+            pack_shared_insert_keys(staged);
+        }
         let owner = (!Arc::ptr_eq(table, self.table)).then(|| Arc::clone(table));
         self.txn
             .undo
@@ -524,6 +530,55 @@ impl Changes<'_> {
     /// Records a change.
     pub(crate) fn push(&mut self, change: RowChange) {
         self.staged.push(change);
+    }
+}
+
+/// Gives the clustered keys of a batch's inserts, which are ranges of the one buffer that
+/// holds all the batch's keys and values (see `RowBytes`), one buffer of their own: an undo
+/// entry keeps an inserted row's key but not its value, and while any range of the batch's
+/// buffer is kept, all of it is, values included. One allocation and a copy of the keys per
+/// statement (against one per row had each key been copied alone) lets the buffer go once
+/// the statement's changes are logged, or serve the thread's next batch.
+fn pack_shared_insert_keys(changes: &mut [RowChange]) {
+    let mut key_bytes = 0;
+    let mut largest_buffer = 0;
+    for change in changes.iter() {
+        if let RowChange::Insert {
+            key: RowBytes::Shared { buffer, range },
+            ..
+        } = change
+        {
+            key_bytes += range.len();
+            largest_buffer = largest_buffer.max(buffer.len());
+        }
+    }
+    // Nothing is gained when the keys are all their buffer holds: a batch at the tail makes
+    // its keys in a buffer of their own.
+    if key_bytes == 0 || key_bytes >= largest_buffer {
+        return;
+    }
+    let mut keys = Vec::with_capacity(key_bytes);
+    for change in changes.iter() {
+        if let RowChange::Insert {
+            key: key @ RowBytes::Shared { .. },
+            ..
+        } = change
+        {
+            keys.extend_from_slice(key);
+        }
+    }
+    let keys = Arc::new(keys);
+    let mut start = 0;
+    for change in changes.iter_mut() {
+        if let RowChange::Insert {
+            key: key @ RowBytes::Shared { .. },
+            ..
+        } = change
+        {
+            let end = start + key.len();
+            *key = RowBytes::shared(&keys, start..end);
+            start = end;
+        }
     }
 }
 
@@ -900,6 +955,66 @@ mod tests {
     #[test]
     fn an_undo_entry_is_as_small_as_an_inserts() {
         assert_eq!(std::mem::size_of::<super::UndoEntry>(), 48);
+    }
+
+    /// A batch's undo entries keep its keys, moved into a buffer of their own, and not the
+    /// buffer its keys and values share; keys that are all their buffer holds stay in it.
+    #[test]
+    fn a_batchs_undo_entries_let_its_values_buffer_go() {
+        use super::{RowBytes, RowChange, UndoChange, pack_shared_insert_keys};
+
+        let buffer = Arc::new(b"k1value1k22value2".to_vec());
+        let mut changes = vec![
+            RowChange::Insert {
+                partition: 0,
+                key: RowBytes::shared(&buffer, 0..2),
+                value: RowBytes::shared(&buffer, 2..8),
+            },
+            RowChange::Update {
+                partition: 0,
+                key: RowBytes::from(b"k0".to_vec()),
+                old_value: RowBytes::from(b"old".to_vec()),
+                new_value: RowBytes::from(b"new".to_vec()),
+            },
+            RowChange::Insert {
+                partition: 1,
+                key: RowBytes::shared(&buffer, 8..11),
+                value: RowBytes::shared(&buffer, 11..17),
+            },
+        ];
+        pack_shared_insert_keys(&mut changes);
+        let entries: Vec<UndoChange> = changes.into_iter().map(UndoChange::from).collect();
+        assert_eq!(
+            Arc::strong_count(&buffer),
+            1,
+            "the entries hold the batch's buffer"
+        );
+        let keys: Vec<&[u8]> = entries
+            .iter()
+            .filter_map(|entry| match entry {
+                UndoChange::Insert { key, .. } => Some(&key[..]),
+                UndoChange::Other(_) => None,
+            })
+            .collect();
+        assert_eq!(keys, [&b"k1"[..], &b"k22"[..]]);
+
+        let keys_only = Arc::new(b"k1k22".to_vec());
+        let mut changes: Vec<RowChange> = [0..2, 2..5]
+            .into_iter()
+            .map(|range| RowChange::Insert {
+                partition: 0,
+                key: RowBytes::shared(&keys_only, range),
+                value: RowBytes::from(b"value".to_vec()),
+            })
+            .collect();
+        pack_shared_insert_keys(&mut changes);
+        for change in &changes {
+            assert!(matches!(
+                change,
+                RowChange::Insert { key: RowBytes::Shared { buffer, .. }, .. }
+                    if Arc::ptr_eq(buffer, &keys_only)
+            ));
+        }
     }
 
     /// A session dropped with a FULL transaction open rolls it back, and the rollback waits
