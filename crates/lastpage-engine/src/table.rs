@@ -371,7 +371,12 @@ pub(crate) enum RowChange {
 impl RowChange {
     /// The change that undoes this one.
     pub(crate) fn inverse(&self) -> RowChange {
-        match self.clone() {
+        self.clone().into_inverse()
+    }
+
+    /// [`RowChange::inverse`], reusing this change's bytes.
+    pub(crate) fn into_inverse(self) -> RowChange {
+        match self {
             RowChange::Insert {
                 partition,
                 key,
@@ -3274,6 +3279,61 @@ impl Table {
         }
     }
 
+    /// The change that takes back the insert of the row with clustered key `key` into
+    /// `partition` by the transaction being rolled back: its delete, with the value read back
+    /// from the tree, for the transaction's undo list keeps no copy of an inserted row's value
+    /// (see `txn.rs`, `UndoChange`).
+    ///
+    /// The value in the tree is the one the insert logged. The row is still exclusively locked
+    /// by the transaction (by its own lock, or by the table's that the transaction escalated
+    /// to), so no other transaction changed it, and undo runs newest first, so
+    /// every later change of the row by the transaction itself (an update, or a delete and an
+    /// insert back) was undone before this. The read latches the row's leaf as the delete
+    /// path's own read of a row does ([`Table::delete`] reads the row it deletes under the
+    /// leaf's latch, then [`Table::apply_change`] deletes it); the row's lock keeps it
+    /// unchanged in between. The caller applies the returned delete as it applied the delete
+    /// built from a kept value before: the same log record (compensation) and the same
+    /// nonclustered entries removed, as both follow from the value.
+    ///
+    /// A row that is not there is a bug (the insert's own rollback is the only thing that can
+    /// remove it): the error names the table and the key, and nothing is changed, so the
+    /// rollback stops the database as for any change that cannot be undone.
+    pub(crate) fn delete_of_inserted_row(
+        &self,
+        partition: usize,
+        key: RowBytes,
+    ) -> Result<RowChange> {
+        let value = self
+            .clustered
+            .tree(partition)
+            .get(&key)
+            .map_err(storage_failure)?;
+        match value {
+            Some(value) => Ok(RowChange::Delete {
+                partition,
+                key,
+                old_value: value.into(),
+            }),
+            None => {
+                // The key decoded to its columns when it can be, for the message, else as bytes.
+                let described = match decode_key(&self.clustered.types, &key) {
+                    Ok((values, _)) => values
+                        .iter()
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    Err(_) => format!("{:02x?}", &key[..]),
+                };
+                Err(EngineError::Storage(format!(
+                    "internal error: table '{}': the row with clustered key ({described}) that \
+                     the transaction inserted into partition {partition} is not there to take \
+                     back",
+                    self.name
+                )))
+            }
+        }
+    }
+
     /// Replaces a row's value in place, moving its nonclustered entries whose keys change. New
     /// entries go in first, so a unique violation is found before the row changes.
     fn apply_update(
@@ -4074,6 +4134,49 @@ mod tests {
         let mut single = vec![7u8; 100];
         reserve_for_batch(&mut single, 1);
         assert_eq!(single.len(), 100);
+    }
+
+    /// Taking back an insert reads the row's value back from the tree; a row that is not
+    /// there (a bug) fails with an error that names the table and the key, and changes
+    /// nothing.
+    #[test]
+    fn the_delete_of_an_inserted_row_reads_its_value_or_names_the_missing_row() {
+        let db = Database::create(DatabaseOptions::default()).unwrap();
+        let table = db
+            .create_table(
+                TableDef::new("T")
+                    .column(ColumnDef::new("K", DataType::Int).not_null())
+                    .column(ColumnDef::new("V", DataType::VarChar(10)).not_null())
+                    .clustered(IndexDef::new("PK", &["K"], Uniqueness::PrimaryKey)),
+            )
+            .unwrap();
+        let session = db.session();
+        let row = crate::InsertRow::new().set(0, 7).set(1, "seven");
+        table.insert(&session, row).unwrap();
+        let key = |k: i32| {
+            let mut key = Vec::new();
+            encode_key(&[DataType::Int], &[Value::Int(k)], &mut key).unwrap();
+            key
+        };
+        let stored = table.clustered.tree(0).get(&key(7)).unwrap().unwrap();
+        let delete = table.delete_of_inserted_row(0, key(7).into()).unwrap();
+        assert_eq!(
+            delete,
+            RowChange::Delete {
+                partition: 0,
+                key: key(7).into(),
+                old_value: stored.into(),
+            }
+        );
+        let missing = table.delete_of_inserted_row(0, key(8).into()).unwrap_err();
+        assert!(
+            missing.to_string().contains(
+                "internal error: table 'T': the row with clustered key (8) that the \
+                 transaction inserted into partition 0 is not there to take back"
+            ),
+            "{missing}"
+        );
+        assert_eq!(table.row_count(), 1);
     }
 
     /// Replay raises a table's identity once per log record: past the farthest value the

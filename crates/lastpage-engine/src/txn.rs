@@ -14,17 +14,20 @@
 //!    (`WriteScope::logged`), so that a checkpoint sees either both or neither.
 //! 3. The change joins the transaction's undo list. Rolling back applies the inverse changes
 //!    in reverse order, and logs them too (compensation), so the log replays a rolled-back
-//!    statement inside a transaction that later commits to its net effect.
+//!    statement inside a transaction that later commits to its net effect. An insert's entry
+//!    keeps the row's partition and clustered key but not its value, which undoing the insert
+//!    reads back from the tree (see `UndoChange`).
 //! 4. Commit appends a commit record, waits for it to be durable when the durability is FULL,
 //!    and only then releases the locks: nobody reads a row before its commit is on disk. A
 //!    pipelined commit ([`Session::commit_pipelined`]) releases them at once, as a DELAYED one
 //!    does, and leaves the wait to its [`CommitTicket`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::time::Duration;
 
 use lastpage_storage::limits::{WAL_INSERT_RUN_MAX_BYTES, WAL_RECORD_HEADER_BYTES};
+use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::stats::{self, WaitAccumulator};
 use lastpage_storage::sync::{AtomicBool, AtomicU64, Ordering};
 use lastpage_storage::wal::{Lsn, Record, TxnId};
@@ -32,6 +35,7 @@ use lastpage_storage::wal::{Lsn, Record, TxnId};
 use crate::database::{Database, Session};
 use crate::error::{EngineError, Result};
 use crate::locks::{LockKey, LockMode, TxnLocks};
+use crate::row_bytes::RowBytes;
 use crate::table::{RowChange, Table};
 
 /// When a commit returns, relative to its log record reaching the disk. (Changes to a table
@@ -106,8 +110,47 @@ pub(crate) struct UndoEntry {
     /// statement that succeeds then never touches the table's reference count, which every
     /// session would otherwise increment and decrement on every row.
     table: Option<Arc<Table>>,
-    change: RowChange,
+    change: UndoChange,
 }
+
+/// A change as the undo list keeps it: what undoing it needs, which for an insert is less than
+/// what its log record holds.
+///
+/// An insert keeps its partition and clustered key only. Its value was half or more of what a
+/// large transaction held per inserted row, and undoing the insert does not need a copy of it:
+/// the value is read back from the tree when the insert is undone
+/// ([`Table::delete_of_inserted_row`] says why the tree then holds exactly the inserted
+/// value). The log record, written before the change joins the undo list, still gets the value.
+///
+/// Updates and deletes keep the whole change, as their old values are what undoing them puts
+/// back; it is boxed so that every entry takes the room of an insert's (with the entry's table,
+/// 48 bytes rather than 112 inline, in a list that doubles as it grows), at the cost of one
+/// allocation per update or delete, next to the several such a change makes anyway.
+enum UndoChange {
+    /// A row was inserted into `partition` with clustered key `key`.
+    Insert { partition: usize, key: RowBytes },
+    /// Any other change, as it was logged.
+    Other(Box<RowChange>),
+}
+
+impl From<RowChange> for UndoChange {
+    fn from(change: RowChange) -> UndoChange {
+        match change {
+            RowChange::Insert { partition, key, .. } => UndoChange::Insert { partition, key },
+            other => UndoChange::Other(Box::new(other)),
+        }
+    }
+}
+
+thread_local! {
+    /// The changes of the statement in progress, between being made and joining the undo list
+    /// (see [`WriteScope::logged`]), kept for the thread's next statement.
+    static STAGED_CHANGES: Cell<Vec<RowChange>> = const { Cell::new(Vec::new()) };
+}
+
+/// Up to how many bytes of staged changes' room a thread keeps for its next statement (a large
+/// batch's is freed).
+const STAGED_CHANGES_KEPT_BYTES: usize = 64 << 10;
 
 /// A transaction in progress.
 pub(crate) struct Transaction {
@@ -361,6 +404,17 @@ impl<'s> WriteScope<'s> {
         table: &Arc<Table>,
         apply: impl FnOnce(&mut Changes<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.logged_and_kept(table, true, apply)
+    }
+
+    /// [`WriteScope::logged`], keeping the changes in the undo list only if `undoable`: not
+    /// those of an undo (compensations), which are logged but never undone themselves.
+    fn logged_and_kept<T>(
+        &mut self,
+        table: &Arc<Table>,
+        undoable: bool,
+        apply: impl FnOnce(&mut Changes<'_>) -> Result<T>,
+    ) -> Result<T> {
         let session = self.session;
         let db = session.db();
         let _gate = db.enter_gate();
@@ -372,43 +426,69 @@ impl<'s> WriteScope<'s> {
                 .unlogged_changes
                 .store(true, Ordering::Release);
         }
-        let start = self.txn.undo.len();
-        let result = apply(&mut Changes {
-            undo: &mut self.txn.undo,
-            owner: (!Arc::ptr_eq(table, self.table)).then(|| Arc::clone(table)),
+        // The changes are staged as they were made, whole, because their log record needs
+        // all of them (an insert's value too); only then do they join the undo list, in the
+        // form undoing them needs (see `UndoChange`).
+        with_scratch(&STAGED_CHANGES, STAGED_CHANGES_KEPT_BYTES, |staged| {
+            let result = apply(&mut Changes { staged }).map_err(|error| match error {
+                // A change that stopped half done (see `table::TakeBack`) stops the database
+                // before the gate opens, so no checkpoint captures the half.
+                EngineError::DatabaseFailed(message) => db.fail_change(message),
+                other => other,
+            });
+            if staged.is_empty() {
+                return result;
+            }
+            // Still inside the gate, so no checkpoint can capture the change without the mark.
+            // (A compensation sets it at the position it would have had in the undo list, which
+            // the end of its rollback finds past the list's end, and clears.)
+            if unlogged && self.txn.explicit && self.txn.unlogged_undo_from.is_none() {
+                self.txn.unlogged_undo_from = Some(self.txn.undo.len());
+                session
+                    .active_slot()
+                    .unlogged_changes
+                    .store(true, Ordering::Release);
+            }
+            // Changes made before a failure are logged and kept in the undo list too: the
+            // statement's rollback undoes them with logged compensations. They join the list
+            // even if their log record fails, as they did when the list held them while they
+            // were logged.
+            let logged = if self.log_changes {
+                self.log(db, table, staged)
+            } else {
+                Ok(())
+            };
+            if undoable {
+                self.keep_for_undo(table, staged);
+            }
+            logged?;
+            result
         })
-        .map_err(|error| match error {
-            // A change that stopped half done (see `table::TakeBack`) stops the database before
-            // the gate opens, so no checkpoint captures the half.
-            EngineError::DatabaseFailed(message) => db.fail_change(message),
-            other => other,
-        });
-        // Still inside the gate, so no checkpoint can capture the change without the mark.
-        if unlogged
-            && self.txn.explicit
-            && self.txn.undo.len() > start
-            && self.txn.unlogged_undo_from.is_none()
-        {
-            self.txn.unlogged_undo_from = Some(start);
-            session
-                .active_slot()
-                .unlogged_changes
-                .store(true, Ordering::Release);
-        }
-        // Changes made before a failure are logged and kept in the undo list too: the
-        // statement's rollback undoes them with logged compensations.
-        if self.log_changes && self.txn.undo.len() > start {
-            self.log(db, table, start)?;
-        }
-        result
     }
 
-    /// Logs the undo entries from `start` on.
-    fn log(&mut self, db: &Database, table: &Table, start: usize) -> Result<()> {
+    /// Moves a statement's `staged` changes (logged already, if they are logged) into the undo
+    /// list, in the form undoing them needs (see [`UndoChange`]), leaving `staged` empty.
+    fn keep_for_undo(&mut self, table: &Arc<Table>, staged: &mut Vec<RowChange>) {
+        // An explicit transaction keeps its entries past the statement, so its batches' keys
+        // are moved out of the buffer their rows' values share: the entries then keep only the
+        // keys alive. An autocommit statement's entries go with it, buffer and all.
+        if self.txn.explicit {
+            pack_shared_insert_keys(staged);
+        }
+        let owner = (!Arc::ptr_eq(table, self.table)).then(|| Arc::clone(table));
+        self.txn
+            .undo
+            .extend(staged.drain(..).map(|change| UndoEntry {
+                table: owner.clone(),
+                change: change.into(),
+            }));
+    }
+
+    /// Logs a statement's changes.
+    fn log(&mut self, db: &Database, table: &Table, entries: &[RowChange]) -> Result<()> {
         let Some(wal) = db.wal() else {
             return Ok(());
         };
-        let entries = &self.txn.undo[start..];
         let max_run_bytes = WAL_INSERT_RUN_MAX_BYTES.min(
             wal.max_record_bytes()
                 .saturating_sub(WAL_RECORD_HEADER_BYTES),
@@ -416,7 +496,7 @@ impl<'s> WriteScope<'s> {
         let mut next = 0;
         while next < entries.len() {
             let (record, covered) = RowChange::next_log_record(
-                entries[next..].iter().map(|entry| &entry.change),
+                entries[next..].iter(),
                 self.txn.id,
                 table,
                 max_run_bytes,
@@ -435,20 +515,65 @@ impl<'s> WriteScope<'s> {
     }
 }
 
-/// Where a write records the changes it made (see [`WriteScope::logged`]): straight into the
-/// transaction's undo list.
+/// Where a write records the changes it made (see [`WriteScope::logged`]), to be logged and
+/// then to join the transaction's undo list.
 pub(crate) struct Changes<'a> {
-    undo: &'a mut Vec<UndoEntry>,
-    owner: Option<Arc<Table>>,
+    staged: &'a mut Vec<RowChange>,
 }
 
 impl Changes<'_> {
     /// Records a change.
     pub(crate) fn push(&mut self, change: RowChange) {
-        self.undo.push(UndoEntry {
-            table: self.owner.clone(),
-            change,
-        });
+        self.staged.push(change);
+    }
+}
+
+/// Gives the clustered keys of a batch's inserts, which are ranges of the one buffer that
+/// holds all the batch's keys and values (see `RowBytes`), one buffer of their own: an undo
+/// entry keeps an inserted row's key but not its value, and while any range of the batch's
+/// buffer is kept, all of it is, values included. One allocation and a copy of the keys per
+/// statement (against one per row had each key been copied alone) lets the buffer go once
+/// the statement's changes are logged, or serve the thread's next batch.
+fn pack_shared_insert_keys(changes: &mut [RowChange]) {
+    let mut key_bytes = 0;
+    let mut largest_buffer = 0;
+    for change in changes.iter() {
+        if let RowChange::Insert {
+            key: RowBytes::Shared { buffer, range },
+            ..
+        } = change
+        {
+            key_bytes += range.len();
+            largest_buffer = largest_buffer.max(buffer.len());
+        }
+    }
+    // Nothing is gained when the keys are all their buffer holds: a batch at the tail makes
+    // its keys in a buffer of their own.
+    if key_bytes == 0 || key_bytes >= largest_buffer {
+        return;
+    }
+    let mut keys = Vec::with_capacity(key_bytes);
+    for change in changes.iter() {
+        if let RowChange::Insert {
+            key: key @ RowBytes::Shared { .. },
+            ..
+        } = change
+        {
+            keys.extend_from_slice(key);
+        }
+    }
+    let keys = Arc::new(keys);
+    let mut start = 0;
+    for change in changes.iter_mut() {
+        if let RowChange::Insert {
+            key: key @ RowBytes::Shared { .. },
+            ..
+        } = change
+        {
+            let end = start + key.len();
+            *key = RowBytes::shared(&keys, start..end);
+            start = end;
+        }
     }
 }
 
@@ -640,13 +765,15 @@ impl Session {
     ) -> Result<()> {
         let db = self.db();
         while txn.undo.len() > savepoint {
-            let entry = txn.undo.pop().expect("len > savepoint");
-            let table = entry.table.as_ref().or(statement_table).ok_or_else(|| {
+            let UndoEntry {
+                table: entry_table,
+                change,
+            } = txn.undo.pop().expect("len > savepoint");
+            let table = entry_table.as_ref().or(statement_table).ok_or_else(|| {
                 EngineError::Transaction(
                     "an undo entry of an earlier statement names no table".into(),
                 )
             })?;
-            let inverse = entry.change.inverse();
             let log_changes = db.wal().is_some() && table.is_logged();
             let mut scope = WriteScope {
                 session: self,
@@ -654,17 +781,25 @@ impl Session {
                 txn: &mut *txn,
                 log_changes,
             };
-            // The compensation is logged but not undoable itself: pop it off again.
-            let before = scope.txn.undo.len();
-            scope.logged(table, |changes| {
+            // The compensation is logged but not undoable itself: it stays out of the list.
+            scope.logged_and_kept(table, false, |changes| {
                 // An undo that cannot get a page would stop the database, so it is not held
                 // to the configured page limit: at the limit, putting back a deleted row
                 // whose room another insert took needs a split.
-                lastpage_storage::buffer::past_page_limit(|| table.apply_change(&inverse))?;
-                changes.push(inverse.clone());
-                Ok(())
+                lastpage_storage::buffer::past_page_limit(|| {
+                    // An insert's entry has no value: its delete reads it back from the tree,
+                    // inside the gate like the delete itself.
+                    let inverse = match change {
+                        UndoChange::Insert { partition, key } => {
+                            table.delete_of_inserted_row(partition, key)?
+                        }
+                        UndoChange::Other(change) => change.into_inverse(),
+                    };
+                    table.apply_change(&inverse)?;
+                    changes.push(inverse);
+                    Ok(())
+                })
             })?;
-            txn.undo.truncate(before);
         }
         Ok(())
     }
@@ -817,6 +952,73 @@ mod tests {
         ColumnDef, DataType, Database, DatabaseOptions, IndexDef, InsertRow, TableDef, Uniqueness,
         Value, WaitSnapshot, WaitType,
     };
+
+    /// An undo entry takes the room of an insert's key (and its partition and table), not of
+    /// an update's three byte strings: a large transaction's list holds one per row.
+    #[test]
+    fn an_undo_entry_is_as_small_as_an_inserts() {
+        assert_eq!(std::mem::size_of::<super::UndoEntry>(), 48);
+    }
+
+    /// A batch's undo entries keep its keys, moved into a buffer of their own, and not the
+    /// buffer its keys and values share; keys that are all their buffer holds stay in it.
+    #[test]
+    fn a_batchs_undo_entries_let_its_values_buffer_go() {
+        use super::{RowBytes, RowChange, UndoChange, pack_shared_insert_keys};
+
+        let buffer = Arc::new(b"k1value1k22value2".to_vec());
+        let mut changes = vec![
+            RowChange::Insert {
+                partition: 0,
+                key: RowBytes::shared(&buffer, 0..2),
+                value: RowBytes::shared(&buffer, 2..8),
+            },
+            RowChange::Update {
+                partition: 0,
+                key: RowBytes::from(b"k0".to_vec()),
+                old_value: RowBytes::from(b"old".to_vec()),
+                new_value: RowBytes::from(b"new".to_vec()),
+            },
+            RowChange::Insert {
+                partition: 1,
+                key: RowBytes::shared(&buffer, 8..11),
+                value: RowBytes::shared(&buffer, 11..17),
+            },
+        ];
+        pack_shared_insert_keys(&mut changes);
+        let entries: Vec<UndoChange> = changes.into_iter().map(UndoChange::from).collect();
+        assert_eq!(
+            Arc::strong_count(&buffer),
+            1,
+            "the entries hold the batch's buffer"
+        );
+        let keys: Vec<&[u8]> = entries
+            .iter()
+            .filter_map(|entry| match entry {
+                UndoChange::Insert { key, .. } => Some(&key[..]),
+                UndoChange::Other(_) => None,
+            })
+            .collect();
+        assert_eq!(keys, [&b"k1"[..], &b"k22"[..]]);
+
+        let keys_only = Arc::new(b"k1k22".to_vec());
+        let mut changes: Vec<RowChange> = [0..2, 2..5]
+            .into_iter()
+            .map(|range| RowChange::Insert {
+                partition: 0,
+                key: RowBytes::shared(&keys_only, range),
+                value: RowBytes::from(b"value".to_vec()),
+            })
+            .collect();
+        pack_shared_insert_keys(&mut changes);
+        for change in &changes {
+            assert!(matches!(
+                change,
+                RowChange::Insert { key: RowBytes::Shared { buffer, .. }, .. }
+                    if Arc::ptr_eq(buffer, &keys_only)
+            ));
+        }
+    }
 
     /// A session dropped with a FULL transaction open rolls it back, and the rollback waits
     /// for its abort record (WRITELOG) like an explicit rollback: that wait is the session's.

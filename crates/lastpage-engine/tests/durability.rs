@@ -3600,3 +3600,181 @@ fn table_names_differing_in_non_ascii_case_survive_checkpoints_and_reopening() {
     }
     db.checkpoint().unwrap();
 }
+
+/// `Undone(K INT PRIMARY KEY, V INT, Code INT, Pad VARCHAR(120))` with a non-unique index on
+/// V and a unique one on Code; or, `partitioned`, hash-partitioned on K, whose unique index
+/// then has to hold K too (on Code, K).
+fn undone_table(partitioned: bool) -> TableDef {
+    let table = TableDef::new("Undone")
+        .column(ColumnDef::new("K", DataType::Int).not_null())
+        .column(ColumnDef::new("V", DataType::Int).not_null())
+        .column(ColumnDef::new("Code", DataType::Int).not_null())
+        .column(ColumnDef::new("Pad", DataType::VarChar(120)).not_null())
+        .clustered(IndexDef::new("PK_Undone", &["K"], Uniqueness::PrimaryKey))
+        .nonclustered(IndexDef::new("IX_Undone_V", &["V"], Uniqueness::NonUnique));
+    if partitioned {
+        table
+            .nonclustered(IndexDef::new(
+                "UX_Undone_Code",
+                &["Code", "K"],
+                Uniqueness::UniqueIndex,
+            ))
+            .partitioned("K", 4)
+    } else {
+        table.nonclustered(IndexDef::new(
+            "UX_Undone_Code",
+            &["Code"],
+            Uniqueness::UniqueIndex,
+        ))
+    }
+}
+
+fn undone_row(k: i32, v: i32, code: i32, pad: &str) -> InsertRow {
+    InsertRow::new()
+        .set(0, Value::Int(k))
+        .set(1, Value::Int(v))
+        .set(2, Value::Int(code))
+        .set(3, Value::String(pad.to_owned()))
+}
+
+/// A transaction's undo list keeps no copy of an inserted row's value: undoing the insert reads
+/// it back from the tree, and the compensation's log record and the nonclustered entries it
+/// removes follow from what was read. This rolls back a transaction that inserts rows (one
+/// statement each, and as batches, whose rows' keys and values share one buffer) into a
+/// table with a unique and a non-unique nonclustered index (partitioned, and not) and into an
+/// identity-keyed table, updates them (their indexed columns and their length, some twice),
+/// moves some to other keys, deletes some and inserts one back under the same key, and
+/// changes committed rows too. Read back wrong (a value other than the inserted one, or its
+/// entries left in the indexes), the rollback would leave entries behind or take committed
+/// rows' entries away: the tables must hold exactly their committed rows and pass the
+/// integrity check (which matches every index entry to its row), as must the database reopened
+/// after a crash, whose recovery replays the compensations from their log records.
+#[test]
+fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
+    let seed = seed();
+    for (mode, partitioned) in CRASH_MODES.into_iter().zip([true, false, true]) {
+        let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
+        let db = open(&fs);
+        let undone = db.create_table(undone_table(partitioned)).unwrap();
+        let orders_table = db.create_table(orders()).unwrap();
+        let session = db.session();
+        for k in 0..40 {
+            let row = undone_row(k, k % 4, k, &format!("committed {k}"));
+            undone.insert(&session, row).unwrap();
+        }
+        insert_orders(&db, &session, 10);
+        let committed = (
+            common::rows(&undone, &session),
+            common::rows(&orders_table, &session),
+        );
+        db.check_integrity().unwrap();
+
+        session.begin().unwrap();
+        // Rows inserted one statement each, and a batch.
+        for k in 100..140 {
+            let pad = "i".repeat(k as usize % 100);
+            undone
+                .insert(&session, undone_row(k, k % 3, 10_000 + k, &pad))
+                .unwrap();
+        }
+        let batch = (200..260)
+            .map(|k| undone_row(k, k % 5, 20_000 + k, &"b".repeat(k as usize % 90)))
+            .collect();
+        undone.insert_batch(&session, batch).unwrap();
+        // Their indexed columns and their lengths change, some rows' twice.
+        for k in (100..140).chain(200..260).step_by(3) {
+            let changes = [
+                (1, Value::Int(50 + k % 7)),
+                (2, Value::Int(30_000 + k)),
+                (3, Value::String("u".repeat(120))),
+            ];
+            assert!(undone.update(&session, &[Value::Int(k)], &changes).unwrap());
+        }
+        for k in (100..140).chain(200..260).step_by(5) {
+            let changes = [(1, Value::Int(k)), (3, Value::String(String::new()))];
+            assert!(undone.update(&session, &[Value::Int(k)], &changes).unwrap());
+        }
+        // Some move to other keys (a delete and an insert, often into another partition), and
+        // change again there.
+        for k in (102..140).chain(202..260).step_by(6) {
+            let moved = [(0, Value::Int(k + 1000))];
+            assert!(undone.update(&session, &[Value::Int(k)], &moved).unwrap());
+            let changes = [(1, Value::Int(k % 11)), (2, Value::Int(40_000 + k))];
+            assert!(
+                undone
+                    .update(&session, &[Value::Int(k + 1000)], &changes)
+                    .unwrap()
+            );
+        }
+        // Some go, and one comes back under its key with other values.
+        for k in [101, 139, 203, 259] {
+            assert!(undone.delete(&session, &[Value::Int(k)]).unwrap());
+        }
+        undone
+            .insert(&session, undone_row(101, 77, 50_101, "back"))
+            .unwrap();
+        // Committed rows change, move and go too.
+        for k in (0..40).step_by(5) {
+            let changes = [(1, Value::Int(90 + k)), (2, Value::Int(60_000 + k))];
+            assert!(undone.update(&session, &[Value::Int(k)], &changes).unwrap());
+        }
+        let moved = [(0, Value::Int(5_007))];
+        assert!(undone.update(&session, &[Value::Int(7)], &moved).unwrap());
+        for k in [3, 11] {
+            assert!(undone.delete(&session, &[Value::Int(k)]).unwrap());
+        }
+        // A statement that fails (a duplicate key) takes back only itself.
+        let duplicate = undone.insert(&session, undone_row(110, 0, 1, "dup"));
+        assert!(duplicate.is_err(), "key 110 is taken: {duplicate:?}");
+        // The identity-keyed table: rows one statement each, a batch at the tail, updates.
+        let ids = insert_orders(&db, &session, 20);
+        let batch = (0..30)
+            .map(|n| InsertRow::new().set(1, format!("batch {n}")))
+            .collect();
+        orders_table.insert_batch(&session, batch).unwrap();
+        for id in ids.iter().step_by(4) {
+            let changes = [(1, Value::String("changed".into()))];
+            assert!(
+                orders_table
+                    .update(&session, &[Value::BigInt(*id)], &changes)
+                    .unwrap()
+            );
+        }
+        db.check_integrity().unwrap();
+        session.rollback().unwrap();
+
+        let after_rollback = (
+            common::rows(&undone, &session),
+            common::rows(&orders_table, &session),
+        );
+        assert_eq!(
+            after_rollback, committed,
+            "the rollback left changes behind"
+        );
+        db.check_integrity()
+            .unwrap_or_else(|error| panic!("after the rollback: {error}"));
+
+        let after = crash(&fs, mode, db, (undone, orders_table, session), ());
+        let db = open(&after);
+        let session = db.session();
+        let reopened = (
+            common::rows(&db.table("Undone").unwrap(), &session),
+            common::rows(&db.table("Orders").unwrap(), &session),
+        );
+        assert_eq!(
+            reopened, committed,
+            "{mode:?}, partitioned {partitioned}: recovery brought changes back"
+        );
+        db.check_integrity().unwrap_or_else(|error| {
+            panic!("{mode:?}, partitioned {partitioned}: after recovery: {error}")
+        });
+        // The codes the transaction used are free again.
+        let undone = db.table("Undone").unwrap();
+        for k in (100..140).step_by(3) {
+            undone
+                .insert(&session, undone_row(k, 0, 30_000 + k, "again"))
+                .unwrap();
+        }
+        db.check_integrity().unwrap();
+    }
+}
