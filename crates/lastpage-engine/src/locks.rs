@@ -1024,7 +1024,9 @@ impl LockManager {
         locked || self.range_of_other(txn, key).is_some()
     }
 
-    /// The mode in which `txn` holds `key`, if it does.
+    /// The mode in which `txn` holds `key`, if it does. A key of a table `txn` escalated to
+    /// counts as held in X, even one another transaction has made since (which `txn` would
+    /// still wait for: see [`LockManager::try_escalate`]).
     pub fn holds(&self, txn: TxnId, key: &LockKey) -> Option<LockMode> {
         if self.in_own_range(txn, key) {
             return Some(LockMode::Exclusive);
