@@ -430,6 +430,14 @@ struct LockEntry {
 }
 
 impl LockEntry {
+    /// The entry of a key `holder` has just locked, with nobody waiting.
+    fn held_by(holder: Holder) -> LockEntry {
+        LockEntry {
+            holders: Holders::one(holder),
+            queue: VecDeque::new(),
+        }
+    }
+
     fn is_unused(&self) -> bool {
         self.holders.is_empty() && self.queue.is_empty()
     }
@@ -913,10 +921,7 @@ impl LockManager {
             // entry of its own: that is what makes escalating save memory.
             Entry::Vacant(_) if own_table => return Ok(Granted::AlreadyHeld),
             Entry::Vacant(vacant) => {
-                vacant.insert(LockEntry {
-                    holders: Holders::one(Holder { txn, mode }),
-                    queue: VecDeque::new(),
-                });
+                vacant.insert(LockEntry::held_by(Holder { txn, mode }));
                 stats.acquired += 1;
                 return Ok(Granted::New);
             }
@@ -1085,13 +1090,10 @@ impl LockManager {
             let Shard { entries, stats } = &mut *shard;
             match entries.entry(table.clone()) {
                 Entry::Vacant(vacant) => {
-                    vacant.insert(LockEntry {
-                        holders: Holders::one(Holder {
-                            txn,
-                            mode: LockMode::Exclusive,
-                        }),
-                        queue: VecDeque::new(),
-                    });
+                    vacant.insert(LockEntry::held_by(Holder {
+                        txn,
+                        mode: LockMode::Exclusive,
+                    }));
                     stats.acquired += 1;
                 }
                 Entry::Occupied(occupied) => {
@@ -1362,15 +1364,23 @@ impl TxnLocks {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<(), LockError> {
-        if manager.lock(self.txn, &key, mode, timeout, false)? == Granted::New {
-            self.keys.push(key);
-        }
-        Ok(())
+        self.lock(manager, key, mode, timeout, false)
     }
 
     /// [`LockManager::acquire_fresh`] for this transaction; a newly locked key is remembered.
     pub fn acquire_fresh(&mut self, manager: &LockManager, key: LockKey) -> Result<(), LockError> {
-        if manager.lock(self.txn, &key, LockMode::Exclusive, None, true)? == Granted::New {
+        self.lock(manager, key, LockMode::Exclusive, None, true)
+    }
+
+    fn lock(
+        &mut self,
+        manager: &LockManager,
+        key: LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+        fresh: bool,
+    ) -> Result<(), LockError> {
+        if manager.lock(self.txn, &key, mode, timeout, fresh)? == Granted::New {
             self.keys.push(key);
         }
         Ok(())
