@@ -359,6 +359,22 @@ pub const LOCK_MANAGER_MAX_SHARDS: usize = 1 << 16;
 /// per lock however large the transaction grows.
 pub const LOCK_ESCALATION_THRESHOLD: usize = 5_000;
 
+/// Undo entries an explicit transaction keeps in memory between its statements, in a durable
+/// database; past this many, its changes to logged tables are undone from the log instead (see
+/// the engine's `txn.rs`), so that a transaction of any size holds a bounded amount of memory
+/// for its undo. At about 100 bytes an entry (its key included), a few megabytes.
+pub const UNDO_KEPT_ENTRIES: usize = 1 << 16;
+
+/// Undo entries' room a session keeps from its last transaction for its next one; a larger
+/// list (a large transaction's, or a large batch's) is freed when its transaction ends.
+pub const UNDO_SPARE_KEPT_ENTRIES: usize = 1 << 12;
+
+/// Bytes of log records (their payloads) held in memory at a time by a reader that goes back
+/// through part of the log newest first (a rollback of changes no longer in its undo list,
+/// recovery's undo of transactions that never ended): it reads the part again in chunks of
+/// about this size, each forward, and hands out each chunk's records in reverse.
+pub const WAL_READ_BACK_CHUNK_BYTES: u64 = 64 << 20;
+
 /// Bytes of a row lock's key (index ordinal and encoded key) stored inside the lock itself;
 /// a longer key is allocated. Covers an identity (2 + 9 bytes), a GUID (2 + 17) and the
 /// remedies' (ModValue, InsertID) keys, and keeps a lock key at 40 bytes.

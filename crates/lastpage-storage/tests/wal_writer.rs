@@ -21,8 +21,8 @@ use lastpage_io::{
 use lastpage_storage::limits::{WAL_RESERVE_FLUSH_BYTES, WAL_SEGMENT_HEADER_BYTES};
 use lastpage_storage::stats::{self, WaitAccumulator, WaitType};
 use lastpage_storage::wal::{
-    ExpectedEnd, LogEnd, LogReader, LogWriter, Lsn, Record, TailKind, TxnId, WalConfig, WalError,
-    WalStats,
+    ExpectedEnd, LogEnd, LogReader, LogWriter, Lsn, ReadBackMarks, Record, TailKind, TxnId,
+    WalConfig, WalError, WalStats, read_newest_first,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2679,4 +2679,83 @@ fn an_open_that_cannot_cut_or_remove_log_fails_clearly_and_the_next_open_succeed
             check_log(&after.crash_with(CrashMode::LoseUnsynced), &all);
         }
     }
+}
+
+/// A transaction's records are read back newest first, chunk by chunk, from a log in which
+/// another transaction's records lie between them and records span segments; and a log that
+/// ends before the records asked for is an error, not a short read.
+#[test]
+fn records_are_read_back_newest_first_in_chunks() {
+    let fs = faulty(FaultyConfig::new(5));
+    let writer = open(&fs, config(4096, 256));
+    let mut marks = ReadBackMarks::with_chunk_bytes(200);
+    let mut ours = Vec::new();
+    for row in 0..120u64 {
+        // Transaction 7's rows, with transaction 8's in between (which are not noted).
+        for txn in [7, 8] {
+            let key = row.to_be_bytes();
+            let value = value_of(row * 2 + txn);
+            let record = Record::Insert {
+                txn: TxnId(txn),
+                index_id: 1,
+                key: Cow::Borrowed(&key),
+                value: Cow::Borrowed(&value),
+            };
+            let (lsn, end) = writer.append_at(&record).unwrap();
+            if txn == 7 {
+                marks.note(lsn, record.payload_len() as u64);
+                ours.push((lsn, end, row));
+            }
+        }
+    }
+    assert!(marks.chunks() > 10, "{} chunks", marks.chunks());
+    // Up to the end of row 99's record: the last rows' records are not read back (and the
+    // read back makes the log durable that far first).
+    let (_, end, _) = ours[99];
+    let mut read = Vec::new();
+    writer
+        .read_back_newest_first::<WalError>(
+            &marks,
+            end,
+            |raw| Ok(raw.decode()?.txn() == Some(TxnId(7))),
+            |raw| {
+                let Record::Insert { key, value, .. } = raw.decode()? else {
+                    panic!("not an insert: {raw:?}");
+                };
+                let row = u64::from_be_bytes(key.as_ref().try_into().unwrap());
+                assert_eq!(value.as_ref(), value_of(row * 2 + 7));
+                read.push((raw.lsn, row));
+                Ok(())
+            },
+        )
+        .unwrap();
+    let expected: Vec<(Lsn, u64)> = ours[..100]
+        .iter()
+        .rev()
+        .map(|&(lsn, _, row)| (lsn, row))
+        .collect();
+    assert_eq!(read, expected);
+
+    // After a crash that lost the unsynced tail, records beyond it cannot be read back.
+    for txn in 1_000..1_010 {
+        let (lsn, _) = writer
+            .append_at(&Record::Commit { txn: TxnId(txn) })
+            .unwrap();
+        marks.note(lsn, 8);
+    }
+    let past_durable = writer.end_lsn();
+    let crashed: Arc<dyn FileSystem> = Arc::new(fs.crash_with(CrashMode::LoseUnsynced));
+    let error = read_newest_first::<WalError>(
+        &crashed,
+        Path::new(DIR),
+        &marks,
+        past_durable,
+        |_| Ok(true),
+        |_| Ok(()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&error, WalError::Corrupt { reason, .. } if reason.contains("reading back")),
+        "{error}"
+    );
 }

@@ -31,7 +31,9 @@ use crate::limits::{
     WAL_RECORD_HEADER_BYTES, WAL_SEGMENT_BYTES, WAL_YIELD_WAIT_COMMITTERS_PER_CPU,
 };
 
-pub use reader::{LogEnd, LogEntry, LogReader, RawRecord, TailKind};
+pub use reader::{
+    LogEnd, LogEntry, LogReader, RawRecord, ReadBackMarks, TailKind, read_newest_first,
+};
 pub use record::{ActiveTxn, DirtyPage, Record, RecordKind, TxnId};
 pub use writer::{ExpectedEnd, LogWriter, WalStats};
 

@@ -25,7 +25,9 @@ use lastpage_io::{File, FileSystem, OpenOptions};
 use super::record::{Record, RecordHeader};
 use super::segment::{self, HEADER_BYTES};
 use super::{Lsn, WalError, align_up};
-use crate::limits::{WAL_MAX_END_LSN, WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES};
+use crate::limits::{
+    WAL_MAX_END_LSN, WAL_READ_BACK_CHUNK_BYTES, WAL_READ_CHUNK_BYTES, WAL_RECORD_HEADER_BYTES,
+};
 
 /// Why the valid log ends where it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -403,4 +405,109 @@ impl Iterator for LogReader {
     fn next(&mut self) -> Option<Self::Item> {
         self.next_record().transpose()
     }
+}
+
+/// Where to start reading again to go back through some of the log's records newest first
+/// without holding all of them: the LSN of the first record of each chunk of about
+/// [`WAL_READ_BACK_CHUNK_BYTES`] of payload among the records noted. The log cannot be read
+/// backwards (a record's header says where the next one starts, not where the last one did),
+/// and holding every record of a transaction of any size is what a rollback from the log
+/// exists to avoid; so each chunk is read forward again, and its records handed out in
+/// reverse (see [`read_newest_first`]). The marks take one LSN per chunk.
+#[derive(Clone, Debug)]
+pub struct ReadBackMarks {
+    chunk_bytes: u64,
+    /// The LSN of each chunk's first noted record, ascending.
+    starts: Vec<Lsn>,
+    /// Payload bytes noted in the last chunk.
+    last_chunk_bytes: u64,
+}
+
+impl Default for ReadBackMarks {
+    fn default() -> ReadBackMarks {
+        ReadBackMarks::with_chunk_bytes(WAL_READ_BACK_CHUNK_BYTES)
+    }
+}
+
+impl ReadBackMarks {
+    /// Marks for chunks of about `chunk_bytes` of payload (a record larger than that is a chunk
+    /// of its own). Tests use small chunks to have many.
+    pub fn with_chunk_bytes(chunk_bytes: u64) -> ReadBackMarks {
+        ReadBackMarks {
+            chunk_bytes: chunk_bytes.max(1),
+            starts: Vec::new(),
+            last_chunk_bytes: 0,
+        }
+    }
+
+    /// Notes a record that may be read back: at `lsn`, with `payload_bytes` of payload.
+    /// Records must be noted in LSN order; the records a read back keeps must all have been
+    /// noted, or a chunk could hold more than the marks know of.
+    pub fn note(&mut self, lsn: Lsn, payload_bytes: u64) {
+        debug_assert!(self.starts.last().is_none_or(|&last| last <= lsn));
+        if self.starts.is_empty() || self.last_chunk_bytes + payload_bytes > self.chunk_bytes {
+            self.starts.push(lsn);
+            self.last_chunk_bytes = 0;
+        }
+        self.last_chunk_bytes += payload_bytes;
+    }
+
+    /// The first noted record's LSN.
+    pub fn first(&self) -> Option<Lsn> {
+        self.starts.first().copied()
+    }
+
+    /// How many chunks the noted records make.
+    pub fn chunks(&self) -> usize {
+        self.starts.len()
+    }
+}
+
+/// Goes through the records of the log in `dir` from the first one `marks` noted to `end` (a
+/// record boundary, which must be in the log's files: durable), newest first, handing each
+/// that `keep` keeps to `each`. Holds one chunk's kept records at a time (see
+/// [`ReadBackMarks`]). A log that ends before `end` is corrupt: the caller knows the records up
+/// to it were written.
+pub fn read_newest_first<E: From<WalError>>(
+    fs: &Arc<dyn FileSystem>,
+    dir: &std::path::Path,
+    marks: &ReadBackMarks,
+    end: Lsn,
+    mut keep: impl FnMut(&RawRecord) -> Result<bool, E>,
+    mut each: impl FnMut(RawRecord) -> Result<(), E>,
+) -> Result<(), E> {
+    for (chunk, &from) in marks.starts.iter().enumerate().rev() {
+        if from >= end {
+            continue;
+        }
+        let to = marks
+            .starts
+            .get(chunk + 1)
+            .map_or(end, |&next| next.min(end));
+        let mut reader = LogReader::open(Arc::clone(fs), dir, from)?;
+        let mut kept = Vec::new();
+        while reader.position() < to {
+            let Some(raw) = reader.next_raw()? else {
+                let (lsn, why) = match reader.end() {
+                    Some(tail) => (tail.lsn, format!("{:?}", tail.kind)),
+                    None => (reader.position(), "no end".to_string()),
+                };
+                return Err(WalError::Corrupt {
+                    lsn,
+                    reason: format!(
+                        "the log ends here ({why}) while reading back records up to {to}, which \
+                         were written"
+                    ),
+                }
+                .into());
+            };
+            if keep(&raw)? {
+                kept.push(raw);
+            }
+        }
+        for raw in kept.into_iter().rev() {
+            each(raw)?;
+        }
+    }
+    Ok(())
 }

@@ -71,7 +71,7 @@ use lastpage_io::{File, FileSystem, OpenOptions};
 
 use super::buffer::LogBuffer;
 use super::prepare::{Prepared, SegmentPreparer, SegmentRecycler, remove_leftovers};
-use super::reader::{LogReader, TailKind};
+use super::reader::{self, LogReader, TailKind};
 use super::record::{self, Record};
 use super::segment::{self, HEADER_BYTES, SegmentHeader};
 use super::{Lsn, TruncationError, WalConfig, WalError, align_up};
@@ -266,6 +266,9 @@ pub struct LogWriter {
     recycler: Option<SegmentRecycler>,
     /// Where every record checksum of this log starts ([`record::checksum_seed`]).
     checksum_seed: u32,
+    /// The file system and directory of the log, for reading records back
+    /// ([`LogWriter::read_back_newest_first`]); the flush's own are behind its mutex.
+    read_back: (StdArc<dyn FileSystem>, StdArc<Path>),
 }
 
 impl fmt::Debug for LogWriter {
@@ -343,6 +346,7 @@ impl LogWriter {
                 stalled: None,
                 error: None,
             }),
+            read_back: (StdArc::clone(&fs), StdArc::clone(&dir)),
             io: Mutex::new(FlushIo {
                 fs,
                 dir,
@@ -374,6 +378,23 @@ impl LogWriter {
     /// The largest record (header and payload, in bytes) [`LogWriter::append`] accepts.
     pub fn max_record_bytes(&self) -> usize {
         self.max_record
+    }
+
+    /// Goes back through records this writer's log holds, newest first, up to `end` (a record
+    /// boundary it handed out), as [`reader::read_newest_first`] does: first it waits until
+    /// the log is durable up to `end` (WRITELOG), since records still in the buffer are not in
+    /// the files yet. For a rollback of changes no longer in memory; the caller must keep the
+    /// records from being truncated away (a transaction's are kept while it is active).
+    pub fn read_back_newest_first<E: From<WalError>>(
+        &self,
+        marks: &reader::ReadBackMarks,
+        end: Lsn,
+        keep: impl FnMut(&reader::RawRecord) -> Result<bool, E>,
+        each: impl FnMut(reader::RawRecord) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.wait_until_durable(end)?;
+        let (fs, dir) = &self.read_back;
+        reader::read_newest_first(fs, dir, marks, end, keep, each)
     }
 
     /// The end of the durable prefix of the log.
