@@ -19,7 +19,8 @@ use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
     DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_ESCALATION_THRESHOLD,
     LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES, MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
-    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
+    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, UNDO_KEPT_ENTRIES, UNDO_SPARE_KEPT_ENTRIES,
+    WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -67,6 +68,11 @@ pub struct DatabaseOptions {
     /// `LOCK_ESCALATION = DISABLE`. By default `LOCK_ESCALATION_THRESHOLD` (5,000, SQL
     /// Server's).
     pub lock_escalation_threshold: Option<usize>,
+    /// Undo entries an explicit transaction in a durable database keeps in memory between its
+    /// statements (by default `UNDO_KEPT_ENTRIES`); past this many, its changes to logged
+    /// tables leave the undo list and a rollback undoes them from the log (see `txn.rs`).
+    /// Tests set it low to have transactions do so often. At least 1.
+    pub undo_kept_entries: usize,
     /// The log's buffer and segment sizes.
     pub wal: WalConfig,
     /// The file system a durable database uses; `None` is the real one. Tests pass a
@@ -89,6 +95,7 @@ impl Default for DatabaseOptions {
             delayed_flush_interval: Duration::from_millis(DELAYED_FLUSH_INTERVAL_MS),
             lock_timeout: None,
             lock_escalation_threshold: Some(LOCK_ESCALATION_THRESHOLD),
+            undo_kept_entries: UNDO_KEPT_ENTRIES,
             wal: WalConfig::default(),
             file_system: None,
             max_pages: MAX_POOL_PAGES,
@@ -105,6 +112,7 @@ impl std::fmt::Debug for DatabaseOptions {
             .field("delayed_flush_interval", &self.delayed_flush_interval)
             .field("lock_timeout", &self.lock_timeout)
             .field("lock_escalation_threshold", &self.lock_escalation_threshold)
+            .field("undo_kept_entries", &self.undo_kept_entries)
             .field("wal", &self.wal)
             .field("file_system", &self.file_system.as_ref().map(|_| "custom"))
             .field("max_pages", &self.max_pages)
@@ -210,6 +218,8 @@ struct Inner {
     /// What dropped tables left whose pages are not free yet (see
     /// [`Database::reclaim_dropped_tables`]).
     dropped: Mutex<Dropped>,
+    /// Counters of undo entries let go and of changes undone from the log.
+    undo: crate::txn::UndoCounters,
 }
 
 /// The trees of dropped tables, waiting for their pages to be freed.
@@ -292,6 +302,7 @@ impl Database {
                 failure: std::sync::OnceLock::new(),
                 closed: AtomicBool::new(false),
                 dropped: Mutex::new(Dropped::default()),
+                undo: Default::default(),
                 instance: {
                     // A plain counter, not part of any protocol, and a static, which loom's
                     // atomics cannot be: std's, like table.rs's uniquifier blocks.
@@ -706,6 +717,20 @@ impl Database {
 
     pub(crate) fn lock_escalation_threshold(&self) -> Option<usize> {
         self.inner.options.lock_escalation_threshold
+    }
+
+    pub(crate) fn undo_kept_entries(&self) -> usize {
+        self.inner.options.undo_kept_entries.max(1)
+    }
+
+    /// Counters of transactions' undo lists since the database was opened: entries let go by
+    /// large transactions, and changes their rollbacks undid from the log.
+    pub fn undo_stats(&self) -> crate::txn::UndoStats {
+        self.inner.undo.snapshot()
+    }
+
+    pub(crate) fn undo_counters(&self) -> &crate::txn::UndoCounters {
+        &self.inner.undo
     }
 
     /// This database's instance number, unique in the process.
@@ -1647,6 +1672,11 @@ impl Session {
     /// Keeps an ended transaction's undo list (emptied) for the next one.
     pub(crate) fn return_spare_undo(&self, mut undo: Vec<crate::txn::UndoEntry>) {
         undo.clear();
+        // A large transaction's list is not kept: with hundreds of sessions, each keeping the
+        // largest list it ever had would add up.
+        if undo.capacity() > UNDO_SPARE_KEPT_ENTRIES {
+            undo = Vec::new();
+        }
         self.spare_undo.set(undo);
     }
 

@@ -274,5 +274,13 @@ impl From<IntegrityError> for EngineError {
     }
 }
 
+/// An error reading the log back (recovery, a rollback from the log). A failure of the log
+/// writer itself is not made this way: `Database::fail` makes it, and stops the database.
+impl From<lastpage_storage::wal::WalError> for EngineError {
+    fn from(error: lastpage_storage::wal::WalError) -> Self {
+        EngineError::Storage(error.to_string())
+    }
+}
+
 /// The engine's result type.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -51,5 +51,5 @@ pub use schema::{
     Uniqueness,
 };
 pub use table::{InsertRow, KeyRange, PreparedInsert, Row, Table, TableCheck};
-pub use txn::{CommitTicket, Durability};
+pub use txn::{CommitTicket, Durability, UndoStats};
 pub use types::{DataType, Value};

@@ -3,19 +3,23 @@
 //! The image holds exactly the effect of every log record before its checkpoint LSN (writers
 //! change the trees and append their record inside the checkpoint gate, which the checkpoint
 //! holds exclusively while it captures the pages). Recovery reads the log once, from the
-//! first record of the oldest transaction active at the checkpoint:
+//! first record of the oldest transaction active at the checkpoint, and then, only if some
+//! transaction never ended, goes back over it:
 //!
-//! - A row change at or after the checkpoint LSN is kept with its transaction and applied when
-//!   the transaction's commit (or abort) record is read. An aborted transaction's rollback is
-//!   in the log as compensating changes, so applying everything nets it out.
-//! - A row change before the checkpoint LSN is already in the image; it is kept only so that it
-//!   can be undone if its transaction never ends.
-//! - Transactions with no commit or abort record at the end of the log are losers: their
-//!   changes in the image are undone, newest first, and their later changes were never applied.
+//! - A row change at or after the checkpoint LSN is applied as it is read, whatever becomes of
+//!   its transaction (repeating history, as ARIES does). An aborted transaction's rollback is in
+//!   the log as compensating changes, so applying everything nets it out.
+//! - A row change before the checkpoint LSN is already in the image.
+//! - Transactions with no commit or abort record at the end of the log are losers: all their
+//!   changes are in the trees now, and they are undone, newest first, read back from the log a
+//!   chunk at a time ([`read_newest_first`]).
 //!
-//! Applying a transaction at its commit rather than at each record's LSN is safe because a
-//! transaction holds exclusive locks on every row it changes until it ends, so no other
-//! transaction's change to those rows lies between its records and its commit.
+//! Nothing is held per change, so a transaction of any size is recovered in bounded memory (a
+//! log position per [`lastpage_storage::limits::WAL_READ_BACK_CHUNK_BYTES`] of changes read,
+//! and a transaction id per transaction open). Applying changes in log order is safe because
+//! a transaction holds exclusive locks on every row it changes until its commit or abort
+//! record is appended, so two transactions' changes to the same row are in the log in the
+//! order they were made, and changes to different rows commute.
 //!
 //! Every insert record raises its table's identity counter above the value it holds, whether
 //! or not its transaction committed, and every identity reservation raises it past the values
@@ -23,14 +27,14 @@
 //!
 //! The log's end is the first record that fails its checksum or is cut short (a torn tail).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lastpage_io::FileSystem;
 use lastpage_storage::limits::MAX_TXN_ID;
-use lastpage_storage::wal::{LogReader, Lsn, RawRecord, Record};
+use lastpage_storage::wal::{LogReader, Lsn, RawRecord, ReadBackMarks, Record, read_newest_first};
 
 use crate::catalog::{Catalog, CatalogEntry, insert_path_of_tag, insert_path_tag, table_name_key};
 use crate::database::Database;
@@ -123,16 +127,6 @@ pub(crate) fn describe_index_options(
     description
 }
 
-/// A transaction's changes seen so far, a log record's at a time (a batch's record holds
-/// hundreds of rows, which share its bytes and its table).
-#[derive(Default)]
-struct PendingTxn {
-    /// Changes at or after the checkpoint, applied at commit.
-    redo: Vec<(Arc<Table>, Vec<RowChange>)>,
-    /// Changes before the checkpoint (in the image), undone if the transaction never ends.
-    in_image: Vec<(Arc<Table>, Vec<RowChange>)>,
-}
-
 /// Replays the log in `wal_dir` onto `db`, which holds the checkpoint image's tables.
 pub(crate) fn replay(
     db: &Database,
@@ -144,14 +138,18 @@ pub(crate) fn replay(
     let checkpoint_lsn = catalog.map_or(0, |catalog| catalog.checkpoint_lsn);
     let start = catalog.map_or(0, |catalog| catalog.oldest_active_lsn.min(checkpoint_lsn));
     let storage = |error: lastpage_storage::wal::WalError| EngineError::Storage(error.to_string());
-    let mut reader = LogReader::open(fs, wal_dir, Lsn(start)).map_err(storage)?;
+    let mut reader = LogReader::open(Arc::clone(&fs), wal_dir, Lsn(start)).map_err(storage)?;
     let mut stats = RecoveryStats {
         log_start: start,
         ..RecoveryStats::default()
     };
     let mut trees = tree_map(db);
     let mut tables = table_map(db);
-    let mut pending: HashMap<u64, PendingTxn> = HashMap::new();
+    // Transactions with a row change read and no commit or abort record yet.
+    let mut open: HashSet<u64> = HashSet::new();
+    // Every row change is noted, so that those of the transactions that turn out never to
+    // have ended can be read back newest first to be undone, a chunk at a time.
+    let mut marks = ReadBackMarks::default();
     while let Some(raw) = reader.next_raw().map_err(storage)? {
         stats.records += 1;
         let lsn = raw.lsn.0;
@@ -182,27 +180,20 @@ pub(crate) fn replay(
                     // A table dropped later in the log: nothing of it survives.
                     continue;
                 };
-                let slot = pending.entry(txn.0).or_default();
-                let held = if lsn >= checkpoint_lsn {
-                    &mut slot.redo
-                } else {
-                    &mut slot.in_image
-                };
+                open.insert(txn.0);
+                marks.note(raw.lsn, payload.len() as u64);
                 let changes = RowChange::from_record(partition, record, &payload)?;
                 table.note_recovered_identities(&changes)?;
                 table.note_recovered_uniquifiers(&changes);
-                held.push((table, changes));
-            }
-            Record::Commit { txn } | Record::Abort { txn } => {
-                if let Some(done) = pending.remove(&txn.0) {
-                    stats.committed_txns += 1;
-                    for (table, changes) in done.redo {
-                        table.apply_changes(&changes).map_err(|error| {
-                            corrupt(lsn, format!("replaying a committed change failed: {error}"))
-                        })?;
-                        stats.redone_changes += changes.len() as u64;
-                    }
+                if lsn >= checkpoint_lsn {
+                    table.apply_changes(&changes).map_err(|error| {
+                        corrupt(lsn, format!("replaying a logged change failed: {error}"))
+                    })?;
+                    stats.redone_changes += changes.len() as u64;
                 }
+            }
+            Record::Commit { txn } | Record::Abort { txn } if open.remove(&txn.0) => {
+                stats.committed_txns += 1;
             }
             Record::IdentityReserve { table_id, up_to } => {
                 // A reservation of a table dropped later in the log names no table here.
@@ -219,21 +210,79 @@ pub(crate) fn replay(
             _ => {}
         }
     }
-    for (_, loser) in pending {
-        stats.loser_txns += 1;
-        for (table, changes) in loser.in_image.into_iter().rev() {
-            for change in changes.into_iter().rev() {
-                table.apply_change(&change.inverse()).map_err(|error| {
-                    corrupt(0, format!("undoing an uncommitted change failed: {error}"))
-                })?;
-                stats.undone_changes += 1;
-            }
-        }
+    if !open.is_empty() {
+        stats.loser_txns = open.len() as u64;
+        undo_losers(
+            &fs,
+            wal_dir,
+            &marks,
+            reader.position(),
+            &open,
+            &trees,
+            &mut stats,
+        )?;
     }
     stats.log_end = reader.position().0;
     stats.log_bytes = stats.log_end.saturating_sub(start);
     stats.replay_duration = started.elapsed();
     Ok(stats)
+}
+
+/// Undoes the row changes of the transactions in `losers` (which never ended), newest first,
+/// reading them back from the log up to `end` a chunk at a time: every one of them is in the
+/// trees by now (in the image, or replayed), and what their rollback would have done is what
+/// undoing them does. A loser that rolled back statements has their compensations in the log
+/// too; undoing those puts the statements' changes back, and undoing the changes, older, takes
+/// them out again. Changes to tables dropped later in the log are skipped: nothing of those
+/// tables survives.
+fn undo_losers(
+    fs: &Arc<dyn FileSystem>,
+    wal_dir: &Path,
+    marks: &ReadBackMarks,
+    end: Lsn,
+    losers: &HashSet<u64>,
+    trees: &HashMap<u32, (Arc<Table>, usize)>,
+    stats: &mut RecoveryStats,
+) -> Result<()> {
+    let storage = |error: lastpage_storage::wal::WalError| EngineError::Storage(error.to_string());
+    let loser_change = |record: &Record<'_>| match record {
+        Record::Insert { txn, index_id, .. }
+        | Record::InsertRun { txn, index_id, .. }
+        | Record::Delete { txn, index_id, .. }
+        | Record::Update { txn, index_id, .. } => losers
+            .contains(&txn.0)
+            .then(|| trees.get(index_id))
+            .flatten(),
+        _ => None,
+    };
+    read_newest_first(
+        fs,
+        wal_dir,
+        marks,
+        end,
+        |raw| Ok(loser_change(&raw.decode().map_err(storage)?).is_some()),
+        |raw| {
+            let lsn = raw.lsn;
+            let payload = Arc::new(raw.payload);
+            let record = RawRecord::decode_payload(lsn, raw.kind, &payload).map_err(storage)?;
+            let Some((table, partition)) = loser_change(&record) else {
+                return Ok(());
+            };
+            let changes = RowChange::from_record(*partition, record, &payload)?;
+            for change in changes.into_iter().rev() {
+                table
+                    .apply_change(&change.into_inverse())
+                    .map_err(|error| {
+                        corrupt(
+                            lsn.0,
+                            format!("undoing an uncommitted change failed: {error}"),
+                        )
+                    })?;
+                stats.undone_changes += 1;
+            }
+            Ok(())
+        },
+    )
 }
 
 fn corrupt(lsn: u64, reason: String) -> EngineError {

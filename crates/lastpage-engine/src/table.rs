@@ -369,12 +369,7 @@ pub(crate) enum RowChange {
 }
 
 impl RowChange {
-    /// The change that undoes this one.
-    pub(crate) fn inverse(&self) -> RowChange {
-        self.clone().into_inverse()
-    }
-
-    /// [`RowChange::inverse`], reusing this change's bytes.
+    /// The change that undoes this one, reusing its bytes.
     pub(crate) fn into_inverse(self) -> RowChange {
         match self {
             RowChange::Insert {

@@ -17,20 +17,28 @@
 //!    statement inside a transaction that later commits to its net effect. An insert's entry
 //!    keeps the row's partition and clustered key but not its value, which undoing the insert
 //!    reads back from the tree (see `UndoChange`).
+//!    An explicit transaction in a durable database keeps at most
+//!    [`UNDO_KEPT_ENTRIES`] entries between statements: past that, its changes to logged
+//!    tables leave the list, and its rollback undoes them from the log, reading its own records
+//!    back newest first (see `Spilled`). A transaction of any size then holds a bounded
+//!    amount of memory for its undo.
 //! 4. Commit appends a commit record, waits for it to be durable when the durability is FULL,
 //!    and only then releases the locks: nobody reads a row before its commit is on disk. A
 //!    pipelined commit ([`Session::commit_pipelined`]) releases them at once, as a DELAYED one
 //!    does, and leaves the wait to its [`CommitTicket`].
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
+use lastpage_storage::limits::UNDO_KEPT_ENTRIES;
 use lastpage_storage::limits::{WAL_INSERT_RUN_MAX_BYTES, WAL_RECORD_HEADER_BYTES};
 use lastpage_storage::scratch::with_scratch;
 use lastpage_storage::stats::{self, WaitAccumulator};
 use lastpage_storage::sync::{AtomicBool, AtomicU64, Ordering};
-use lastpage_storage::wal::{Lsn, Record, TxnId};
+use lastpage_storage::wal::{Lsn, RawRecord, ReadBackMarks, Record, TxnId};
 
 use crate::database::{Database, Session};
 use crate::error::{EngineError, Result};
@@ -169,6 +177,67 @@ pub(crate) struct Transaction {
     /// logged (in a durable database), while such a change is still in the list: what sets
     /// and clears its session's [`ActiveSlot::unlogged_changes`].
     unlogged_undo_from: Option<usize>,
+    /// Where the explicit transaction's log records are, to read them back (see [`Spilled`]).
+    /// An autocommit transaction notes none: it never lets an undo entry go.
+    log_marks: ReadBackMarks,
+    /// The changes that left the undo list, if any did.
+    spilled: Option<Spilled>,
+}
+
+/// Changes a large explicit transaction let go from its undo list; its rollback undoes them from
+/// the log.
+///
+/// Between statements, once the list holds [`UNDO_KEPT_ENTRIES`] entries
+/// (`DatabaseOptions::undo_kept_entries`), all of them go, leaving only this: how far the
+/// transaction's log records then reached, and the tables they changed. Every change the
+/// transaction made before that point is in the log, and so is every compensation of a
+/// statement it rolled back (a statement's rollback is over before the next statement starts).
+/// Rolling the transaction back, once the list's own entries are undone, undoes every row
+/// change the transaction logged before `end`, newest first, compensations included: undoing a
+/// compensation puts a rolled-back statement's change back, and undoing that change, older,
+/// takes it out again; recovery undoes a transaction that never ended the same way. The
+/// records are read back a chunk at a time ([`ReadBackMarks`]), so the rollback holds a bounded
+/// amount of memory too; they stay in the log while the transaction is active (a checkpoint
+/// truncates the log only before the oldest active transaction's first record).
+///
+/// Only a transaction whose list holds changes to logged tables alone lets entries go: a change
+/// to a table that is not logged can be undone only from the list.
+struct Spilled {
+    /// The end of the transaction's last log record when its entries last left the list.
+    end: Lsn,
+    /// The tables the changes let go were to, kept as the entries kept them (and to find them
+    /// by the trees their records name).
+    tables: Vec<Arc<Table>>,
+}
+
+/// Counters of undo entries let go and changes undone from the log (see [`Spilled`]).
+#[derive(Default)]
+pub(crate) struct UndoCounters {
+    spills: AtomicU64,
+    entries_spilled: AtomicU64,
+    undone_from_log: AtomicU64,
+}
+
+impl UndoCounters {
+    pub(crate) fn snapshot(&self) -> UndoStats {
+        UndoStats {
+            spills: self.spills.load(Ordering::Relaxed),
+            entries_spilled: self.entries_spilled.load(Ordering::Relaxed),
+            undone_from_log: self.undone_from_log.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What large transactions did with their undo lists since the database was opened
+/// ([`Database::undo_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UndoStats {
+    /// Times a transaction let the entries of its undo list go.
+    pub spills: u64,
+    /// Undo entries let go.
+    pub entries_spilled: u64,
+    /// Row changes rollbacks undid by reading them back from the log.
+    pub undone_from_log: u64,
 }
 
 /// A session's slot in the database's table of active transactions: the LSN of the first log
@@ -503,6 +572,9 @@ impl<'s> WriteScope<'s> {
             );
             next += covered;
             let (first, end) = wal.append_at(&record).map_err(|error| db.fail(error))?;
+            if self.txn.explicit {
+                self.txn.log_marks.note(first, record.payload_len() as u64);
+            }
             if self.txn.last_lsn.is_none() {
                 self.session
                     .active_slot()
@@ -718,6 +790,10 @@ impl Session {
         {
             txn.locks.escalate_if_large(db.locks(), threshold);
         }
+        // Likewise for its undo list, which then lets its entries go (see `Spilled`).
+        if txn.explicit && txn.undo.len() >= db.undo_kept_entries() {
+            txn.spill_undo(db);
+        }
         drop(slot);
         match (autocommit, result) {
             (Some(txn), Ok(value)) => self.finish_commit(txn).map(|()| value),
@@ -763,7 +839,6 @@ impl Session {
         savepoint: usize,
         statement_table: Option<&Arc<Table>>,
     ) -> Result<()> {
-        let db = self.db();
         while txn.undo.len() > savepoint {
             let UndoEntry {
                 table: entry_table,
@@ -774,34 +849,112 @@ impl Session {
                     "an undo entry of an earlier statement names no table".into(),
                 )
             })?;
-            let log_changes = db.wal().is_some() && table.is_logged();
-            let mut scope = WriteScope {
-                session: self,
-                table,
-                txn: &mut *txn,
-                log_changes,
-            };
-            // The compensation is logged but not undoable itself: it stays out of the list.
-            scope.logged_and_kept(table, false, |changes| {
-                // An undo that cannot get a page would stop the database, so it is not held
-                // to the configured page limit: at the limit, putting back a deleted row
-                // whose room another insert took needs a split.
-                lastpage_storage::buffer::past_page_limit(|| {
-                    // An insert's entry has no value: its delete reads it back from the tree,
-                    // inside the gate like the delete itself.
-                    let inverse = match change {
-                        UndoChange::Insert { partition, key } => {
-                            table.delete_of_inserted_row(partition, key)?
-                        }
-                        UndoChange::Other(change) => change.into_inverse(),
-                    };
-                    table.apply_change(&inverse)?;
-                    changes.push(inverse);
-                    Ok(())
-                })
+            // An insert's entry has no value: its delete reads it back from the tree, inside the
+            // gate like the delete itself.
+            self.compensate(txn, table, || match change {
+                UndoChange::Insert { partition, key } => {
+                    table.delete_of_inserted_row(partition, key)
+                }
+                UndoChange::Other(change) => Ok(change.into_inverse()),
             })?;
         }
         Ok(())
+    }
+
+    /// Applies the change `inverse` makes (inside the checkpoint gate, where it is made) to
+    /// `table` and logs it as the transaction's own compensation, which is not undoable itself
+    /// and stays out of the undo list.
+    fn compensate(
+        &self,
+        txn: &mut Transaction,
+        table: &Arc<Table>,
+        inverse: impl FnOnce() -> Result<RowChange>,
+    ) -> Result<()> {
+        let log_changes = self.db().wal().is_some() && table.is_logged();
+        let mut scope = WriteScope {
+            session: self,
+            table,
+            txn,
+            log_changes,
+        };
+        scope.logged_and_kept(table, false, |changes| {
+            // An undo that cannot get a page would stop the database, so it is not held to the
+            // configured page limit: at the limit, putting back a deleted row whose room
+            // another insert took needs a split.
+            lastpage_storage::buffer::past_page_limit(|| {
+                let inverse = inverse()?;
+                table.apply_change(&inverse)?;
+                changes.push(inverse);
+                Ok(())
+            })
+        })
+    }
+
+    /// Undoes the changes the transaction let go from its undo list (see [`Spilled`]), newest
+    /// first, reading their records back from the log. Called once the list is empty.
+    fn undo_spilled(&self, txn: &mut Transaction) -> Result<()> {
+        let Some(spilled) = txn.spilled.take() else {
+            return Ok(());
+        };
+        let id = txn.id;
+        let db = self.db();
+        let wal = db.wal().ok_or_else(|| {
+            EngineError::Transaction("undo entries were let go in a database without a log".into())
+        })?;
+        // The records must be in the log's files to be read back; a failure to make them so is
+        // the log's failure, which stops the database like any other.
+        wal.wait_until_durable(spilled.end)
+            .map_err(|error| db.fail(error))?;
+        let trees: HashMap<u32, (&Arc<Table>, usize)> = spilled
+            .tables
+            .iter()
+            .flat_map(|table| {
+                table
+                    .clustered_trees()
+                    .iter()
+                    .enumerate()
+                    .map(move |(partition, tree)| (tree.index_id(), (table, partition)))
+            })
+            .collect();
+        let own_change = |record: &Record<'_>| match record {
+            Record::Insert { txn, index_id, .. }
+            | Record::InsertRun { txn, index_id, .. }
+            | Record::Delete { txn, index_id, .. }
+            | Record::Update { txn, index_id, .. } => (*txn == id).then_some(*index_id),
+            _ => None,
+        };
+        // The compensations logged below are noted in fresh marks; these are read.
+        let marks = std::mem::take(&mut txn.log_marks);
+        let mut undone = 0u64;
+        let result = wal.read_back_newest_first(
+            &marks,
+            spilled.end,
+            |raw| Ok(own_change(&raw.decode()?).is_some()),
+            |raw| {
+                let lsn = raw.lsn;
+                let payload = Arc::new(raw.payload);
+                let record = RawRecord::decode_payload(lsn, raw.kind, &payload)?;
+                let index_id = own_change(&record).expect("only the transaction's row changes");
+                let &(table, partition) = trees.get(&index_id).ok_or_else(|| {
+                    EngineError::Transaction(format!(
+                        "the transaction's log record at {lsn} names index {index_id}, which no \
+                         table it let undo entries go for has"
+                    ))
+                })?;
+                for change in RowChange::from_record(partition, record, &payload)?
+                    .into_iter()
+                    .rev()
+                {
+                    self.compensate(txn, table, || Ok(change.into_inverse()))?;
+                    undone += 1;
+                }
+                Ok(())
+            },
+        );
+        db.undo_counters()
+            .undone_from_log
+            .fetch_add(undone, Ordering::Relaxed);
+        result
     }
 
     fn finish_commit(&self, txn: Transaction) -> Result<()> {
@@ -828,7 +981,8 @@ impl Session {
         let undone = self
             .db()
             .check_not_failed()
-            .and_then(|()| self.undo_to(&mut txn, 0, None));
+            .and_then(|()| self.undo_to(&mut txn, 0, None))
+            .and_then(|()| self.undo_spilled(&mut txn));
         self.db().note_ended_write();
         // The abort record is flushed like a commit (for FULL durability): the rolled-back
         // inserts' records then are on disk too, so recovery sees their identity values and
@@ -918,6 +1072,38 @@ fn txn_of<'a>(
     }
 }
 
+impl Transaction {
+    /// Lets the undo list's entries go, between statements, if the transaction's changes can
+    /// be undone from the log instead (see [`Spilled`]).
+    fn spill_undo(&mut self, db: &Database) {
+        let (Some(end), Some(_)) = (self.last_lsn, db.wal()) else {
+            return;
+        };
+        if self.unlogged_undo_from.is_some() || db.check_usable().is_err() {
+            return;
+        }
+        let spilled = self.spilled.get_or_insert_with(|| Spilled {
+            end,
+            tables: Vec::new(),
+        });
+        spilled.end = end;
+        let entries = self.undo.len() as u64;
+        for entry in self.undo.drain(..) {
+            // Every entry names its table between statements.
+            if let Some(table) = entry.table
+                && !spilled.tables.iter().any(|kept| Arc::ptr_eq(kept, &table))
+            {
+                spilled.tables.push(table);
+            }
+        }
+        let counters = db.undo_counters();
+        counters.spills.fetch_add(1, Ordering::Relaxed);
+        counters
+            .entries_spilled
+            .fetch_add(entries, Ordering::Relaxed);
+    }
+}
+
 impl Database {
     pub(crate) fn new_transaction(
         &self,
@@ -935,6 +1121,8 @@ impl Database {
             locks: TxnLocks::new(id),
             deleted_from: Vec::new(),
             unlogged_undo_from: None,
+            log_marks: ReadBackMarks::default(),
+            spilled: None,
         })
     }
 }

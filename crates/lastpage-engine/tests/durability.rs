@@ -3649,12 +3649,32 @@ fn undone_row(k: i32, v: i32, code: i32, pad: &str) -> InsertRow {
 /// rows' entries away: the tables must hold exactly their committed rows and pass the
 /// integrity check (which matches every index entry to its row), as must the database reopened
 /// after a crash, whose recovery replays the compensations from their log records.
+///
+/// Each case runs twice: with the default undo list, and with one that keeps at most 7 entries
+/// between statements, so that the transaction lets its entries go after most statements and
+/// its rollback undoes most of its changes from the log instead: the statement that fails, and
+/// the rows moved and changed again, then have their compensations in the part read back. That
+/// run also has another session commit about a megabyte of log (several segments) and take a
+/// checkpoint in the middle of the transaction, which must keep the log the rollback reads.
 #[test]
 fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
     let seed = seed();
-    for (mode, partitioned) in CRASH_MODES.into_iter().zip([true, false, true]) {
+    let cases = CRASH_MODES.into_iter().zip([true, false, true]);
+    for ((mode, partitioned), undo_kept_entries) in
+        cases.flat_map(|case| [(case, None), (case, Some(7))])
+    {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
-        let db = open(&fs);
+        let db = match undo_kept_entries {
+            Some(kept) => Database::open(
+                DIR,
+                DatabaseOptions {
+                    undo_kept_entries: kept,
+                    ..options(&fs)
+                },
+            )
+            .unwrap(),
+            None => open(&fs),
+        };
         let undone = db.create_table(undone_table(partitioned)).unwrap();
         let orders_table = db.create_table(orders()).unwrap();
         let session = db.session();
@@ -3681,6 +3701,17 @@ fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
             .map(|k| undone_row(k, k % 5, 20_000 + k, &"b".repeat(k as usize % 90)))
             .collect();
         undone.insert_batch(&session, batch).unwrap();
+        if undo_kept_entries.is_some() {
+            let load = db.create_table(accounts()).unwrap();
+            let loader = db.session();
+            for batch in 0..20 {
+                let rows = (0..1000)
+                    .map(|n| InsertRow::new().set(0, batch * 1000 + n).set(1, n))
+                    .collect();
+                load.insert_batch(&loader, rows).unwrap();
+            }
+            db.checkpoint().unwrap();
+        }
         // Their indexed columns and their lengths change, some rows' twice.
         for k in (100..140).chain(200..260).step_by(3) {
             let changes = [
@@ -3741,7 +3772,17 @@ fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
             );
         }
         db.check_integrity().unwrap();
+        let before_rollback = db.undo_stats();
         session.rollback().unwrap();
+        let undo = db.undo_stats();
+        if undo_kept_entries.is_some() {
+            assert!(
+                before_rollback.spills > 10 && undo.undone_from_log > 100,
+                "{undo:?}"
+            );
+        } else {
+            assert_eq!(undo, lastpage_engine::UndoStats::default());
+        }
 
         let after_rollback = (
             common::rows(&undone, &session),
@@ -3763,7 +3804,8 @@ fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
         );
         assert_eq!(
             reopened, committed,
-            "{mode:?}, partitioned {partitioned}: recovery brought changes back"
+            "{mode:?}, partitioned {partitioned}, {undo_kept_entries:?}: recovery brought changes \
+             back"
         );
         db.check_integrity().unwrap_or_else(|error| {
             panic!("{mode:?}, partitioned {partitioned}: after recovery: {error}")

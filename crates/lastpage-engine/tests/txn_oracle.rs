@@ -227,17 +227,23 @@ fn database(fs: Option<&FaultyFileSystem>, lock_timeout: Option<Duration>) -> Da
 }
 
 /// [`database`], in which, if `escalate`, an explicit transaction tries to escalate to a lock
-/// on the whole table after every statement (a threshold of one row lock), so that the
-/// concurrent tests below run with escalated transactions among the others.
+/// on the whole table after every statement (a threshold of one row lock), and, in a durable
+/// database, lets the entries of its undo list go after every statement (so that its rollback
+/// undoes its changes from the log), so that the concurrent tests below run with such
+/// transactions among the others: what a large transaction does, at every size.
 fn database_escalating(
     fs: Option<&FaultyFileSystem>,
     lock_timeout: Option<Duration>,
     escalate: bool,
 ) -> Database {
-    let lock_escalation_threshold = if escalate {
-        Some(1)
+    let defaults = DatabaseOptions::default();
+    let (lock_escalation_threshold, undo_kept_entries) = if escalate {
+        (Some(1), 1)
     } else {
-        DatabaseOptions::default().lock_escalation_threshold
+        (
+            defaults.lock_escalation_threshold,
+            defaults.undo_kept_entries,
+        )
     };
     match fs {
         Some(fs) => Database::open(
@@ -245,32 +251,40 @@ fn database_escalating(
             DatabaseOptions {
                 lock_timeout,
                 lock_escalation_threshold,
+                undo_kept_entries,
                 ..options(fs)
             },
         ),
         None => Database::create(DatabaseOptions {
             lock_timeout,
             lock_escalation_threshold,
-            ..DatabaseOptions::default()
+            ..defaults
         }),
     }
     .unwrap()
 }
 
-/// After a run with escalations, checks that transactions tried to escalate. How many
-/// succeeded depends on the schedule (an attempt fails while another transaction holds a lock
-/// on the table): tens to hundreds a run here, which the printed statistics show, but a run
-/// with none is possible, and `tests/locks.rs` tests successful ones for certain.
+/// After a run with escalations, checks that transactions tried to escalate, and in a durable
+/// database that they let undo entries go. How many escalations succeeded depends on the
+/// schedule (an attempt fails while another transaction holds a lock on the table): tens to
+/// hundreds a run here, which the printed statistics show, but a run with none is possible,
+/// and `tests/locks.rs` tests successful ones for certain.
 fn assert_escalated(db: &Database, escalate: bool) {
     let stats = db.lock_stats();
-    println!("{stats:?}");
+    let undo = db.undo_stats();
+    println!("{stats:?} {undo:?}");
     if escalate {
         assert!(
             stats.escalations + stats.failed_escalations > 0,
             "no transaction tried to escalate: {stats:?}"
         );
+        assert!(
+            !db.is_durable() || undo.spills > 0,
+            "no transaction let its undo entries go: {undo:?}"
+        );
     } else {
         assert_eq!(stats.escalations, 0, "{stats:?}");
+        assert_eq!(undo.spills, 0, "{undo:?}");
     }
 }
 
@@ -1107,6 +1121,12 @@ fn transfers(seed: u64, durable: bool, short_timeouts: bool, escalate: bool) {
     }
     db.check_integrity().unwrap();
     assert_escalated(&db, escalate);
+    // A third of the transactions roll back, and with one entry kept, every one of them that
+    // got past its first statement undoes changes from the log.
+    if escalate && durable {
+        let undo = db.undo_stats();
+        assert!(undo.undone_from_log > 0, "{undo:?}");
+    }
     // Nothing is left locked: every row can be locked (within the timeout) by a newcomer.
     for key in 0..ACCOUNTS {
         let fresh = db.session();
