@@ -373,7 +373,7 @@ pub const UNDO_SPARE_KEPT_ENTRIES: usize = 1 << 12;
 /// through part of the log newest first (a rollback of changes no longer in its undo list,
 /// recovery's undo of transactions that never ended): it reads the part again in chunks of
 /// about this size, each forward, and hands out each chunk's records in reverse.
-pub const WAL_READ_BACK_CHUNK_BYTES: u64 = 64 << 20;
+pub const WAL_READ_BACK_CHUNK_BYTES: u64 = 4 << 20;
 
 /// Bytes of a row lock's key (index ordinal and encoded key) stored inside the lock itself;
 /// a longer key is allocated. Covers an identity (2 + 9 bytes), a GUID (2 + 17) and the
