@@ -978,11 +978,15 @@ impl Session {
         // Once the database failed, nothing reads the trees again before the next open, whose
         // recovery undoes the transaction; and after a failed undo, undoing older changes
         // would skip the one that failed.
+        let id = txn.id;
         let undone = self
             .db()
             .check_not_failed()
             .and_then(|()| self.undo_to(&mut txn, 0, None))
-            .and_then(|()| self.undo_spilled(&mut txn));
+            .and_then(|()| {
+                self.undo_spilled(&mut txn)
+                    .map_err(|error| self.db().fail_rollback(id, error))
+            });
         self.db().note_ended_write();
         // The abort record is flushed like a commit (for FULL durability): the rolled-back
         // inserts' records then are on disk too, so recovery sees their identity values and

@@ -1475,6 +1475,54 @@ fn a_rollback_that_cannot_undo_its_changes_stops_the_database_and_the_next_open_
     assert!(insert_order(&db, &session).unwrap() > 20_010);
 }
 
+/// A rollback that must read changes back from the log (its transaction let its undo entries
+/// go) and cannot read the log fails like one that cannot undo a change: the database stops,
+/// nothing is acknowledged, and the next open undoes the whole transaction.
+#[test]
+fn a_rollback_that_cannot_read_the_log_back_stops_the_database_and_the_next_open_undoes_it() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(37));
+    let open_keeping_ten = |fs: &FaultyFileSystem| {
+        Database::open(
+            DIR,
+            DatabaseOptions {
+                undo_kept_entries: 10,
+                ..options(fs)
+            },
+        )
+        .unwrap()
+    };
+    let db = open_keeping_ten(&fs);
+    let table = db.create_table(orders()).unwrap();
+    let session = db.session();
+    let committed = insert_orders(&db, &session, 10);
+    session.begin().unwrap();
+    let uncommitted = insert_orders(&db, &session, 105);
+    assert_eq!(db.undo_stats().entries_spilled, 100);
+    fs.inject(FaultRule::reads_fail_from(1).under(Path::new(DIR).join(WAL_DIR_NAME)));
+    let error = session.rollback().unwrap_err();
+    assert!(matches!(error, EngineError::DatabaseFailed(_)), "{error}");
+    assert!(
+        error.to_string().contains("rolling back transaction"),
+        "{error}"
+    );
+    fs.clear_faults();
+    let refused = insert_order(&db, &session).unwrap_err();
+    assert!(
+        matches!(refused, EngineError::DatabaseFailed(_)),
+        "{refused}"
+    );
+    let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
+    let db = open_keeping_ten(&after);
+    let ids: Vec<i64> = orders_rows(&db).into_keys().collect();
+    assert_eq!(ids, committed);
+    db.check_integrity().unwrap();
+    let stats = db.recovery_stats().unwrap();
+    assert_eq!(stats.loser_txns, 1, "{stats:?}");
+    let session = db.session();
+    let next = insert_order(&db, &session).unwrap();
+    assert!(next > *uncommitted.last().unwrap(), "{next}");
+}
+
 #[test]
 fn writers_wait_on_row_locks_and_time_out_with_sql_servers_message() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(1));
