@@ -180,6 +180,11 @@ pub(crate) struct Transaction {
     /// Where the explicit transaction's log records are, to read them back (see [`Spilled`]).
     /// An autocommit transaction notes none: it never lets an undo entry go.
     log_marks: ReadBackMarks,
+    /// The tables the explicit transaction's log records are for, kept to find the tables its
+    /// records name when it undoes them from the log (see [`Spilled`]). Every logged change
+    /// counts, not only those in the undo list: a statement rolled back has its changes and
+    /// their compensations in the log, and undoing the transaction from the log undoes them too.
+    logged_tables: Vec<Arc<Table>>,
     /// The changes that left the undo list, if any did.
     spilled: Option<Spilled>,
 }
@@ -189,7 +194,8 @@ pub(crate) struct Transaction {
 ///
 /// Between statements, once the list holds [`UNDO_KEPT_ENTRIES`] entries
 /// (`DatabaseOptions::undo_kept_entries`), all of them go, leaving only this: how far the
-/// transaction's log records then reached, and the tables they changed. Every change the
+/// transaction's log records then reached (the tables they changed are in
+/// `Transaction::logged_tables`). Every change the
 /// transaction made before that point is in the log, and so is every compensation of a
 /// statement it rolled back (a statement's rollback is over before the next statement starts).
 /// Rolling the transaction back, once the list's own entries are undone, undoes every row
@@ -205,9 +211,6 @@ pub(crate) struct Transaction {
 struct Spilled {
     /// The end of the transaction's last log record when its entries last left the list.
     end: Lsn,
-    /// The tables the changes let go were to, kept as the entries kept them (and to find them
-    /// by the trees their records name).
-    tables: Vec<Arc<Table>>,
 }
 
 /// Counters of undo entries let go and changes undone from the log (see [`Spilled`]).
@@ -554,7 +557,7 @@ impl<'s> WriteScope<'s> {
     }
 
     /// Logs a statement's changes.
-    fn log(&mut self, db: &Database, table: &Table, entries: &[RowChange]) -> Result<()> {
+    fn log(&mut self, db: &Database, table: &Arc<Table>, entries: &[RowChange]) -> Result<()> {
         let Some(wal) = db.wal() else {
             return Ok(());
         };
@@ -562,6 +565,16 @@ impl<'s> WriteScope<'s> {
             wal.max_record_bytes()
                 .saturating_sub(WAL_RECORD_HEADER_BYTES),
         );
+        if self.txn.explicit
+            && !self
+                .txn
+                .logged_tables
+                .iter()
+                .rev()
+                .any(|logged| Arc::ptr_eq(logged, table))
+        {
+            self.txn.logged_tables.push(Arc::clone(table));
+        }
         let mut next = 0;
         while next < entries.len() {
             let (record, covered) = RowChange::next_log_record(
@@ -905,8 +918,8 @@ impl Session {
         // the log's failure, which stops the database like any other.
         wal.wait_until_durable(spilled.end)
             .map_err(|error| db.fail(error))?;
-        let trees: HashMap<u32, (&Arc<Table>, usize)> = spilled
-            .tables
+        let tables = std::mem::take(&mut txn.logged_tables);
+        let trees: HashMap<u32, (&Arc<Table>, usize)> = tables
             .iter()
             .flat_map(|table| {
                 table
@@ -938,7 +951,7 @@ impl Session {
                 let &(table, partition) = trees.get(&index_id).ok_or_else(|| {
                     EngineError::Transaction(format!(
                         "the transaction's log record at {lsn} names index {index_id}, which no \
-                         table it let undo entries go for has"
+                         table it logged changes to has"
                     ))
                 })?;
                 for change in RowChange::from_record(partition, record, &payload)?
@@ -1086,20 +1099,9 @@ impl Transaction {
         if self.unlogged_undo_from.is_some() || db.check_usable().is_err() {
             return;
         }
-        let spilled = self.spilled.get_or_insert_with(|| Spilled {
-            end,
-            tables: Vec::new(),
-        });
-        spilled.end = end;
+        self.spilled = Some(Spilled { end });
         let entries = self.undo.len() as u64;
-        for entry in self.undo.drain(..) {
-            // Every entry names its table between statements.
-            if let Some(table) = entry.table
-                && !spilled.tables.iter().any(|kept| Arc::ptr_eq(kept, &table))
-            {
-                spilled.tables.push(table);
-            }
-        }
+        self.undo.clear();
         let counters = db.undo_counters();
         counters.spills.fetch_add(1, Ordering::Relaxed);
         counters
@@ -1126,6 +1128,7 @@ impl Database {
             deleted_from: Vec::new(),
             unlogged_undo_from: None,
             log_marks: ReadBackMarks::default(),
+            logged_tables: Vec::new(),
             spilled: None,
         })
     }

@@ -1523,6 +1523,58 @@ fn a_rollback_that_cannot_read_the_log_back_stops_the_database_and_the_next_open
     assert!(next > *uncommitted.last().unwrap(), "{next}");
 }
 
+/// A statement that fails inside a large transaction has its changes and their compensations in
+/// the log though none of them stays in the undo list. Undoing the transaction from the log
+/// must find that statement's table as well, even when no change the list let go was to it.
+#[test]
+fn a_rollback_from_the_log_undoes_a_failed_statement_on_a_table_the_undo_list_never_held() {
+    let fs = FaultyFileSystem::new(FaultyConfig::new(41));
+    let db = Database::open(
+        DIR,
+        DatabaseOptions {
+            undo_kept_entries: 1,
+            ..options(&fs)
+        },
+    )
+    .unwrap();
+    let accounts = db.create_table(accounts()).unwrap();
+    db.create_table(orders()).unwrap();
+    let session = db.session();
+    for id in [1, 2] {
+        accounts
+            .insert(&session, InsertRow::new().set(0, id).set(1, 100))
+            .unwrap();
+    }
+    let committed = insert_orders(&db, &session, 3);
+    session.begin().unwrap();
+    // Moving row 1 onto key 2 deletes row 1, logs it, fails on the duplicate and puts row 1
+    // back with a logged compensation; the undo list keeps nothing of it.
+    let error = accounts
+        .update(&session, &[Value::Int(1)], &[(0, Value::Int(2))])
+        .unwrap_err();
+    assert!(matches!(error, EngineError::DuplicateKey { .. }), "{error}");
+    insert_orders(&db, &session, 3);
+    assert!(db.undo_stats().spills >= 1, "{:?}", db.undo_stats());
+    session.rollback().unwrap();
+    assert!(db.undo_stats().undone_from_log > 0, "{:?}", db.undo_stats());
+    let ids: Vec<i64> = orders_rows(&db).into_keys().collect();
+    assert_eq!(ids, committed);
+    let balances: Vec<Vec<Value>> = accounts
+        .scan(&session, &KeyRange::all(), Direction::Forward)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        balances,
+        vec![
+            vec![Value::Int(1), Value::Int(100)],
+            vec![Value::Int(2), Value::Int(100)]
+        ]
+    );
+    db.check_integrity().unwrap();
+    insert_order(&db, &session).unwrap();
+}
+
 #[test]
 fn writers_wait_on_row_locks_and_time_out_with_sql_servers_message() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(1));

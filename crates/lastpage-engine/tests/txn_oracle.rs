@@ -788,6 +788,14 @@ fn run(
                 },
                 // Automatic checkpoints (on their own thread) at any point of the run, too.
                 checkpoint_log_bytes: [4 << 10, 1 << 30][seed as usize % 2],
+                // Every other pair of cases lets an explicit transaction's undo entries go after
+                // every statement, so that its rollback, and recovery, undo it from the log:
+                // failed statements among the rest.
+                undo_kept_entries: if (seed / 2).is_multiple_of(2) {
+                    1
+                } else {
+                    DatabaseOptions::default().undo_kept_entries
+                },
                 wal: WalConfig {
                     buffer_bytes: 64 << 10,
                     segment_bytes,
