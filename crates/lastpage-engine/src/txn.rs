@@ -195,9 +195,9 @@ pub(crate) struct Transaction {
 /// Between statements, once the list holds [`UNDO_KEPT_ENTRIES`] entries
 /// (`DatabaseOptions::undo_kept_entries`), all of them go, leaving only this: how far the
 /// transaction's log records then reached (the tables they changed are in
-/// `Transaction::logged_tables`). Every change the
-/// transaction made before that point is in the log, and so is every compensation of a
-/// statement it rolled back (a statement's rollback is over before the next statement starts).
+/// `Transaction::logged_tables`). Every change the transaction made before that point is in the
+/// log, and so is every compensation of a statement it rolled back (a statement's rollback is
+/// over before the next statement starts).
 /// Rolling the transaction back, once the list's own entries are undone, undoes every row
 /// change the transaction logged before `end`, newest first, compensations included: undoing a
 /// compensation puts a rolled-back statement's change back, and undoing that change, older,
