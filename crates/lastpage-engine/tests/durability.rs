@@ -1478,20 +1478,23 @@ fn a_rollback_that_cannot_undo_its_changes_stops_the_database_and_the_next_open_
 /// A rollback that must read changes back from the log (its transaction let its undo entries
 /// go) and cannot read the log fails like one that cannot undo a change: the database stops,
 /// nothing is acknowledged, and the next open undoes the whole transaction.
+/// Opens with [`options`], an explicit transaction letting its undo entries go between
+/// statements once it holds `kept` of them (so that its rollback undoes it from the log).
+fn open_keeping_undo_entries(fs: &FaultyFileSystem, kept: usize) -> Database {
+    Database::open(
+        DIR,
+        DatabaseOptions {
+            undo_kept_entries: kept,
+            ..options(fs)
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_rollback_that_cannot_read_the_log_back_stops_the_database_and_the_next_open_undoes_it() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(37));
-    let open_keeping_ten = |fs: &FaultyFileSystem| {
-        Database::open(
-            DIR,
-            DatabaseOptions {
-                undo_kept_entries: 10,
-                ..options(fs)
-            },
-        )
-        .unwrap()
-    };
-    let db = open_keeping_ten(&fs);
+    let db = open_keeping_undo_entries(&fs, 10);
     let table = db.create_table(orders()).unwrap();
     let session = db.session();
     let committed = insert_orders(&db, &session, 10);
@@ -1512,7 +1515,7 @@ fn a_rollback_that_cannot_read_the_log_back_stops_the_database_and_the_next_open
         "{refused}"
     );
     let after = crash(&fs, CrashMode::LoseUnsynced, db, (session, table), ());
-    let db = open_keeping_ten(&after);
+    let db = open_keeping_undo_entries(&after, 10);
     let ids: Vec<i64> = orders_rows(&db).into_keys().collect();
     assert_eq!(ids, committed);
     db.check_integrity().unwrap();
@@ -1529,14 +1532,7 @@ fn a_rollback_that_cannot_read_the_log_back_stops_the_database_and_the_next_open
 #[test]
 fn a_rollback_from_the_log_undoes_a_failed_statement_on_a_table_the_undo_list_never_held() {
     let fs = FaultyFileSystem::new(FaultyConfig::new(41));
-    let db = Database::open(
-        DIR,
-        DatabaseOptions {
-            undo_kept_entries: 1,
-            ..options(&fs)
-        },
-    )
-    .unwrap();
+    let db = open_keeping_undo_entries(&fs, 1);
     let accounts = db.create_table(accounts()).unwrap();
     db.create_table(orders()).unwrap();
     let session = db.session();
@@ -3765,14 +3761,7 @@ fn a_rolled_back_transaction_leaves_no_row_or_index_entry_of_its_inserts() {
     {
         let fs = FaultyFileSystem::new(FaultyConfig::new(seed));
         let db = match undo_kept_entries {
-            Some(kept) => Database::open(
-                DIR,
-                DatabaseOptions {
-                    undo_kept_entries: kept,
-                    ..options(&fs)
-                },
-            )
-            .unwrap(),
+            Some(kept) => open_keeping_undo_entries(&fs, kept),
             None => open(&fs),
         };
         let undone = db.create_table(undone_table(partitioned)).unwrap();
