@@ -1312,6 +1312,8 @@ pub struct TxnLocks {
     /// again (besides the threshold it is given): twice as many as when it last looked, so
     /// that the looking costs a constant per lock taken.
     next_escalation_check: usize,
+    /// The tables the transaction holds whole: those it escalated to.
+    escalated: Vec<u32>,
 }
 
 impl TxnLocks {
@@ -1321,6 +1323,7 @@ impl TxnLocks {
             txn,
             keys: Vec::new(),
             next_escalation_check: 0,
+            escalated: Vec::new(),
         }
     }
 
@@ -1333,6 +1336,17 @@ impl TxnLocks {
     pub fn absorb(&mut self, other: TxnLocks) {
         debug_assert_eq!(self.txn, other.txn);
         self.keys.extend(other.keys);
+        for table_id in other.escalated {
+            if !self.escalated.contains(&table_id) {
+                self.escalated.push(table_id);
+            }
+        }
+    }
+
+    /// Whether the transaction holds all of table `table_id` (it escalated to the table's lock,
+    /// and holds it until it releases everything).
+    pub fn has_escalated(&self, table_id: u32) -> bool {
+        self.escalated.contains(&table_id)
     }
 
     /// The keys the transaction holds locks on, in the order it first locked them.
@@ -1428,6 +1442,9 @@ impl TxnLocks {
                 kept.push(table);
             }
             self.keys = kept;
+            if !self.escalated.contains(&table_id) {
+                self.escalated.push(table_id);
+            }
             escalated += 1;
         }
         self.next_escalation_check = self.keys.len().saturating_mul(2);
@@ -1467,5 +1484,6 @@ impl TxnLocks {
     pub fn release_all(&mut self, manager: &LockManager) {
         manager.release_all(self.txn, &self.keys);
         self.keys.clear();
+        self.escalated.clear();
     }
 }

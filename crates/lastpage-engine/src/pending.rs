@@ -41,6 +41,18 @@ struct Noted {
     /// The keys of `rows` each transaction noted, so that a transaction's end removes its own
     /// notes without walking everybody's (one long delete would make every other end slow).
     by_txn: HashMap<TxnId, Vec<(Vec<u8>, usize)>>,
+    /// Transactions that hold the whole table locked (escalated) and deleted rows from it,
+    /// noted once for all their deletions there instead of row by row (see
+    /// [`PendingDeletes::note_whole_table`]). At most one at a time, as only one transaction
+    /// can hold a table's lock; a list so that nothing rests on that.
+    whole_table: Vec<TxnId>,
+}
+
+impl Noted {
+    /// Notes of rows and of whole tables: what readers must look through.
+    fn count(&self) -> usize {
+        self.rows.len() + self.whole_table.len()
+    }
 }
 
 /// The rows of one table deleted by transactions that have not ended (see the module
@@ -91,14 +103,52 @@ impl PendingDeletes {
     /// row before: a search of its undo list on every such note (quadratic for a transaction
     /// that inserts rows and then deletes them), or a record of every row it inserted, paid on
     /// the insert path, which is built to pay nothing per row it can avoid.
+    ///
+    /// A transaction that noted the whole table ([`PendingDeletes::note_whole_table`]) notes
+    /// no row: its note of the table stands for every one.
     pub fn note(&self, txn: TxnId, partition: usize, key: &[u8], value: &[u8]) {
         let mut noted = sync::write(&self.noted);
+        if noted.whole_table.contains(&txn) {
+            return;
+        }
         let row = (key.to_vec(), partition);
         if !noted.rows.contains_key(&row) {
             noted.rows.insert(row.clone(), (txn, value.to_vec()));
             noted.by_txn.entry(txn).or_default().push(row);
         }
-        self.publish(noted.rows.len());
+        self.publish(noted.count());
+    }
+
+    /// Notes that `txn`, which holds the whole table locked in X (it escalated), deletes rows
+    /// from it until it ends, and forgets the rows it noted one by one: this note stands for
+    /// them all, and for every row it deletes later, which it no longer notes.
+    ///
+    /// Why: a note of a row holds its key and its value until the transaction ends, so a
+    /// transaction that deletes a million rows held a million of them (about 270 bytes a row,
+    /// the largest part of its memory once its locks escalate and its undo entries go to the
+    /// log). A reader that finds this note (of another transaction) waits for that transaction
+    /// to end, wherever it reads and whatever index it reads through: it waits on the table's
+    /// lock, which the transaction holds to its end, as a READ COMMITTED reader of a table
+    /// another transaction holds in X waits in SQL Server. A reader that finds a row of the
+    /// table waits for that lock already; what the note adds is that a reader that finds
+    /// nothing waits too, where the row it did not find may have been deleted. Readers that
+    /// find nothing at all in a table whose escalated transaction deleted nothing there still
+    /// read at once, as before.
+    ///
+    /// To be called only while `txn` holds the table's lock, which it holds to its end: the
+    /// note is cleared with the others before that lock goes. Replacing the rows' notes under
+    /// the set's lock moves the version on once, so that a reader that held the set still
+    /// finds either the rows' notes or this one, and one that read without it reads again.
+    pub fn note_whole_table(&self, txn: TxnId) {
+        let mut noted = sync::write(&self.noted);
+        if noted.whole_table.contains(&txn) {
+            return;
+        }
+        noted.whole_table.push(txn);
+        for row in noted.by_txn.remove(&txn).unwrap_or_default() {
+            noted.rows.remove(&row);
+        }
+        self.publish(noted.count());
     }
 
     /// Forgets every row `txn` deleted: it is ending.
@@ -107,7 +157,14 @@ impl PendingDeletes {
         for row in noted.by_txn.remove(&txn).unwrap_or_default() {
             noted.rows.remove(&row);
         }
-        self.publish(noted.rows.len());
+        noted.whole_table.retain(|&whole| whole != txn);
+        self.publish(noted.count());
+    }
+
+    /// How many rows are noted one by one (not counting whole tables' notes): what the notes
+    /// hold in memory, for tests.
+    pub fn noted_rows(&self) -> usize {
+        sync::read(&self.noted).rows.len()
     }
 
     /// Moves the version on, then publishes the new count. In this order: a lookup that reads
@@ -142,14 +199,31 @@ impl PendingDeletes {
 }
 
 impl HeldPendingDeletes<'_> {
+    /// A transaction other than `me` that noted the whole table
+    /// ([`PendingDeletes::note_whole_table`]): any row may be one it deleted. Returned as a
+    /// deleted row's key and transaction are, with an empty key, which no row has: a wait for
+    /// that key is a wait for the table's lock, which covers every key of the table.
+    pub fn whole_table_of_others(&self, me: Option<TxnId>) -> Option<(Vec<u8>, TxnId)> {
+        self.noted
+            .whole_table
+            .iter()
+            .find(|&&deleter| Some(deleter) != me)
+            .map(|&deleter| (Vec::new(), deleter))
+    }
+
     /// The first (lowest) key between `lower` and `upper` that a transaction other than `me`
-    /// deleted and has not ended, and that transaction.
+    /// deleted and has not ended, and that transaction; or, if another transaction noted the
+    /// whole table, that transaction with an empty key
+    /// ([`HeldPendingDeletes::whole_table_of_others`]).
     pub fn first_of_others(
         &self,
         me: Option<TxnId>,
         lower: Bound<&[u8]>,
         upper: Bound<&[u8]>,
     ) -> Option<(Vec<u8>, TxnId)> {
+        if let Some(whole_table) = self.whole_table_of_others(me) {
+            return Some(whole_table);
+        }
         // Partitions order entries of one key: the lowest and highest stand for "any".
         let lower = match lower {
             Bound::Included(key) => Bound::Included((key.to_vec(), 0)),
@@ -179,7 +253,8 @@ impl HeldPendingDeletes<'_> {
 
     /// Every row noted by a transaction other than `me`: its clustered key, partition, that
     /// transaction and the value noted (the committed one wherever the table has an index to
-    /// look up: see [`PendingDeletes::note`]).
+    /// look up: see [`PendingDeletes::note`]). Notes of the whole table are not rows: see
+    /// [`HeldPendingDeletes::whole_table_of_others`].
     pub fn of_others(
         &self,
         me: Option<TxnId>,
@@ -247,6 +322,143 @@ mod tests {
         for u in [10, 12, 20] {
             assert_eq!(by_u(u).unwrap(), Vec::<crate::Row>::new());
         }
+    }
+
+    /// A transaction that deletes every row of a table one statement at a time escalates to a
+    /// lock on the table (at 4 row locks here), and from then on its notes hold nothing per
+    /// row: the rows it noted go, and the rows it deletes later are not noted. Readers of
+    /// another session (whose lock waits time out at once, so a wait shows as error 1222), which
+    /// find no row to wait for, still wait for it wherever a row it deleted may be: a lookup of
+    /// a deleted key and of a key no row ever had, a lookup through the index under a deleted
+    /// row's value, and scans both ways. After a rollback they find every row again; after a
+    /// commit, none.
+    #[test]
+    fn a_transaction_that_holds_the_table_notes_its_deletions_once() {
+        const ROWS: i32 = 20;
+        for commit in [false, true] {
+            let (db, table) = crate::table::test_tables::k_u_table_in(
+                crate::DatabaseOptions {
+                    lock_timeout: Some(std::time::Duration::ZERO),
+                    lock_escalation_threshold: Some(4),
+                    ..crate::DatabaseOptions::default()
+                },
+                Uniqueness::NonUnique,
+            );
+            let (writer, reader) = (db.session(), db.session());
+            for key in 0..ROWS {
+                table
+                    .insert(&writer, InsertRow::new().set(0, key).set(1, 100 + key))
+                    .unwrap();
+            }
+            let pending = table.pending_deletes();
+            writer.begin().unwrap();
+            for key in 0..ROWS {
+                assert!(table.delete(&writer, &[Value::Int(key)]).unwrap());
+                // Escalating (after a statement) lets the rows' notes go at once.
+                let noted = if db.lock_stats().escalations == 0 {
+                    key as usize + 1
+                } else {
+                    0
+                };
+                assert_eq!(pending.noted_rows(), noted, "after deleting row {key}");
+            }
+            assert_eq!(db.lock_stats().escalations, 1);
+            assert_eq!(
+                pending.noted_rows(),
+                0,
+                "the table's note stands for its rows"
+            );
+
+            let times_out = |result: crate::Result<()>| {
+                matches!(result, Err(EngineError::Lock(LockError::Timeout { .. })))
+            };
+            let get = |key: i32| table.get(&reader, &[Value::Int(key)]).map(drop);
+            let by_u = |u: i32| {
+                table
+                    .get_by_index(&reader, "IX_U", &[Value::Int(u)])
+                    .map(drop)
+            };
+            let scan = |direction| {
+                table
+                    .scan(&reader, &crate::KeyRange::all(), direction)
+                    .and_then(|rows| rows.collect::<crate::Result<Vec<_>>>())
+                    .map(drop)
+            };
+            assert!(times_out(get(0)), "a deleted row is waited for");
+            assert!(times_out(get(ROWS + 7)), "so is a key no row had");
+            assert!(
+                times_out(by_u(100 + 3)),
+                "and an index entry of a deleted row"
+            );
+            assert!(times_out(scan(crate::Direction::Forward)));
+            assert!(times_out(scan(crate::Direction::Backward)));
+            // The writer itself reads past its own note.
+            assert_eq!(table.get(&writer, &[Value::Int(0)]).unwrap(), None);
+
+            let left = if commit {
+                writer.commit().unwrap();
+                0
+            } else {
+                writer.rollback().unwrap();
+                ROWS as usize
+            };
+            assert_eq!(pending.noted_rows(), 0);
+            let rows = table
+                .scan(&reader, &crate::KeyRange::all(), crate::Direction::Forward)
+                .unwrap()
+                .count();
+            assert_eq!(rows, left, "commit {commit}");
+            let found = table.get(&reader, &[Value::Int(0)]).unwrap();
+            assert_eq!(found.is_some(), !commit);
+            let found = table
+                .get_by_index(&reader, "IX_U", &[Value::Int(100 + 3)])
+                .unwrap();
+            assert_eq!(found.len(), usize::from(!commit));
+        }
+    }
+
+    #[test]
+    fn a_whole_table_note_stands_for_every_row_its_transaction_noted() {
+        let pending = PendingDeletes::default();
+        pending.note(TxnId(7), 0, b"b", b"");
+        pending.note(TxnId(8), 0, b"d", b"");
+        let before = pending.version();
+        pending.note_whole_table(TxnId(7));
+        assert!(
+            !pending.quiet_since(before),
+            "the switch moves the version on"
+        );
+        assert_eq!(pending.noted_rows(), 1, "7's row note went");
+        pending.note(TxnId(7), 0, b"c", b"");
+        assert_eq!(pending.noted_rows(), 1, "7 notes no more rows");
+        let held = pending.hold();
+        let nowhere = (Bound::Excluded(&b"x"[..]), Bound::Excluded(&b"y"[..]));
+        assert_eq!(
+            held.first_of_others(None, nowhere.0, nowhere.1),
+            Some((Vec::new(), TxnId(7))),
+            "any range of the table may hold a row 7 deleted"
+        );
+        assert_eq!(
+            held.whole_table_of_others(Some(TxnId(8))),
+            Some((Vec::new(), TxnId(7)))
+        );
+        assert_eq!(held.whole_table_of_others(Some(TxnId(7))), None);
+        let all = (Bound::Unbounded, Bound::Unbounded);
+        assert_eq!(
+            held.first_of_others(Some(TxnId(7)), all.0, all.1),
+            Some((b"d".to_vec(), TxnId(8))),
+            "7 reads past its own note"
+        );
+        drop(held);
+        let version = pending.version();
+        pending.clear(TxnId(7));
+        assert!(!pending.quiet_since(version));
+        let held = pending.hold();
+        assert_eq!(held.whole_table_of_others(None), None);
+        assert_eq!(held.first_of_others(None, nowhere.0, nowhere.1), None);
+        drop(held);
+        pending.clear(TxnId(8));
+        assert!(pending.quiet_since(pending.version()));
     }
 
     #[test]

@@ -2741,6 +2741,11 @@ impl Table {
         // deleter: see `PendingDeletes::note`) have an entry under the search key that the
         // read did not find.
         let missed = |held: &HeldPendingDeletes<'_>, candidates: &Vec<FoundRecord>| {
+            // A transaction that deleted rows of a table it holds whole noted none of them: any
+            // of them may have had an entry under the search key.
+            if let Some(whole_table) = held.whole_table_of_others(me) {
+                return Ok(Some(whole_table));
+            }
             for (record_key, partition, deleter, value) in held.of_others(me) {
                 if candidates.iter().any(|(found_partition, found_key, _)| {
                     *found_partition == partition && found_key == record_key
@@ -4233,11 +4238,21 @@ pub(crate) mod test_tables {
         lock_timeout: Option<Duration>,
         uniqueness: Uniqueness,
     ) -> (Database, Arc<Table>) {
-        let db = Database::create(DatabaseOptions {
-            lock_timeout,
-            ..DatabaseOptions::default()
-        })
-        .unwrap();
+        k_u_table_in(
+            DatabaseOptions {
+                lock_timeout,
+                ..DatabaseOptions::default()
+            },
+            uniqueness,
+        )
+    }
+
+    /// [`k_u_table`] in an in-memory database opened with `options`.
+    pub(crate) fn k_u_table_in(
+        options: DatabaseOptions,
+        uniqueness: Uniqueness,
+    ) -> (Database, Arc<Table>) {
+        let db = Database::create(options).unwrap();
         let name = if uniqueness.is_unique() {
             "UX_U"
         } else {

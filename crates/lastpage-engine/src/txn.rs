@@ -431,7 +431,8 @@ impl<'s> WriteScope<'s> {
     /// instead of missing the row (see `pending.rs`; [`crate::pending::PendingDeletes::note`]
     /// says when `value` is not the committed one, and why that is safe). Must be called after
     /// the row is locked and before anything of it leaves a tree; the note lasts until the
-    /// transaction ends.
+    /// transaction ends. A transaction that holds the whole table (it escalated) notes the
+    /// table once instead ([`crate::pending::PendingDeletes::note_whole_table`]).
     pub(crate) fn note_pending_delete(
         &mut self,
         table: &Arc<Table>,
@@ -439,9 +440,12 @@ impl<'s> WriteScope<'s> {
         key: &[u8],
         value: &[u8],
     ) {
-        table
-            .pending_deletes()
-            .note(self.txn.id, partition, key, value);
+        let pending = table.pending_deletes();
+        if self.txn.locks.has_escalated(table.id()) {
+            pending.note_whole_table(self.txn.id);
+        } else {
+            pending.note(self.txn.id, partition, key, value);
+        }
         if !self
             .txn
             .deleted_from
@@ -800,8 +804,15 @@ impl Session {
         // the whole table, so that a large one does not hold memory for every row it touched.
         if txn.explicit
             && let Some(threshold) = db.lock_escalation_threshold()
+            && txn.locks.escalate_if_large(db.locks(), threshold) > 0
         {
-            txn.locks.escalate_if_large(db.locks(), threshold);
+            // The rows it deleted from a table it now holds whole are noted once for all, and
+            // so is every row it deletes there later: its notes hold nothing per row any more.
+            for table in &txn.deleted_from {
+                if txn.locks.has_escalated(table.id()) {
+                    table.pending_deletes().note_whole_table(txn.id);
+                }
+            }
         }
         // Likewise for its undo list, which then lets its entries go (see `Spilled`).
         if txn.explicit && txn.undo.len() >= db.undo_kept_entries() {

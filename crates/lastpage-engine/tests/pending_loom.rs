@@ -2,7 +2,9 @@
 //! (`pending.rs`) with loom: a deleter notes a row, removes it, puts it back and clears its
 //! note (a rolled-back delete), while a lookup reads the row the way `Table::find_record_waiting`
 //! does. In every interleaving (up to a preemption bound) the lookup must find the row, which
-//! stayed committed throughout. Run with:
+//! stayed committed throughout. The second model has the deleter escalate half way: its note of
+//! the whole table replaces its row's note and stands for a second row it deletes afterwards,
+//! unnoted. Run with:
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom \
@@ -18,33 +20,50 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-const KEY: &[u8] = b"k";
+const KEYS: [&[u8]; 2] = [b"j", b"k"];
+const KEY: &[u8] = KEYS[1];
 
-/// The row's tree (present or not) and the deleter's exclusive lock on it.
+/// The rows' tree (each present or not) and the deleter's exclusive lock on them (on its rows,
+/// and then on the whole table).
 struct World {
     pending: PendingDeletes,
-    row_present: Mutex<bool>,
+    rows_present: Mutex<[bool; 2]>,
     locked: AtomicBool,
 }
 
-/// A lookup of `KEY`: the optimistic read, then the read with the set held still, waiting for
-/// the deleter's lock whenever a note of another transaction covers the key.
-fn lookup(world: &World) -> bool {
+impl World {
+    fn new() -> World {
+        World {
+            pending: PendingDeletes::default(),
+            rows_present: Mutex::new([true; 2]),
+            locked: AtomicBool::new(false),
+        }
+    }
+
+    fn set_present(&self, row: usize, present: bool) {
+        self.rows_present.lock().unwrap()[row] = present;
+    }
+}
+
+/// A lookup of row `row` (`KEYS[row]`): the optimistic read, then the read with the set held
+/// still, waiting for the deleter's lock whenever a note of another transaction covers the key.
+fn lookup_row(world: &World, row: usize) -> bool {
+    let key = KEYS[row];
     loop {
         let version = world.pending.version();
-        let present = *world.row_present.lock().unwrap();
+        let present = world.rows_present.lock().unwrap()[row];
         if world.pending.quiet_since(version) {
             return present;
         }
         let held = world.pending.hold();
-        let present = *world.row_present.lock().unwrap();
+        let present = world.rows_present.lock().unwrap()[row];
         let upper = if present {
-            Bound::Excluded(KEY)
+            Bound::Excluded(key)
         } else {
-            Bound::Included(KEY)
+            Bound::Included(key)
         };
         if held
-            .first_of_others(None, Bound::Included(KEY), upper)
+            .first_of_others(None, Bound::Included(key), upper)
             .is_none()
         {
             return present;
@@ -56,6 +75,10 @@ fn lookup(world: &World) -> bool {
     }
 }
 
+fn lookup(world: &World) -> bool {
+    lookup_row(world, 1)
+}
+
 #[test]
 fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
     let mut builder = loom::model::Builder::new();
@@ -63,19 +86,15 @@ fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
         builder.preemption_bound = Some(3);
     }
     builder.check(|| {
-        let world = Arc::new(World {
-            pending: PendingDeletes::default(),
-            row_present: Mutex::new(true),
-            locked: AtomicBool::new(false),
-        });
+        let world = Arc::new(World::new());
         let deleter = {
             let world = Arc::clone(&world);
             thread::spawn(move || {
                 world.locked.store(true, Ordering::Release);
                 world.pending.note(TxnId(1), 0, KEY, b"");
-                *world.row_present.lock().unwrap() = false;
+                world.set_present(1, false);
                 // Rolled back: the row goes back, then the note, then the lock.
-                *world.row_present.lock().unwrap() = true;
+                world.set_present(1, true);
                 world.pending.clear(TxnId(1));
                 world.locked.store(false, Ordering::Release);
             })
@@ -83,6 +102,43 @@ fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
         assert!(
             lookup(&world),
             "the lookup reported a committed row missing"
+        );
+        deleter.join().unwrap();
+    });
+}
+
+/// The deleter deletes `KEYS[1]` (noted), escalates (its note of the whole table replaces the
+/// row's; the lock it holds stays held), deletes `KEYS[0]` without noting it, and rolls back.
+/// A lookup of either row must find it.
+#[test]
+fn a_lookup_never_misses_a_row_deleted_under_a_whole_table_note() {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(|| {
+        let world = Arc::new(World::new());
+        let deleter = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                world.locked.store(true, Ordering::Release);
+                world.pending.note(TxnId(1), 0, KEYS[1], b"");
+                world.set_present(1, false);
+                world.pending.note_whole_table(TxnId(1));
+                world.set_present(0, false);
+                world.set_present(0, true);
+                world.set_present(1, true);
+                world.pending.clear(TxnId(1));
+                world.locked.store(false, Ordering::Release);
+            })
+        };
+        assert!(
+            lookup_row(&world, 0),
+            "the lookup reported the row deleted after the escalation missing"
+        );
+        assert!(
+            lookup_row(&world, 1),
+            "the lookup reported the row deleted before the escalation missing"
         );
         deleter.join().unwrap();
     });
