@@ -17,10 +17,11 @@
 //!   exclusively.
 //! - A reader reads the version, reads the tree, and then accepts what it read without the
 //!   lock only if the set was empty and the version did not move meanwhile: then no row of the
-//!   table was deleted-but-uncommitted at any moment of its read. Otherwise it reads the tree
-//!   again holding the lock shared, so that the set cannot change during that read (other
-//!   readers share it), and waits for the first noted row of another transaction that lies
-//!   where its read found nothing. Tree reads take latches only, and nobody takes this lock
+//!   table was deleted-but-uncommitted at any moment of its read. Otherwise it takes the lock
+//!   shared, so that the set cannot change (other readers share it), and reads the tree again,
+//!   unless the version is still the one read before the first read (then the set did not
+//!   change during that read either); then it waits for the first noted row of another
+//!   transaction that lies where its read found nothing. Tree reads take latches only, and nobody takes this lock
 //!   while holding a latch or waits for a row lock while holding it, so holding it across a
 //!   read cannot deadlock.
 

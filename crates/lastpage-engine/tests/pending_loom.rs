@@ -56,7 +56,13 @@ fn lookup_row(world: &World, row: usize) -> bool {
             return present;
         }
         let held = world.pending.hold();
-        let present = world.rows_present.lock().unwrap()[row];
+        // As `Table::read_waiting_for_deleters`: the read stands if nothing was noted or cleared
+        // since it began.
+        let present = if world.pending.version() == version {
+            present
+        } else {
+            world.rows_present.lock().unwrap()[row]
+        };
         let upper = if present {
             Bound::Excluded(key)
         } else {
