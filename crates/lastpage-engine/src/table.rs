@@ -3162,15 +3162,26 @@ impl Table {
         let mut looked_again = false;
         let found = loop {
             let (session, me) = scope.reader();
-            let found = self
-                .find_record_waiting(session, Some(me), key)
-                .map(|(found, _)| found);
+            let db = session.db();
+            let (found, read_at) = match self.find_record_waiting(session, Some(me), key) {
+                Ok((found, read_at)) => (Ok(found), read_at),
+                Err(error) => (Err(error), 0),
+            };
             let Ok(Some((partition, record_key, value))) = found else {
                 break found;
             };
             after_read();
             if let Err(error) = self.lock_row_entries(scope, &record_key, &value) {
                 break Err(error);
+            }
+            // The version read is the row's current one if no write ended since before the
+            // read: another transaction changes a row only holding its lock, which it lets go
+            // only after counting itself among the ended writes (at its end, or its statement's
+            // rollback), and this transaction holds the lock now. So the row is read again only
+            // when a write ended meanwhile, as `Table::committed_value` reads a row again; that
+            // saves a descent of every update and delete that nobody else's end overtook.
+            if db.ended_writes() == read_at {
+                break Ok(Some((partition, record_key, value)));
             }
             match self
                 .clustered
