@@ -21,7 +21,6 @@ use loom::sync::{Arc, Mutex};
 use loom::thread;
 
 const KEYS: [&[u8]; 2] = [b"j", b"k"];
-const KEY: &[u8] = KEYS[1];
 
 /// The rows' tree (each present or not) and the deleter's exclusive lock on them (on its rows,
 /// and then on the whole table).
@@ -81,36 +80,46 @@ fn lookup_row(world: &World, row: usize) -> bool {
     }
 }
 
-fn lookup(world: &World) -> bool {
-    lookup_row(world, 1)
-}
-
-#[test]
-fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
+/// Explores (up to a preemption bound) every interleaving of `deleter`, which runs on a thread
+/// of its own holding the deleter's lock from its start to its end, with `lookups` on the main
+/// thread.
+fn check(deleter: fn(&World), lookups: fn(&World)) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(3);
     }
-    builder.check(|| {
+    builder.check(move || {
         let world = Arc::new(World::new());
         let deleter = {
             let world = Arc::clone(&world);
             thread::spawn(move || {
                 world.locked.store(true, Ordering::Release);
-                world.pending.note(TxnId(1), 0, KEY, b"");
-                world.set_present(1, false);
-                // Rolled back: the row goes back, then the note, then the lock.
-                world.set_present(1, true);
-                world.pending.clear(TxnId(1));
+                deleter(&world);
                 world.locked.store(false, Ordering::Release);
             })
         };
-        assert!(
-            lookup(&world),
-            "the lookup reported a committed row missing"
-        );
+        lookups(&world);
         deleter.join().unwrap();
     });
+}
+
+#[test]
+fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
+    check(
+        |world| {
+            world.pending.note(TxnId(1), 0, KEYS[1], b"");
+            world.set_present(1, false);
+            // Rolled back: the row goes back, then the note, then the lock.
+            world.set_present(1, true);
+            world.pending.clear(TxnId(1));
+        },
+        |world| {
+            assert!(
+                lookup_row(world, 1),
+                "the lookup reported a committed row missing"
+            )
+        },
+    );
 }
 
 /// The deleter deletes `KEYS[1]` (noted), escalates (its note of the whole table replaces the
@@ -118,34 +127,25 @@ fn a_lookup_never_misses_a_row_whose_delete_rolls_back() {
 /// A lookup of either row must find it.
 #[test]
 fn a_lookup_never_misses_a_row_deleted_under_a_whole_table_note() {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(|| {
-        let world = Arc::new(World::new());
-        let deleter = {
-            let world = Arc::clone(&world);
-            thread::spawn(move || {
-                world.locked.store(true, Ordering::Release);
-                world.pending.note(TxnId(1), 0, KEYS[1], b"");
-                world.set_present(1, false);
-                world.pending.note_whole_table(TxnId(1));
-                world.set_present(0, false);
-                world.set_present(0, true);
-                world.set_present(1, true);
-                world.pending.clear(TxnId(1));
-                world.locked.store(false, Ordering::Release);
-            })
-        };
-        assert!(
-            lookup_row(&world, 0),
-            "the lookup reported the row deleted after the escalation missing"
-        );
-        assert!(
-            lookup_row(&world, 1),
-            "the lookup reported the row deleted before the escalation missing"
-        );
-        deleter.join().unwrap();
-    });
+    check(
+        |world| {
+            world.pending.note(TxnId(1), 0, KEYS[1], b"");
+            world.set_present(1, false);
+            world.pending.note_whole_table(TxnId(1));
+            world.set_present(0, false);
+            world.set_present(0, true);
+            world.set_present(1, true);
+            world.pending.clear(TxnId(1));
+        },
+        |world| {
+            assert!(
+                lookup_row(world, 0),
+                "the lookup reported the row deleted after the escalation missing"
+            );
+            assert!(
+                lookup_row(world, 1),
+                "the lookup reported the row deleted before the escalation missing"
+            );
+        },
+    );
 }
