@@ -21,9 +21,9 @@
 //!   shared, so that the set cannot change (other readers share it), and reads the tree again,
 //!   unless the version is still the one read before the first read (then the set did not
 //!   change during that read either); then it waits for the first noted row of another
-//!   transaction that lies where its read found nothing. Tree reads take latches only, and nobody takes this lock
-//!   while holding a latch or waits for a row lock while holding it, so holding it across a
-//!   read cannot deadlock.
+//!   transaction that lies where its read found nothing. Tree reads take latches only, and
+//!   nobody takes this lock while holding a latch or waits for a row lock while holding it, so
+//!   holding it across a read cannot deadlock.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;

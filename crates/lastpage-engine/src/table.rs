@@ -3164,11 +3164,11 @@ impl Table {
             let (session, me) = scope.reader();
             let db = session.db();
             let (found, read_at) = match self.find_record_waiting(session, Some(me), key) {
-                Ok((found, read_at)) => (Ok(found), read_at),
-                Err(error) => (Err(error), 0),
+                Ok(read) => read,
+                Err(error) => break Err(error),
             };
-            let Ok(Some((partition, record_key, value))) = found else {
-                break found;
+            let Some((partition, record_key, value)) = found else {
+                break Ok(None);
             };
             after_read();
             if let Err(error) = self.lock_row_entries(scope, &record_key, &value) {

@@ -271,6 +271,14 @@ impl ActiveSlot {
     }
 }
 
+/// Adds a handle of `table` to `tables` unless they hold it already, looking from the newest:
+/// a transaction's statements usually go on with the table of the last one.
+fn keep_table(tables: &mut Vec<Arc<Table>>, table: &Arc<Table>) {
+    if !tables.iter().rev().any(|kept| Arc::ptr_eq(kept, table)) {
+        tables.push(Arc::clone(table));
+    }
+}
+
 /// The lock resource of `key` in index `ordinal` of `table` (0: the clustered index).
 pub(crate) fn lock_key(table_id: u32, ordinal: usize, key: &[u8]) -> LockKey {
     // The index's ordinal and the key are assembled on the stack when they fit (the usual: an
@@ -446,14 +454,7 @@ impl<'s> WriteScope<'s> {
         } else {
             pending.note(self.txn.id, partition, key, value);
         }
-        if !self
-            .txn
-            .deleted_from
-            .iter()
-            .any(|noted| Arc::ptr_eq(noted, table))
-        {
-            self.txn.deleted_from.push(Arc::clone(table));
-        }
+        keep_table(&mut self.txn.deleted_from, table);
     }
 
     /// A locker for clustered keys made under a leaf latch (see [`FreshLocker`]).
@@ -569,15 +570,8 @@ impl<'s> WriteScope<'s> {
             wal.max_record_bytes()
                 .saturating_sub(WAL_RECORD_HEADER_BYTES),
         );
-        if self.txn.explicit
-            && !self
-                .txn
-                .logged_tables
-                .iter()
-                .rev()
-                .any(|logged| Arc::ptr_eq(logged, table))
-        {
-            self.txn.logged_tables.push(Arc::clone(table));
+        if self.txn.explicit {
+            keep_table(&mut self.txn.logged_tables, table);
         }
         let mut next = 0;
         while next < entries.len() {
