@@ -17,10 +17,10 @@ use lastpage_io::{FileSystem, StdFileSystem};
 use lastpage_storage::buffer::{BufferPool, PageError, PoolConfig};
 use lastpage_storage::limits::{
     CHECKPOINT_LOG_BYTES, CHECKPOINT_POLL_INTERVAL_MS, CHECKPOINT_RETRY_MAX_MS,
-    DELAYED_FLUSH_INTERVAL_MS, ENDED_WRITES_STRIPES, LOCK_ESCALATION_THRESHOLD,
-    LOCK_MANAGER_DEFAULT_SHARDS, MAX_POOL_PAGES, MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES,
-    OPEN_LOCK_WAIT_MS, RECOVERY_WRITE_BACK_PAUSE_MS, UNDO_KEPT_ENTRIES, UNDO_SPARE_KEPT_ENTRIES,
-    WAL_MAX_END_LSN, WAL_ROW_CHANGE_MAX_BYTES,
+    DELAYED_FLUSH_INTERVAL_MS, LOCK_ESCALATION_THRESHOLD, LOCK_MANAGER_DEFAULT_SHARDS,
+    MAX_POOL_PAGES, MAX_TREE_ROWS, MAX_TXN_ID, MEMORY_BUDGET_BYTES, OPEN_LOCK_WAIT_MS,
+    RECOVERY_WRITE_BACK_PAUSE_MS, UNDO_KEPT_ENTRIES, UNDO_SPARE_KEPT_ENTRIES, WAL_MAX_END_LSN,
+    WAL_ROW_CHANGE_MAX_BYTES,
 };
 use lastpage_storage::stats::{self, AttributionGuard, WaitAccumulator, WaitSnapshot};
 use lastpage_storage::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -29,6 +29,7 @@ use lastpage_storage::wal::{
 };
 
 use crate::catalog::{Catalog, DroppedTree, table_name_key};
+use crate::ended_writes::EndedWrites;
 use crate::error::{EngineError, Result};
 use crate::locks::LockManager;
 use crate::recovery::{self, RecoveryStats};
@@ -120,22 +121,6 @@ impl std::fmt::Debug for DatabaseOptions {
     }
 }
 
-/// Hands each thread its stripe of the count of ended writes, round robin. A plain counter,
-/// not part of any protocol (std's, like the database instance numbers).
-static NEXT_ENDED_WRITES_STRIPE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-std::thread_local! {
-    static ENDED_WRITES_STRIPE: usize = NEXT_ENDED_WRITES_STRIPE
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        % ENDED_WRITES_STRIPES;
-}
-
-/// The calling thread's stripe of the count of ended writes.
-fn ended_writes_stripe() -> usize {
-    ENDED_WRITES_STRIPE.with(|stripe| *stripe)
-}
-
 /// What a checkpoint did.
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointStats {
@@ -202,8 +187,8 @@ struct Inner {
     /// address could be reused by a later database).
     instance: u64,
     /// Statements rolled back and transactions ended holding row locks, so far (see
-    /// `Table::committed_value`), in stripes (see [`ENDED_WRITES_STRIPES`]).
-    ended_writes: [crossbeam_utils::CachePadded<AtomicU64>; ENDED_WRITES_STRIPES],
+    /// `ended_writes.rs`).
+    ended_writes: EndedWrites,
     /// The failure that stopped the database, if one did: once the log could not be made
     /// durable, or a rollback could not undo all of its changes, nothing in memory can be
     /// trusted to match what was committed, so every operation is refused until the database
@@ -298,7 +283,7 @@ impl Database {
                 options,
                 durable,
                 sessions: Mutex::new(Vec::new()),
-                ended_writes: std::array::from_fn(|_| Default::default()),
+                ended_writes: EndedWrites::default(),
                 failure: std::sync::OnceLock::new(),
                 closed: AtomicBool::new(false),
                 dropped: Mutex::new(Dropped::default()),
@@ -661,26 +646,18 @@ impl Database {
         }
     }
 
-    /// How many statements were rolled back and transactions ended holding row locks so far.
-    /// A reader that sees it unchanged since before it read a row, and finds the row unlocked
-    /// now, knows the value it read was committed (see `Table::committed_value`): a row locked
-    /// when it was read can only have been unlocked by a transaction that counted itself here
-    /// after its last change and before its locks went.
-    ///
-    /// The stripes are summed one by one, which is enough: each only grows, so a count added
-    /// after a reader's first sum read its stripe makes the second sum larger.
+    /// How many statements were rolled back and transactions ended holding row locks so far. A
+    /// reader that sees it unchanged since before it read a row, and finds the row unlocked
+    /// now (or holds its lock), knows the version it read is the row's current one, and read
+    /// unlocked a committed one: see `ended_writes.rs`.
     pub(crate) fn ended_writes(&self) -> u64 {
-        self.inner
-            .ended_writes
-            .iter()
-            .map(|stripe| stripe.load(Ordering::Acquire))
-            .fold(0, u64::wrapping_add)
+        self.inner.ended_writes.count()
     }
 
     /// Counts a statement rolled back, or a transaction that held row locks ending; called
     /// after the last change (or undo) and before the locks are released.
     pub(crate) fn note_ended_write(&self) {
-        self.inner.ended_writes[ended_writes_stripe()].fetch_add(1, Ordering::AcqRel);
+        self.inner.ended_writes.note();
     }
 
     pub(crate) fn durable(&self) -> Option<&Durable> {

@@ -25,6 +25,8 @@ pub mod catalog;
 mod computed;
 pub mod database;
 pub mod encoding;
+#[doc(hidden)]
+pub mod ended_writes;
 pub mod error;
 #[doc(hidden)]
 pub mod identity;
