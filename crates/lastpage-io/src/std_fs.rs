@@ -21,6 +21,9 @@ impl StdFileSystem {
     }
 }
 
+/// The most slices one `pwritev` takes on Linux (`IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
 /// An open file of [`StdFileSystem`].
 #[derive(Debug)]
 struct StdFile {
@@ -46,6 +49,34 @@ impl File for StdFile {
 
     fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.file.write_all_at(data, offset)
+    }
+
+    fn write_all_vectored_at(&self, offset: u64, pieces: &[&[u8]]) -> io::Result<()> {
+        let mut slices: Vec<io::IoSlice<'_>> =
+            pieces.iter().map(|piece| io::IoSlice::new(piece)).collect();
+        let mut left = &mut slices[..];
+        io::IoSlice::advance_slices(&mut left, 0);
+        let mut at = offset;
+        // At most IOV_MAX (1024 on Linux) slices a call; a call may also write less than asked
+        // (a signal, a full disk part-way), and the rest is written by the next.
+        while !left.is_empty() {
+            let count = left.len().min(IOV_MAX);
+            match rustix::io::pwritev(&self.file, &left[..count], at) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the file system accepted no bytes of a write",
+                    ));
+                }
+                Ok(written) => {
+                    at += written as u64;
+                    io::IoSlice::advance_slices(&mut left, written);
+                }
+                Err(Errno::INTR) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {

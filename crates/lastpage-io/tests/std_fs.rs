@@ -96,3 +96,34 @@ fn directories_are_created_and_synced_into_their_parents() {
     create_dir_all_durable(&fs, &dir).unwrap();
     std::fs::remove_dir_all(&top).unwrap();
 }
+
+/// A vectored write lands exactly where the pieces' concatenation would, whatever their sizes
+/// (empty ones too, and more than one `pwritev` takes at once), and matches the trait's default
+/// (a write per piece) byte for byte.
+#[test]
+fn a_vectored_write_writes_its_pieces_back_to_back() {
+    let fs = StdFileSystem::new();
+    let dir = scratch_dir("std-fs-vectored");
+    fs.create_dir_all(&dir).unwrap();
+    let file = fs
+        .open(&dir.join("a.bin"), OpenOptions::create_new())
+        .unwrap();
+    let pages: Vec<Vec<u8>> = (0..1500u32)
+        .map(|index| vec![(index % 251) as u8; [8192, 0, 3, 1][index as usize % 4]])
+        .collect();
+    let pieces: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let expected: Vec<u8> = pieces.concat();
+    file.write_all_vectored_at(5, &pieces).unwrap();
+    let mut read = vec![0u8; expected.len() + 5];
+    assert_eq!(file.read_at(0, &mut read).unwrap(), read.len());
+    assert_eq!(&read[..5], &[0u8; 5]);
+    assert!(
+        read[5..] == expected[..],
+        "the vectored write's bytes differ"
+    );
+    // Only empty pieces, or none: nothing is written.
+    file.write_all_vectored_at(1 << 30, &[&[], &[]]).unwrap();
+    file.write_all_vectored_at(1 << 30, &[]).unwrap();
+    assert_eq!(file.len().unwrap(), read.len() as u64);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use lastpage_io::{FileSystem, OpenOptions};
 
-use crate::datafile::{DataFile, refused};
+use crate::datafile::{DataFile, PageWrite, refused};
 use crate::latch::{Latch, LatchClass, LatchMode, LatchPolicy};
 use crate::limits::{
     CHECKPOINT_WRITE_BATCH_PAGES, DEFAULT_MEMORY_BUDGET_BYTES, EVICTION_BATCH_PAGES, MAX_PAGES,
@@ -1010,15 +1010,20 @@ impl BufferPool {
         let any_dirty = victims
             .iter()
             .any(|(frame, _)| frame.dirty.load(Ordering::Relaxed));
-        let hook_ok = !any_dirty || self.run_before_write_hook();
-        for (frame, page_id) in victims {
+        if any_dirty && self.run_before_write_hook() {
+            let dirty: Vec<(&Frame, PageId)> = victims
+                .iter()
+                .filter(|(frame, _)| frame.dirty.load(Ordering::Relaxed))
+                .copied()
+                .collect();
+            // A victim not written stays dirty, and resident: counted below.
+            let _ = self.write_frames(file, &dirty, &mut Vec::new());
+        }
+        for (frame, _) in victims {
             if frame.dirty.load(Ordering::Relaxed) {
-                let written = hook_ok && self.write_frame(file, frame, page_id).is_ok();
-                if !written {
-                    self.eviction_failures.fetch_add(1, Ordering::Relaxed);
-                    frame.latch.release(LatchMode::Exclusive);
-                    continue;
-                }
+                self.eviction_failures.fetch_add(1, Ordering::Relaxed);
+                frame.latch.release(LatchMode::Exclusive);
+                continue;
             }
             if let Some(bytes) = frame.discard() {
                 // SAFETY: the buffer came from this pool's page memory (every installed buffer
@@ -1069,6 +1074,41 @@ impl BufferPool {
         Ok(())
     }
 
+    /// Writes resident pages as [`BufferPool::write_frame`] writes one, in runs of consecutive
+    /// slots with one positional write each (see [`DataFile::write_pages`]); `written` is
+    /// scratch space. The caller holds every frame's latch, as for `write_frame`. Each page
+    /// written is recorded (slot, CRC, clean) whatever happens to the others; the first failure
+    /// is returned, and the pages not written stay dirty in their slots.
+    fn write_frames(
+        &self,
+        file: &DataFile,
+        frames: &[(&Frame, PageId)],
+        written: &mut Vec<Option<u32>>,
+    ) -> Result<(), PageError> {
+        let pages: Vec<PageWrite<'_>> = frames
+            .iter()
+            .map(|&(frame, page_id)| PageWrite {
+                page: page_id,
+                current: frame.slot.load(Ordering::Relaxed),
+                // SAFETY: the caller holds the latch and the page is resident, so the pointer
+                // is valid and no writer exists (as in `write_frame`).
+                bytes: unsafe { &*frame.bytes_ptr() },
+            })
+            .collect();
+        let result = file.write_pages(&pages, written);
+        for ((frame, _), (page, slot)) in frames.iter().zip(pages.iter().zip(written.iter())) {
+            if let Some(slot) = *slot {
+                frame.slot.store(slot, Ordering::Relaxed);
+                frame
+                    .crc
+                    .store(crc32c::crc32c(page.bytes.as_slice()), Ordering::Relaxed);
+                frame.dirty.store(false, Ordering::Relaxed);
+                self.writes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
     /// Writes the dirty resident pages while writers go on, keeping them resident: what
     /// eviction does to its victims, without freeing their memory. A checkpoint calls it before
     /// it quiesces the writers, so that [`BufferPool::checkpoint_capture`] (which runs with
@@ -1100,6 +1140,7 @@ impl BufferPool {
         }
         let page_count = self.page_count();
         let mut batch: Vec<(&Frame, PageId)> = Vec::with_capacity(CHECKPOINT_WRITE_BATCH_PAGES);
+        let mut slots_written = Vec::with_capacity(CHECKPOINT_WRITE_BATCH_PAGES);
         let mut written = 0;
         let mut next = 1;
         while next <= page_count {
@@ -1126,12 +1167,9 @@ impl BufferPool {
             if batch.is_empty() {
                 continue;
             }
-            let mut result = Ok(());
-            for (frame, page_id) in batch.drain(..) {
-                if result.is_ok() {
-                    result = self.write_frame(file, frame, page_id);
-                    written += usize::from(result.is_ok());
-                }
+            let result = self.write_frames(file, &batch, &mut slots_written);
+            written += slots_written.iter().flatten().count();
+            for (frame, _) in batch.drain(..) {
                 frame.latch.release(LatchMode::Shared);
             }
             result?;

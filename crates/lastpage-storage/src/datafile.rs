@@ -23,7 +23,10 @@ use lastpage_io::File;
 
 use crate::buffer::PageError;
 use crate::latch::LatchPolicy;
-use crate::limits::{MAX_DATA_FILE_SLOTS, MAX_PAGES, PAGE_SIZE_BYTES, STREAM_RESERVE_BYTES};
+use crate::limits::{
+    DATA_FILE_WRITE_RUN_PAGES, MAX_DATA_FILE_SLOTS, MAX_PAGES, PAGE_SIZE_BYTES,
+    STREAM_RESERVE_BYTES,
+};
 use crate::page::{PageBytes, PageId};
 
 /// Identifies a lastpage data file. The last byte is the major format version.
@@ -55,6 +58,14 @@ const FIRST_DATA_SLOT: u32 = 2;
 const MARK_DURABLE: u8 = 1;
 /// The slot is part of a captured image that is not durable yet.
 const MARK_PENDING: u8 = 2;
+
+/// One page of a batch for [`DataFile::write_pages`].
+pub(crate) struct PageWrite<'a> {
+    pub page: PageId,
+    /// The page's current slot (0 = none).
+    pub current: u32,
+    pub bytes: &'a PageBytes,
+}
 
 /// One decoded meta slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -526,25 +537,97 @@ impl DataFile {
         current: u32,
         bytes: &PageBytes,
     ) -> Result<u32, PageError> {
-        let (slot, fresh) = {
+        let mut written = Vec::with_capacity(1);
+        self.write_pages(
+            &[PageWrite {
+                page,
+                current,
+                bytes,
+            }],
+            &mut written,
+        )?;
+        Ok(written[0].expect("a page not written is an error"))
+    }
+
+    /// Writes a batch of pages as [`DataFile::write_page`] writes one, sorted by the slots
+    /// they go to, with one positional write per run of consecutive slots (at most
+    /// [`DATA_FILE_WRITE_RUN_PAGES`] long): the slots are chosen first, all under one hold of
+    /// the slot state's lock, and the pages written after. `written` is cleared and given the
+    /// slot each page of `pages` went to, in the same order, or `None` for a page that was not
+    /// written. On the first failed write the rest are not tried: they and the failed run's
+    /// pages are not written, their fresh slots go back to the free list, and the error names
+    /// the failed run's first page.
+    pub(crate) fn write_pages(
+        &self,
+        pages: &[PageWrite<'_>],
+        written: &mut Vec<Option<u32>>,
+    ) -> Result<(), PageError> {
+        written.clear();
+        // (slot, whether it is fresh, index into `pages`)
+        let mut slots: Vec<(u32, bool, usize)> = {
             let mut state = self.lock();
-            if current >= FIRST_DATA_SLOT && state.mark(current) == 0 {
-                (current, false)
-            } else {
-                (state.fresh(), true)
-            }
+            pages
+                .iter()
+                .enumerate()
+                .map(|(index, write)| {
+                    if write.current >= FIRST_DATA_SLOT && state.mark(write.current) == 0 {
+                        (write.current, false, index)
+                    } else {
+                        (state.fresh(), true, index)
+                    }
+                })
+                .collect()
         };
-        match self.file.write_all_at(slot_offset(slot), bytes) {
-            // When a fresh slot replaces `current`, the old slot is protected by an image (else
-            // it would have been reused); it becomes free when that image is superseded.
-            Ok(()) => Ok(slot),
-            Err(error) => {
-                if fresh {
-                    self.lock().free.push(slot);
-                }
-                Err(io_error(page, &format!("writing slot {slot}"), error))
+        slots.sort_unstable_by_key(|&(slot, _, _)| slot);
+        written.resize(pages.len(), None);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(DATA_FILE_WRITE_RUN_PAGES);
+        let mut start = 0;
+        while start < slots.len() {
+            let first_slot = slots[start].0;
+            let mut end = start + 1;
+            while end < slots.len()
+                && end - start < DATA_FILE_WRITE_RUN_PAGES
+                && slots[end].0 == first_slot + (end - start) as u32
+            {
+                end += 1;
             }
+            pieces.clear();
+            pieces.extend(
+                slots[start..end]
+                    .iter()
+                    .map(|&(_, _, index)| pages[index].bytes.as_slice()),
+            );
+            if let Err(error) = self
+                .file
+                .write_all_vectored_at(slot_offset(first_slot), &pieces)
+            {
+                // When a fresh slot replaces a page's current one, the old slot is protected by
+                // an image (else it would have been reused), and becomes free when that image
+                // is superseded; the fresh one nothing names yet.
+                let mut state = self.lock();
+                state.free.extend(
+                    slots[start..]
+                        .iter()
+                        .filter(|&&(_, fresh, _)| fresh)
+                        .map(|&(slot, _, _)| slot),
+                );
+                let slot_count = end - start;
+                let what = if slot_count == 1 {
+                    format!("writing slot {first_slot}")
+                } else {
+                    format!(
+                        "writing slots {first_slot} to {}",
+                        first_slot + slot_count as u32 - 1
+                    )
+                };
+                return Err(io_error(pages[slots[start].2].page, &what, error));
+            }
+            for &(slot, _, index) in &slots[start..end] {
+                written[index] = Some(slot);
+            }
+            start = end;
         }
+        Ok(())
     }
 
     /// Gives back the slot of a page that was freed (`slot` was its current slot, 0 for
@@ -792,6 +875,183 @@ mod tests {
         torn[20] ^= 1;
         assert_eq!(Meta::decode(torn.as_slice()), None);
         assert_eq!(Meta::decode(&[0u8; 64]), None);
+    }
+
+    /// A file that passes everything to `inner` and records each vectored write (the number of
+    /// pieces), failing the one numbered `fail_vectored` (from 1; 0 = none).
+    #[derive(Debug)]
+    struct CountingFile {
+        inner: Box<dyn File>,
+        vectored: std::sync::Arc<Mutex<Vec<usize>>>,
+        fail_vectored: usize,
+    }
+
+    impl File for CountingFile {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_all_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.inner.write_all_at(offset, data)
+        }
+        fn write_all_vectored_at(&self, offset: u64, pieces: &[&[u8]]) -> std::io::Result<()> {
+            let mut vectored = self.vectored.lock().unwrap();
+            vectored.push(pieces.len());
+            if vectored.len() == self.fail_vectored {
+                return Err(std::io::Error::other("injected"));
+            }
+            self.inner.write_all_vectored_at(offset, pieces)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.inner.sync_data()
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn allocate(&self, len: u64) -> std::io::Result<()> {
+            self.inner.allocate(len)
+        }
+        fn try_lock(&self) -> std::io::Result<bool> {
+            self.inner.try_lock()
+        }
+    }
+
+    /// A new data file over a [`CountingFile`], and a way to see its vectored writes.
+    fn counting_data_file(fail_vectored: usize) -> (DataFile, impl Fn() -> Vec<usize>) {
+        let vectored = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let counting = CountingFile {
+            inner: file_with_bytes(&[]),
+            vectored: std::sync::Arc::clone(&vectored),
+            fail_vectored,
+        };
+        let file = DataFile::create(Box::new(counting)).unwrap();
+        (file, move || vectored.lock().unwrap().clone())
+    }
+
+    /// A page whose every byte is `byte`.
+    fn page_of(byte: u8) -> Box<PageBytes> {
+        let mut page = zeroed_page();
+        page.fill(byte);
+        page
+    }
+
+    fn read_slot_bytes(file: &DataFile, slot: u32) -> Box<PageBytes> {
+        let mut bytes = zeroed_page();
+        file.read_slot(1, slot, &mut bytes).unwrap();
+        bytes
+    }
+
+    /// A batch goes out in runs of consecutive slots, in slot order whatever the batch's order,
+    /// at most `DATA_FILE_WRITE_RUN_PAGES` pages a run: pages rewritten in their own slots and
+    /// fresh ones alike, each to the slot reported for it.
+    #[test]
+    fn a_batch_of_pages_is_written_in_runs_of_consecutive_slots() {
+        let (file, vectored) = counting_data_file(0);
+        // Three pages in slots 2, 3 and 4, one write each.
+        let first: Vec<u32> = (0..3)
+            .map(|page| file.write_page(page + 1, 0, &page_of(1)).unwrap())
+            .collect();
+        assert_eq!(first, [2, 3, 4]);
+        assert_eq!(vectored(), [1, 1, 1]);
+        // Pages 3 and 1 again (their slots are free to reuse: no image names them), page 2 left
+        // alone, and enough new pages for two runs of fresh slots.
+        let fresh = DATA_FILE_WRITE_RUN_PAGES + 5;
+        let contents: Vec<Box<PageBytes>> = (0..fresh + 2)
+            .map(|index| page_of(10 + index as u8))
+            .collect();
+        let mut batch = vec![
+            PageWrite {
+                page: 3,
+                current: 4,
+                bytes: &contents[0],
+            },
+            PageWrite {
+                page: 1,
+                current: 2,
+                bytes: &contents[1],
+            },
+        ];
+        batch.extend((0..fresh).map(|index| PageWrite {
+            page: 4 + index as PageId,
+            current: 0,
+            bytes: &contents[2 + index],
+        }));
+        // Out of slot order.
+        batch.reverse();
+        let mut written = Vec::new();
+        file.write_pages(&batch, &mut written).unwrap();
+        assert_eq!(written.len(), batch.len());
+        let fresh_slots: Vec<u32> = (5..5 + fresh as u32).collect();
+        let mut slots: Vec<u32> = written.iter().map(|slot| slot.unwrap()).collect();
+        slots.sort_unstable();
+        assert_eq!(slots[..2], [2, 4]);
+        assert_eq!(slots[2..], fresh_slots[..]);
+        for (write, slot) in batch.iter().zip(&written) {
+            assert!(
+                read_slot_bytes(&file, slot.unwrap()).as_slice() == write.bytes.as_slice(),
+                "page {}",
+                write.page
+            );
+        }
+        // Slot 2 alone (3 is not in the batch), then slots 4 to 68 in a run of the most pages
+        // one write takes, then the rest.
+        assert_eq!(
+            vectored()[3..],
+            [
+                1,
+                DATA_FILE_WRITE_RUN_PAGES,
+                fresh + 1 - DATA_FILE_WRITE_RUN_PAGES
+            ]
+        );
+    }
+
+    /// A failed run stops the batch: the runs before it stay written and reported, its pages
+    /// and the later ones are not, and every fresh slot they took goes back to the free list.
+    #[test]
+    fn a_failed_run_gives_its_fresh_slots_back_and_stops_the_batch() {
+        let (file, vectored) = counting_data_file(5);
+        // Pages 1 to 3 in slots 2 to 4 (vectored writes 1 to 3); a checkpoint image protects
+        // none of them.
+        for page in 1..=3 {
+            file.write_page(page, 0, &page_of(1)).unwrap();
+        }
+        let contents = page_of(7);
+        // Page 1 rewritten in slot 2, page 3 in slot 4, and six new pages in slots 5 to 10:
+        // runs [2] then [4..=10] (writes 4 and 5), the second of which fails.
+        let mut batch = vec![
+            PageWrite {
+                page: 1,
+                current: 2,
+                bytes: &contents,
+            },
+            PageWrite {
+                page: 3,
+                current: 4,
+                bytes: &contents,
+            },
+        ];
+        batch.extend((4..10).map(|page| PageWrite {
+            page,
+            current: 0,
+            bytes: &contents,
+        }));
+        let mut written = Vec::new();
+        match file.write_pages(&batch, &mut written) {
+            Err(PageError::Io { page, message }) => {
+                assert_eq!(page, 3);
+                assert!(message.contains("slots 4 to 10"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(vectored().len(), 5);
+        assert_eq!(written[0], Some(2));
+        assert!(written[1..].iter().all(Option::is_none), "{written:?}");
+        assert!(read_slot_bytes(&file, 2).as_slice() == contents.as_slice());
+        let mut free = file.lock().free.clone();
+        free.sort_unstable();
+        assert_eq!(free, [5, 6, 7, 8, 9, 10]);
     }
 
     /// A data file of `slots` zeroed slots whose meta slot holds `meta` (checksum and all).

@@ -388,6 +388,13 @@ const _: () = assert!(
 /// round of shared latches per batch; see `BufferPool::write_dirty_pages`).
 pub const CHECKPOINT_WRITE_BATCH_PAGES: usize = 256;
 
+/// The most pages the data file writes with one positional write: a batch of pages (a
+/// checkpoint's, or an eviction's) that goes to consecutive slots is written in runs of up to
+/// this many (512 KiB) with one `pwritev` each. A `pwrite` per page cost about twice the CPU
+/// of the run's share of one call, on the file system's per-call work (measured writing 8 KiB
+/// pages into a growing file on ext4: 7.3 against 3.3 µs a page, Python's own cost included).
+pub const DATA_FILE_WRITE_RUN_PAGES: usize = 64;
+
 /// How long the thread that writes replayed pages back during recovery pauses between its
 /// passes over the pool, in milliseconds.
 pub const RECOVERY_WRITE_BACK_PAUSE_MS: u64 = 10;
