@@ -73,7 +73,7 @@ struct Frame {
 // SAFETY: the page bytes (and the pointer to them) are only reached through `SharedGuard`
 // (which holds the frame's latch in shared mode, so nobody writes), `ExclusiveGuard` or the
 // pool's load and eviction paths (which hold it exclusively, so nobody else reads or writes),
-// and a checkpoint's `write_frame` (which holds it in shared mode, so nobody writes).
+// and a checkpoint's `write_frames` (which holds it in shared mode, so nobody writes).
 // Every other field is an atomic or a thread-safe latch.
 unsafe impl Sync for Frame {}
 // SAFETY: the frame holds its page buffer (taken from the pool's page memory) exclusively;
@@ -1054,31 +1054,13 @@ impl BufferPool {
             .is_some_and(|frame| frame.slot.load(Ordering::Relaxed) != slot)
     }
 
-    /// Writes a resident page to a slot no image protects and records the slot and CRC. The
-    /// caller holds the frame's latch (exclusively, or shared while writers are quiesced).
-    fn write_frame(
-        &self,
-        file: &DataFile,
-        frame: &Frame,
-        page_id: PageId,
-    ) -> Result<(), PageError> {
-        // SAFETY: the caller holds the latch and the page is resident, so the pointer is valid
-        // and no writer exists.
-        let bytes: &PageBytes = unsafe { &*frame.bytes_ptr() };
-        let crc = crc32c::crc32c(bytes.as_slice());
-        let slot = file.write_page(page_id, frame.slot.load(Ordering::Relaxed), bytes)?;
-        frame.slot.store(slot, Ordering::Relaxed);
-        frame.crc.store(crc, Ordering::Relaxed);
-        frame.dirty.store(false, Ordering::Relaxed);
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Writes resident pages as [`BufferPool::write_frame`] writes one, in runs of consecutive
-    /// slots with one positional write each (see [`DataFile::write_pages`]); `written` is
-    /// scratch space. The caller holds every frame's latch, as for `write_frame`. Each page
-    /// written is recorded (slot, CRC, clean) whatever happens to the others; the first failure
-    /// is returned, and the pages not written stay dirty in their slots.
+    /// Writes resident pages to slots no image protects, in runs of consecutive slots with one
+    /// positional write each (see [`DataFile::write_pages`]); `written` is scratch space. The
+    /// caller holds every frame's latch (exclusively, or shared while writers are quiesced or
+    /// by the checkpoint, the one thread that changes a frame's slot, CRC and dirty flag under
+    /// a shared latch). Each page written is recorded (slot, CRC, clean) whatever happens to
+    /// the others; the first failure is returned, and the pages not written stay dirty in
+    /// their slots.
     fn write_frames(
         &self,
         file: &DataFile,
@@ -1091,7 +1073,7 @@ impl BufferPool {
                 page: page_id,
                 current: frame.slot.load(Ordering::Relaxed),
                 // SAFETY: the caller holds the latch and the page is resident, so the pointer
-                // is valid and no writer exists (as in `write_frame`).
+                // is valid and no writer exists.
                 bytes: unsafe { &*frame.bytes_ptr() },
             })
             .collect();
@@ -1197,6 +1179,8 @@ impl BufferPool {
         let mut map = Vec::with_capacity(page_count);
         let mut flavours = Vec::with_capacity(page_count);
         let mut pages_written = 0;
+        let mut batch: Vec<(&Frame, PageId)> = Vec::with_capacity(CHECKPOINT_WRITE_BATCH_PAGES);
+        let mut slots_written = Vec::with_capacity(CHECKPOINT_WRITE_BATCH_PAGES);
         let hook_ok = self.run_before_write_hook();
         for page_id in 1..=page_count as PageId {
             let Some(frame) = self.try_frame(page_id) else {
@@ -1216,32 +1200,31 @@ impl BufferPool {
                 map.push((0, 0));
                 continue;
             }
-            let mut result = Ok(());
             if !frame.bytes_ptr().is_null() && frame.dirty.load(Ordering::Relaxed) {
-                result = if hook_ok {
-                    self.write_frame(file, frame, page_id)
-                } else {
-                    Err(hook_failed(page_id))
-                };
+                if !hook_ok {
+                    frame.latch.release(LatchMode::Shared);
+                    file.abandon(&map, |index, slot| self.page_moved(index, slot));
+                    return Err(hook_failed(page_id));
+                }
+                // Written with the batch, latched until then; its map entry is filled in once
+                // it is written.
+                map.push((0, 0));
+                batch.push((frame, page_id));
                 pages_written += 1;
+                if batch.len() == CHECKPOINT_WRITE_BATCH_PAGES {
+                    self.capture_batch(file, &mut batch, &mut map, &mut slots_written)?;
+                }
+                continue;
             }
             let slot = frame.slot.load(Ordering::Relaxed);
             let crc = frame.crc.load(Ordering::Relaxed);
-            if result.is_ok() {
-                // Under the latch, so an eviction of this page (which needs the latch
-                // exclusively) sees the protection before it picks a slot.
-                file.protect_pending(slot);
-            }
+            // Under the latch, so an eviction of this page (which needs the latch exclusively)
+            // sees the protection before it picks a slot.
+            file.protect_pending(slot);
             frame.latch.release(LatchMode::Shared);
-            if let Err(error) = result {
-                // A failed page write leaves the page dirty (its slot and checksum unchanged)
-                // and its fresh slot free; pages captured before it are clean in slots no image
-                // names yet. Abandoning the capture leaves all of that to a later checkpoint.
-                file.abandon(&map, |index, slot| self.page_moved(index, slot));
-                return Err(error);
-            }
             map.push((slot, crc));
         }
+        self.capture_batch(file, &mut batch, &mut map, &mut slots_written)?;
         Ok(PendingCheckpoint {
             file: Arc::clone(file),
             generation,
@@ -1250,6 +1233,38 @@ impl BufferPool {
             pages_written,
             done: false,
         })
+    }
+
+    /// Writes the dirty pages a capture latched (`batch`, in page order; emptied), in runs of
+    /// consecutive slots, and enters each one written in `map` (which holds a placeholder for
+    /// it) with its slot protected as pending, before its latch goes, as
+    /// [`BufferPool::checkpoint_capture`] does for a clean page. On a failed write every latch
+    /// is let go and the capture abandoned: the pages not written stay dirty (their slots and
+    /// checksums unchanged, their fresh slots free), and those captured before are clean in
+    /// slots no image names yet, which a later checkpoint sorts out.
+    fn capture_batch<'pool>(
+        &'pool self,
+        file: &DataFile,
+        batch: &mut Vec<(&'pool Frame, PageId)>,
+        map: &mut [(u32, u32)],
+        slots_written: &mut Vec<Option<u32>>,
+    ) -> Result<(), PageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let result = self.write_frames(file, batch, slots_written);
+        for ((frame, page_id), written) in batch.drain(..).zip(slots_written.iter()) {
+            if written.is_some() {
+                let slot = frame.slot.load(Ordering::Relaxed);
+                file.protect_pending(slot);
+                map[page_id as usize - 1] = (slot, frame.crc.load(Ordering::Relaxed));
+            }
+            frame.latch.release(LatchMode::Shared);
+        }
+        if result.is_err() {
+            file.abandon(map, |index, slot| self.page_moved(index, slot));
+        }
+        result
     }
 }
 

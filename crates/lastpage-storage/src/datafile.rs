@@ -528,35 +528,14 @@ impl DataFile {
             .map_err(|error| io_error(page, &format!("reading slot {slot}"), error))
     }
 
-    /// Writes a page whose current slot is `current` (0 = none) and returns the slot it went
-    /// to: `current` itself when no image protects it, else a fresh slot. On failure a fresh
-    /// slot goes back to the free list.
-    pub(crate) fn write_page(
-        &self,
-        page: PageId,
-        current: u32,
-        bytes: &PageBytes,
-    ) -> Result<u32, PageError> {
-        let mut written = Vec::with_capacity(1);
-        self.write_pages(
-            &[PageWrite {
-                page,
-                current,
-                bytes,
-            }],
-            &mut written,
-        )?;
-        Ok(written[0].expect("a page not written is an error"))
-    }
-
-    /// Writes a batch of pages as [`DataFile::write_page`] writes one, sorted by the slots
-    /// they go to, with one positional write per run of consecutive slots (at most
-    /// [`DATA_FILE_WRITE_RUN_PAGES`] long): the slots are chosen first, all under one hold of
-    /// the slot state's lock, and the pages written after. `written` is cleared and given the
-    /// slot each page of `pages` went to, in the same order, or `None` for a page that was not
-    /// written. On the first failed write the rest are not tried: they and the failed run's
-    /// pages are not written, their fresh slots go back to the free list, and the error names
-    /// the failed run's first page.
+    /// Writes a batch of pages, each to a slot no image protects: its current slot (0 = none)
+    /// if no image protects that, else a fresh one. The slots are chosen first, all under one
+    /// hold of the slot state's lock; then the pages go out in slot order, one positional write
+    /// per run of consecutive slots (at most [`DATA_FILE_WRITE_RUN_PAGES`] long). `written` is
+    /// cleared and given the slot each page of `pages` went to, in the same order, or `None`
+    /// for a page that was not written. On the first failed write the rest are not tried: they
+    /// and the failed run's pages are not written, their fresh slots go back to the free list,
+    /// and the error names the failed run's first page.
     pub(crate) fn write_pages(
         &self,
         pages: &[PageWrite<'_>],
@@ -937,6 +916,19 @@ mod tests {
         page
     }
 
+    /// Writes page `page` (never written before) alone, and returns its slot.
+    fn write_one(file: &DataFile, page: PageId) -> u32 {
+        let bytes = page_of(1);
+        let mut written = Vec::new();
+        let write = PageWrite {
+            page,
+            current: 0,
+            bytes: &bytes,
+        };
+        file.write_pages(&[write], &mut written).unwrap();
+        written[0].unwrap()
+    }
+
     fn read_slot_bytes(file: &DataFile, slot: u32) -> Box<PageBytes> {
         let mut bytes = zeroed_page();
         file.read_slot(1, slot, &mut bytes).unwrap();
@@ -950,9 +942,7 @@ mod tests {
     fn a_batch_of_pages_is_written_in_runs_of_consecutive_slots() {
         let (file, vectored) = counting_data_file(0);
         // Three pages in slots 2, 3 and 4, one write each.
-        let first: Vec<u32> = (0..3)
-            .map(|page| file.write_page(page + 1, 0, &page_of(1)).unwrap())
-            .collect();
+        let first: Vec<u32> = (0..3).map(|page| write_one(&file, page + 1)).collect();
         assert_eq!(first, [2, 3, 4]);
         assert_eq!(vectored(), [1, 1, 1]);
         // Pages 3 and 1 again (their slots are free to reuse: no image names them), page 2 left
@@ -1015,7 +1005,7 @@ mod tests {
         // Pages 1 to 3 in slots 2 to 4 (vectored writes 1 to 3); a checkpoint image protects
         // none of them.
         for page in 1..=3 {
-            file.write_page(page, 0, &page_of(1)).unwrap();
+            write_one(&file, page);
         }
         let contents = page_of(7);
         // Page 1 rewritten in slot 2, page 3 in slot 4, and six new pages in slots 5 to 10:
