@@ -258,9 +258,9 @@ pub const WAL_SEGMENT_HEADER_BYTES: usize = 4096;
 /// flight (flushes of 0.7–1.9 MB), reserving took the bytes the disk wrote per row from
 /// 244–289 to 176–228 and one thread from 1.04–1.46M (median 1.36M) to 1.09–2.04M (median
 /// 1.47M) rows/s (`bench durable --threads 1`, four interleaved runs each). The bound was
-/// 256 KiB until the pipelined batches, whose flushes average 180–270 KiB (1.6–2.3 commits of
-/// 116 KiB each), were measured against it: at 128 KiB their segments are reserved too, and they
-/// gave a median of 2.00M rows/s against 1.81M (six interleaved pairs, 1.50–2.52M against
+/// 256 KiB then. The pipelined batches' flushes have since become smaller (1.6–2.3 commits of
+/// 116 KiB each by the benchmark's commits per fdatasync, 180–270 KiB), so their segments were
+/// zero-filled again: at 128 KiB they are reserved, and the batches gave a median of 2.00M rows/s against 1.81M (six interleaved pairs, 1.50–2.52M against
 /// 1.10–2.45M), while a FULL commit of one 1,000-row batch (116 KiB, still below the bound,
 /// into zeros) stayed where it was (median 1.00M against 0.94M). At 64 KiB those commits went
 /// into reserved space too and slowed (0.90M against 0.96M, five pairs).
