@@ -16,6 +16,7 @@
 
 use lastpage_engine::ended_writes::EndedWrites;
 use lastpage_engine::locks::{LockKey, LockManager, LockMode, TxnId};
+use lastpage_storage::sync::model_check;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
@@ -87,17 +88,9 @@ fn rolled_back_writer(world: &World, txn: u64, stripe: usize) {
     world.end(txn, stripe);
 }
 
-fn check(preemptions: usize, body: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(body);
-}
-
 #[test]
 fn an_update_that_trusts_an_unmoved_count_locks_the_current_version() {
-    check(3, || {
+    model_check(3, || {
         let world = Arc::new(World::new());
         let writers = spawn_writers(&world);
         // As `Table::find_locked_with`: read the count, find the row, lock it; the version read
@@ -133,7 +126,7 @@ fn an_update_that_trusts_an_unmoved_count_locks_the_current_version() {
 
 #[test]
 fn a_lookup_that_trusts_an_unmoved_count_returns_a_committed_value() {
-    check(3, || {
+    model_check(3, || {
         let world = Arc::new(World::new());
         let writers = spawn_writers(&world);
         // As `Table::committed_value`'s quick check: the count, the row, then the lock free and

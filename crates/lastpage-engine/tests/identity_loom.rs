@@ -15,6 +15,7 @@
 use lastpage_engine::Result;
 use lastpage_engine::identity::{IdentityState, ReservationSink};
 use lastpage_engine::types::DataType;
+use lastpage_storage::sync::model_check;
 use lastpage_storage::wal::Lsn;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -83,11 +84,7 @@ fn session(identity: &IdentityState, log: &ModelLog) -> i64 {
 
 #[test]
 fn every_value_handed_out_is_covered_by_a_durable_reservation() {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(|| {
+    model_check(3, || {
         let identity = Arc::new(IdentityState::new(0, DataType::TinyInt, 1, 1));
         let log = Arc::new(ModelLog::default());
         let other = {

@@ -13,21 +13,12 @@
 #![cfg(loom)]
 
 use lastpage_engine::locks::{LockError, LockKey, LockManager, LockMode, TxnId, TxnLocks};
+use lastpage_storage::sync::model_check;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
 use LockMode::{Exclusive, Shared};
-
-/// Runs `body` under loom. Lock-manager bugs (a grant missed on release, a detection that races
-/// with a queueing request) need very few preemptions to show.
-fn check(preemptions: usize, body: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(body);
-}
 
 fn key(row: u8) -> LockKey {
     LockKey::new(1, vec![row])
@@ -72,7 +63,7 @@ fn transaction(manager: &LockManager, inside: &Inside, txn: u64, mode: LockMode)
 
 #[test]
 fn exclusive_requests_hand_off_without_a_lost_wake_up() {
-    check(4, || {
+    model_check(4, || {
         let manager = Arc::new(LockManager::new(1));
         let inside = Arc::new(Inside::default());
         let other = {
@@ -90,7 +81,7 @@ fn exclusive_requests_hand_off_without_a_lost_wake_up() {
 
 #[test]
 fn shared_readers_and_an_exclusive_writer_exclude_each_other() {
-    check(2, || {
+    model_check(2, || {
         let manager = Arc::new(LockManager::new(1));
         let inside = Arc::new(Inside::default());
         let threads: Vec<_> = [(2, Shared), (3, Exclusive)]
@@ -112,7 +103,7 @@ fn shared_readers_and_an_exclusive_writer_exclude_each_other() {
 
 #[test]
 fn a_read_committed_reader_is_woken_when_the_writer_commits() {
-    check(3, || {
+    model_check(3, || {
         let manager = Arc::new(LockManager::new(1));
         manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
         let reader = {
@@ -129,7 +120,7 @@ fn a_read_committed_reader_is_woken_when_the_writer_commits() {
 
 #[test]
 fn a_two_transaction_cycle_has_exactly_one_victim() {
-    check(3, || {
+    model_check(3, || {
         let manager = Arc::new(LockManager::new(2));
         manager.acquire(TxnId(1), &key(1), Exclusive, None).unwrap();
         manager.acquire(TxnId(2), &key(2), Exclusive, None).unwrap();
@@ -172,7 +163,7 @@ fn a_two_transaction_cycle_has_exactly_one_victim() {
 /// for ever (a release that misses a waiter on the range).
 #[test]
 fn a_range_lock_holds_back_a_reader_and_a_writer_until_its_commit() {
-    check(2, || {
+    model_check(2, || {
         let manager = Arc::new(LockManager::new(2));
         let published = Arc::new(loom::sync::Mutex::new(false));
         let committed = Arc::new(AtomicUsize::new(0));
@@ -223,7 +214,7 @@ fn a_range_lock_holds_back_a_reader_and_a_writer_until_its_commit() {
 /// lock were still held.
 #[test]
 fn a_lock_released_before_the_end_goes_to_its_waiter_and_the_rest_stay() {
-    check(3, || {
+    model_check(3, || {
         let manager = Arc::new(LockManager::new(2));
         let inside = Arc::new(Inside::default());
         // Row 1 is the lock kept; row 2, taken after it, the one let go early (or, in some
@@ -265,7 +256,7 @@ fn a_lock_released_before_the_end_goes_to_its_waiter_and_the_rest_stay() {
 /// shard and before the table's lock was published to it.
 #[test]
 fn an_escalation_and_a_row_request_never_both_win() {
-    check(3, || {
+    model_check(3, || {
         let manager = Arc::new(LockManager::new(2));
         let inside = Arc::new(Inside::default());
         let other = {
@@ -290,7 +281,7 @@ fn an_escalation_and_a_row_request_never_both_win() {
 /// uncommitted value (the engine's lookups found such a row still noted as deleted).
 #[test]
 fn a_reader_of_a_row_goes_on_waiting_when_its_writer_escalates() {
-    check(3, || {
+    model_check(3, || {
         let manager = Arc::new(LockManager::new(2));
         let committed = Arc::new(AtomicUsize::new(0));
         let mut locks = TxnLocks::new(TxnId(1));

@@ -16,6 +16,7 @@ use std::ops::Bound;
 
 use lastpage_engine::locks::TxnId;
 use lastpage_engine::pending::PendingDeletes;
+use lastpage_storage::sync::model_check;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -84,11 +85,7 @@ fn lookup_row(world: &World, row: usize) -> bool {
 /// of its own holding the deleter's lock from its start to its end, with `lookups` on the main
 /// thread.
 fn check(deleter: fn(&World), lookups: fn(&World)) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(move || {
+    model_check(3, move || {
         let world = Arc::new(World::new());
         let deleter = {
             let world = Arc::clone(&world);

@@ -13,6 +13,7 @@
 use std::collections::HashSet;
 
 use lastpage_engine::uniquifier::Uniquifiers;
+use lastpage_storage::sync::model_check;
 use loom::sync::Arc;
 use loom::thread;
 
@@ -41,11 +42,7 @@ fn assert_distinct(values: &[u64]) {
 /// otherwise): unbounded, the first model takes minutes, and the races here need only a
 /// preemption inside a take and one inside the other thread's.
 fn model(check: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(check);
+    model_check(3, check);
 }
 
 #[test]

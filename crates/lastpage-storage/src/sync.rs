@@ -24,6 +24,19 @@ pub use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, Rw
 #[cfg(not(loom))]
 pub use std::thread::{self, Thread};
 
+/// Runs `body` under loom's model checker, exploring every interleaving with at most
+/// `preemptions` preemptions per execution unless `LOOM_MAX_PREEMPTIONS` sets the bound: the
+/// one way every model check of both crates starts (bugs in these protocols need very few
+/// preemptions to show, and unbounded models take minutes to hours).
+#[cfg(loom)]
+pub fn model_check(preemptions: usize, body: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(body);
+}
+
 /// Tells the processor (or, under loom, the model checker) that this thread is spinning.
 ///
 /// Under loom a spin loop must yield, or the checker would explore an unbounded number of

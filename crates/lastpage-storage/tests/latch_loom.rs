@@ -12,6 +12,7 @@
 #![cfg(loom)]
 
 use lastpage_storage::latch::{Latch, LatchClass, LatchMode, LatchPolicy};
+use lastpage_storage::sync::model_check;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -26,11 +27,7 @@ fn check(
     preemptions: usize,
     body: impl Fn(LatchPolicy) + Sync + Send + 'static,
 ) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(move || body(policy));
+    model_check(preemptions, move || body(policy));
 }
 
 fn both(preemptions: usize, body: impl Fn(LatchPolicy) + Sync + Send + Clone + 'static) {

@@ -13,16 +13,13 @@ use std::collections::HashSet;
 
 use lastpage_storage::limits::PAGE_SLAB_MIN_PAGES;
 use lastpage_storage::page_memory::PageMemory;
+use lastpage_storage::sync::model_check;
 use loom::sync::Arc;
 use loom::thread;
 
 #[test]
 fn takers_racing_across_a_slab_boundary_never_share_a_buffer() {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(|| {
+    model_check(3, || {
         let memory = Arc::new(PageMemory::new());
         // One buffer is left in the first slab: the takers below race for it and for adding the
         // second slab.

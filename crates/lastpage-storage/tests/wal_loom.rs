@@ -16,18 +16,11 @@ use std::borrow::Cow;
 use std::sync::Arc as StdArc;
 
 use lastpage_io::{FaultRule, FaultyConfig, FaultyFileSystem};
+use lastpage_storage::sync::model_check;
 use lastpage_storage::wal::buffer::LogBuffer;
 use lastpage_storage::wal::{LogReader, LogWriter, Lsn, Record, TxnId, WalConfig};
 use loom::sync::Arc;
 use loom::thread;
-
-fn check(preemptions: usize, body: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(body);
-}
 
 /// The first word of a fake record: a nonzero tag in the low half and the length in the high
 /// half, as a real record's CRC and length are.
@@ -77,7 +70,7 @@ fn check_records(out: &[u8], from: u64, starts: &[u64]) -> Vec<u64> {
 /// the rest of the log must be found complete: nothing lost, nothing overlapping.
 #[test]
 fn reservation_copy_and_completion_protocol() {
-    check(3, || {
+    model_check(3, || {
         // Twelve words, starting at LSN 48: the records occupy LSNs 48..120, ring words 6..11
         // and then 0..2.
         let buffer = Arc::new(LogBuffer::new(96, 48));
@@ -156,7 +149,7 @@ fn two_committers_group_commit_yielding() {
 }
 
 fn two_committers(yield_wait_committers: usize) {
-    check(3, move || {
+    model_check(3, move || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(1));
         let writer = open_writer(&fs, 64, yield_wait_committers);
         let other = {
@@ -179,7 +172,7 @@ fn two_committers(yield_wait_committers: usize) {
 /// while the first one's commit is being flushed: both still finish.
 #[test]
 fn appender_waits_for_buffer_space() {
-    check(3, || {
+    model_check(3, || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(2));
         let writer = open_writer(&fs, 64, 0);
         let insert = |txn: u64| Record::Insert {
@@ -217,7 +210,7 @@ fn failed_flush_fails_every_yielding_committer() {
 }
 
 fn failed_flush(yield_wait_committers: usize) {
-    check(3, move || {
+    model_check(3, move || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(3));
         // Sync 1 writes the segment header; sync 2 is the first flush.
         fs.inject(FaultRule::syncs_fail_from(2));
@@ -241,7 +234,7 @@ fn failed_flush(yield_wait_committers: usize) {
 /// flag just before the leader failed went on to return `Ok`.
 #[test]
 fn an_append_completed_after_a_failed_flush_is_refused() {
-    check(3, || {
+    model_check(3, || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(5));
         // Sync 1 writes the segment header; sync 2 is the first flush.
         fs.inject(FaultRule::syncs_fail_from(2));
@@ -275,7 +268,7 @@ fn an_append_completed_after_a_failed_flush_is_refused() {
 /// protocol). All three commits become durable.
 #[test]
 fn three_committers_group_commit() {
-    check(2, || {
+    model_check(2, || {
         let fs = FaultyFileSystem::new(FaultyConfig::new(4));
         let writer = open_writer(&fs, 128, 0);
         let others: Vec<_> = (2..=3)
