@@ -1254,8 +1254,7 @@ impl BufferPool {
         }
         let result = self.write_frames(file, batch, slots_written);
         for ((frame, page_id), written) in batch.drain(..).zip(slots_written.iter()) {
-            if written.is_some() {
-                let slot = frame.slot.load(Ordering::Relaxed);
+            if let Some(slot) = *written {
                 file.protect_pending(slot);
                 map[page_id as usize - 1] = (slot, frame.crc.load(Ordering::Relaxed));
             }
